@@ -1,0 +1,90 @@
+//! The HTTP surface: routes, request ids, fault injection and the server loop.
+pub(crate) mod admin_routes;
+pub(crate) mod auth;
+pub(crate) mod call_routes;
+pub(crate) mod config_routes;
+pub(crate) mod decode;
+pub(crate) mod executor_routes;
+pub(crate) mod query;
+pub(crate) mod respond;
+pub(crate) mod shared;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use toolrunner_protocol::ApiError;
+
+use respond::Failure;
+use shared::Shared;
+
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Every route of the platform.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    use {admin_routes as a, call_routes as c, config_routes as g, executor_routes as e};
+    let executor = Router::new()
+        .route("/executors/connect", post(e::connect))
+        .route("/executors/{executor_id}/heartbeat", post(e::heartbeat))
+        .route("/executors/{executor_id}/pending", get(e::pending))
+        .route("/executors/{executor_id}/stream", get(crate::stream::stream))
+        .route("/executors/{executor_id}/calls/report", post(e::report))
+        .route("/executors/{executor_id}/disconnect", post(e::disconnect))
+        .route("/runs/{run_id}/tool-calls/{call_id}/claim", post(c::claim))
+        .route("/runs/{run_id}/tool-calls/{call_id}/receipts", post(c::receipt))
+        .route_layer(middleware::from_fn_with_state(shared.clone(), crate::faults::inject));
+    let other = Router::new()
+        .route("/agents", post(g::create_agent))
+        .route("/executor-bindings", post(g::create_binding).get(g::list_bindings))
+        .route("/agents/{agent_id}/versions", post(g::create_version))
+        .route("/agents/{agent_id}/versions/{agent_version}", get(g::get_version))
+        .route("/agents/{agent_id}/executor-bindings/{binding_id}/diagnostics", get(g::diagnostics))
+        .route("/tools/dry-run", post(g::dry_run))
+        .route("/runs", post(a::create_run))
+        .route("/runs/{run_id}", get(a::get_run))
+        .route("/runs/{run_id}/tool-calls", post(a::add_calls))
+        .route("/runs/{run_id}/cancel", post(a::cancel_run))
+        .route("/dev/faults", put(a::put_faults));
+    Router::new()
+        .nest("/v1", executor.merge(other))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn(request_id))
+        .with_state(shared)
+}
+
+async fn unknown_route() -> Failure {
+    ApiError::not_found("unknown_route", "no such endpoint; every path is under /v1").into()
+}
+
+async fn wrong_method() -> Response {
+    let mut r = Failure(ApiError::new(
+        405,
+        toolrunner_protocol::ErrorType::InvalidRequestError,
+        "method_not_allowed",
+        "this endpoint does not take that method",
+    ))
+    .into_response();
+    *r.status_mut() = axum::http::StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+/// Echoes `x-request-id` or makes one, on every response.
+async fn request_id(req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get(&REQUEST_ID)
+        .filter(|v| !v.is_empty() && v.len() <= 200)
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_str(&crate::engine::new_id("req_")).expect("ascii")
+        });
+    let span = tracing::debug_span!("request", method = %req.method(), path = %req.uri().path(), request_id = ?id);
+    let mut response = tracing::Instrument::instrument(next.run(req), span).await;
+    response.headers_mut().insert(REQUEST_ID.clone(), id);
+    response
+}

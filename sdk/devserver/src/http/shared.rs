@@ -1,0 +1,64 @@
+//! State shared by every handler.
+use std::sync::Mutex as StdMutex;
+
+use tokio::sync::{Mutex, broadcast, watch};
+use toolrunner_protocol::ApiError;
+
+use super::auth::{HasTokens, Tokens};
+use crate::engine::{Limits, Notice, State, now_ms};
+use crate::faults::FaultState;
+use crate::store::Store;
+
+/// The state and its store, changed together under one lock.
+pub(crate) struct Engine {
+    pub(crate) state: State,
+    pub(crate) store: Store,
+}
+
+/// Everything handlers need.
+pub(crate) struct Shared {
+    pub(crate) engine: Mutex<Engine>,
+    pub(crate) limits: Limits,
+    pub(crate) tokens: Tokens,
+    pub(crate) faults: StdMutex<FaultState>,
+    pub(crate) notices: broadcast::Sender<Notice>,
+    /// Flips to `true` when the server stops.
+    pub(crate) shutdown: watch::Sender<bool>,
+}
+
+impl HasTokens for std::sync::Arc<Shared> {
+    fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
+}
+
+impl Shared {
+    /// Runs one operation: sweep what time has changed, apply the
+    /// operation, write every record it changed (also when it answers an
+    /// error: late receipts are kept), then publish stream notices.
+    pub(crate) async fn apply<T>(
+        &self,
+        op: impl FnOnce(&mut State, i64) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let mut engine = self.engine.lock().await;
+        let now = now_ms();
+        engine.state.sweep(now, &self.limits);
+        let result = op(&mut engine.state, now);
+        let dirty = engine.state.take_dirty();
+        let Engine { state, store } = &mut *engine;
+        if let Err(e) = store.save(state, dirty).await {
+            tracing::error!(error = %e, "could not write the platform's state");
+            return Err(ApiError::new(
+                500,
+                toolrunner_protocol::ErrorType::ApiError,
+                "storage_failure",
+                "the platform could not store the change; retry with backoff",
+            ));
+        }
+        for notice in state.take_notices() {
+            // No subscriber is fine: the stream is live only.
+            let _ = self.notices.send(notice);
+        }
+        result
+    }
+}

@@ -1,0 +1,293 @@
+//! Starting and stopping the development platform.
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, broadcast, watch};
+use tokio::task::JoinSet;
+use tower::ServiceExt;
+
+use crate::engine::Limits;
+use crate::faults::{DropConnection, FaultState, Faults};
+use crate::http::auth::{Grants, parse_token_spec};
+use crate::http::shared::{Engine, Shared};
+use crate::store::Store;
+
+/// Why the platform could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting is wrong (a token spec, a fault rate, a zero TTL).
+    #[error("invalid setting: {0}")]
+    Config(String),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The database could not be opened, migrated or read.
+    #[error("cannot open the platform database: {0}")]
+    Store(String),
+}
+
+/// Builds a [`DevServer`]. Every setting has the default of
+/// `toolrunner devserver`.
+#[must_use]
+#[derive(Debug, Clone)]
+pub struct DevServerBuilder {
+    listen: SocketAddr,
+    db: Option<PathBuf>,
+    tokens: Vec<String>,
+    lease_ttl_ms: u64,
+    heartbeat_interval_ms: u64,
+    run_ttl_ms: u64,
+    faults: Faults,
+}
+
+impl Default for DevServerBuilder {
+    fn default() -> Self {
+        DevServerBuilder {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8700)),
+            db: None,
+            tokens: Vec::new(),
+            lease_ttl_ms: 15_000,
+            heartbeat_interval_ms: 5_000,
+            run_ttl_ms: 0,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// The tokens used when none is given.
+pub const DEFAULT_TOKENS: [&str; 2] = ["dev-admin=*", "dev-executor=executors:connect,tools:execute"];
+
+impl DevServerBuilder {
+    /// Address to listen on (port 0 picks a free port). Default `127.0.0.1:8700`.
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    /// Keeps all state in this SQLite file across restarts (default: memory).
+    pub fn db_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.db = Some(path.into());
+        self
+    }
+
+    /// Adds a token with comma-separated scopes, `*` for all. Giving any
+    /// token replaces the defaults [`DEFAULT_TOKENS`].
+    pub fn token(mut self, token: &str, scopes: &str) -> Self {
+        self.tokens.push(format!("{token}={scopes}"));
+        self
+    }
+
+    /// Adds a token as `TOKEN=SCOPES`, the form of the `--token` flag.
+    pub fn token_spec(mut self, spec: &str) -> Self {
+        self.tokens.push(spec.to_owned());
+        self
+    }
+
+    /// Executor lease time to live. Default 15 000.
+    pub fn lease_ttl_ms(mut self, ms: u64) -> Self {
+        self.lease_ttl_ms = ms;
+        self
+    }
+
+    /// Advised heartbeat interval. Default 5 000.
+    pub fn heartbeat_interval_ms(mut self, ms: u64) -> Self {
+        self.heartbeat_interval_ms = ms;
+        self
+    }
+
+    /// A run with no call change for this long expires; 0 (default) never.
+    pub fn run_ttl_ms(mut self, ms: u64) -> Self {
+        self.run_ttl_ms = ms;
+        self
+    }
+
+    /// Fault injection on executor endpoints. Default none.
+    pub fn faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Opens the database, binds the address and starts serving.
+    ///
+    /// # Errors
+    /// A bad token spec or fault setting, a zero lease or heartbeat, an
+    /// address that cannot be bound, or a database that cannot be opened.
+    pub async fn start(self) -> Result<DevServer, Error> {
+        let tokens = self.parse_tokens()?;
+        self.faults.check().map_err(Error::Config)?;
+        if self.lease_ttl_ms == 0 || self.heartbeat_interval_ms == 0 {
+            return Err(Error::Config("lease_ttl_ms and heartbeat_interval_ms must be above 0".into()));
+        }
+        let mut store = Store::open(self.db.as_deref()).await.map_err(|e| Error::Store(e.to_string()))?;
+        let state = store.load().await.map_err(|e| Error::Store(e.to_string()))?;
+        let listener = TcpListener::bind(self.listen)
+            .await
+            .map_err(|source| Error::Bind { addr: self.listen, source })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind { addr: self.listen, source })?;
+        let (shutdown, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(Engine { state, store }),
+            limits: Limits {
+                lease_ttl_ms: self.lease_ttl_ms,
+                heartbeat_interval_ms: self.heartbeat_interval_ms,
+                run_ttl_ms: self.run_ttl_ms,
+            },
+            tokens: Arc::new(tokens),
+            faults: StdMutex::new(FaultState::new(self.faults)),
+            notices: broadcast::channel(4096).0,
+            shutdown,
+        });
+        let mut tasks = JoinSet::new();
+        tasks.spawn(accept_loop(listener, shared.clone()));
+        tasks.spawn(sweeper(shared.clone()));
+        tracing::info!(%addr, "development platform started");
+        Ok(DevServer { addr, shared, tasks })
+    }
+
+    fn parse_tokens(&self) -> Result<HashMap<String, Grants>, Error> {
+        let specs: Vec<String> = if self.tokens.is_empty() {
+            DEFAULT_TOKENS.iter().map(|s| (*s).to_owned()).collect()
+        } else {
+            self.tokens.clone()
+        };
+        specs.iter().map(|s| parse_token_spec(s).map_err(Error::Config)).collect()
+    }
+}
+
+/// A running development platform.
+pub struct DevServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tasks: JoinSet<()>,
+}
+
+impl std::fmt::Debug for DevServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevServer").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
+impl DevServer {
+    /// A builder with the defaults of `toolrunner devserver`.
+    pub fn builder() -> DevServerBuilder {
+        DevServerBuilder::default()
+    }
+
+    /// `http://HOST:PORT`, without a trailing slash; paths are under `/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, lets open requests finish (up to 5 s), closes streams
+    /// and the database.
+    pub async fn shutdown(mut self) {
+        let _ = self.shared.shutdown.send(true);
+        let drained = tokio::time::timeout(Duration::from_secs(5), async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            self.tasks.abort_all();
+        }
+        self.shared.engine.lock().await.store.close().await;
+    }
+
+    /// Runs until `signal` completes, then shuts down.
+    pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) {
+        signal.await;
+        self.shutdown().await;
+    }
+}
+
+/// The connection failed on purpose: fault injection dropped the answer.
+#[derive(Debug, thiserror::Error)]
+#[error("response dropped by fault injection")]
+struct Dropped;
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let router = crate::http::router(shared.clone());
+    let mut stop = shared.shutdown.subscribe();
+    let mut conns = JoinSet::new();
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let router = router.clone();
+            async move {
+                let response = router.oneshot(req.map(axum::body::Body::new)).await;
+                let response: axum::response::Response = match response {
+                    Ok(r) => r,
+                    Err(e) => match e {},
+                };
+                if response.extensions().get::<DropConnection>().is_some() {
+                    return Err(Dropped);
+                }
+                Ok::<_, Dropped>(response)
+            }
+        });
+        let mut stop = shared.shutdown.subscribe();
+        conns.spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = &mut conn => {}
+                _ = stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+        while conns.try_join_next().is_some() {}
+    }
+    while conns.join_next().await.is_some() {}
+}
+
+async fn sweeper(shared: Arc<Shared>) {
+    let period = (shared.limits.lease_ttl_ms / 4).clamp(10, 250);
+    let mut tick = tokio::time::interval(Duration::from_millis(period));
+    let mut stop = shared.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => {
+                let _ = shared.apply(|_, _| Ok::<_, toolrunner_protocol::ApiError>(())).await;
+            }
+        }
+    }
+}
+
+/// Never constructed; keeps `Infallible` in scope for the match above.
+#[allow(dead_code)]
+fn _infallible(x: Infallible) -> ! {
+    match x {}
+}

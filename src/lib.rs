@@ -1,0 +1,1 @@
+//! Examples and end-to-end tests for toolrunner live in `examples/` and `tests/`.
