@@ -36,8 +36,7 @@ pub const RUNS_WRITE: &str = "t-runs-write";
 /// Token naming every listed scope explicitly, but not `*`.
 pub const ALL_LISTED: &str = "t-all-listed";
 /// Every scope of §1, comma-separated.
-pub const ALL_SCOPES: &str =
-    "executors:connect,tools:execute,runtime:read,configuration:read,configuration:write,runs:write";
+pub const ALL_SCOPES: &str = "executors:connect,tools:execute,runtime:read,configuration:read,configuration:write,runs:write";
 
 // ---------------------------------------------------------------- tools
 
@@ -143,10 +142,16 @@ impl Default for Opts {
 
 impl Opts {
     pub fn lease(ms: u64) -> Opts {
-        Opts { lease_ttl_ms: ms, ..Opts::default() }
+        Opts {
+            lease_ttl_ms: ms,
+            ..Opts::default()
+        }
     }
     pub fn run_ttl(ms: u64) -> Opts {
-        Opts { run_ttl_ms: ms, ..Opts::default() }
+        Opts {
+            run_ttl_ms: ms,
+            ..Opts::default()
+        }
     }
 }
 
@@ -207,7 +212,11 @@ impl Srv {
         }
         let server = b.start().await.expect("devserver starts");
         let base = server.base_url();
-        Srv { server: Some(server), base, http: client() }
+        Srv {
+            server: Some(server),
+            base,
+            http: client(),
+        }
     }
 
     /// Graceful stop (frees the port).
@@ -223,7 +232,11 @@ impl Srv {
 
     /// Sends `req`; a transport error is returned as `Err`.
     pub async fn try_send(&self, req: Req) -> Result<Resp, reqwest::Error> {
-        let url = if req.absolute { format!("{}{}", self.base, req.path) } else { self.url(&req.path) };
+        let url = if req.absolute {
+            format!("{}{}", self.base, req.path)
+        } else {
+            self.url(&req.path)
+        };
         let mut rb = self.http.request(req.method.clone(), url);
         if let Some(t) = &req.token {
             rb = rb.header("authorization", format!("Bearer {t}"));
@@ -242,7 +255,12 @@ impl Srv {
         let headers = r.headers().clone();
         let raw = r.bytes().await?.to_vec();
         let json = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-        Ok(Resp { status, headers, raw, json })
+        Ok(Resp {
+            status,
+            headers,
+            raw,
+            json,
+        })
     }
 
     /// Sends `req`; panics on a transport error.
@@ -382,30 +400,47 @@ impl Resp {
     }
 
     pub fn request_id(&self) -> Option<String> {
-        self.headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string)
+        self.headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
     }
 
     /// Asserts `200` and returns the body.
     #[track_caller]
     pub fn ok(&self) -> &Value {
         assert_eq!(self.status, 200, "expected 200, got {self:?}");
-        assert!(self.request_id().is_some_and(|s| !s.is_empty()), "no x-request-id on {self:?}");
+        assert!(
+            self.request_id().is_some_and(|s| !s.is_empty()),
+            "no x-request-id on {self:?}"
+        );
         &self.json
     }
 
-    /// Asserts the §1 error envelope with any 4xx/5xx status.
-    #[track_caller]
-    pub fn envelope(&self) {
-        assert!(self.status >= 400, "expected an error, got {self:?}");
-        assert!(self.request_id().is_some_and(|s| !s.is_empty()), "no x-request-id on {self:?}");
-        let ct = self.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
-        assert!(ct.starts_with("application/json"), "error content-type {ct:?} on {self:?}");
-        let obj = self.json.as_object().unwrap_or_else(|| panic!("error body is not an object: {self:?}"));
-        let e = obj.get("error").and_then(Value::as_object).unwrap_or_else(|| panic!("no error object: {self:?}"));
-        for k in ["type", "code", "message", "param"] {
-            assert!(e.contains_key(k), "error envelope lacks {k:?}: {self:?}");
+    /// What is wrong with this answer as a §1 error, if anything.
+    pub fn envelope_issue(&self) -> Option<String> {
+        if self.status < 400 {
+            return Some("not an error status".into());
         }
-        let ty = e["type"].as_str().unwrap_or_else(|| panic!("type not a string: {self:?}"));
+        if !self.request_id().is_some_and(|s| !s.is_empty()) {
+            return Some("no x-request-id".into());
+        }
+        let ct = self
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !ct.starts_with("application/json") {
+            return Some(format!("error content-type {ct:?}"));
+        }
+        let Some(e) = self.json.get("error").and_then(Value::as_object) else {
+            return Some("no error object".into());
+        };
+        for k in ["type", "code", "message", "param"] {
+            if !e.contains_key(k) {
+                return Some(format!("error envelope lacks {k:?}"));
+            }
+        }
         let allowed = [
             "invalid_request_error",
             "unsupported_or_invalid_configuration",
@@ -416,18 +451,33 @@ impl Resp {
             "rate_limit_error",
             "api_error",
         ];
-        assert!(allowed.contains(&ty), "unknown error type {ty:?}: {self:?}");
-        assert!(e["message"].is_string(), "message not a string: {self:?}");
-        assert!(e["param"].is_null() || e["param"].is_string(), "param neither null nor string: {self:?}");
-        if self.status < 500 {
-            let code = e["code"].as_str().unwrap_or("");
-            assert!(!code.is_empty(), "4xx without a machine-readable code: {self:?}");
+        match e["type"].as_str() {
+            Some(t) if allowed.contains(&t) => {}
+            _ => return Some(format!("unknown error type {}", e["type"])),
         }
-        if self.status == 429 {
-            assert!(self.headers.get("retry-after").is_some(), "429 without Retry-After: {self:?}");
+        if !e["message"].is_string() {
+            return Some("message not a string".into());
         }
-        if self.status >= 500 {
-            assert_eq!(ty, "api_error", "5xx type: {self:?}");
+        if !(e["param"].is_null() || e["param"].is_string()) {
+            return Some("param neither null nor string".into());
+        }
+        if self.status < 500 && e["code"].as_str().is_none_or(str::is_empty) {
+            return Some("4xx without a machine-readable code".into());
+        }
+        if self.status == 429 && self.headers.get("retry-after").is_none() {
+            return Some("429 without Retry-After".into());
+        }
+        if self.status >= 500 && e["type"] != "api_error" {
+            return Some("5xx type is not api_error".into());
+        }
+        None
+    }
+
+    /// Asserts the §1 error envelope with any 4xx/5xx status.
+    #[track_caller]
+    pub fn envelope(&self) {
+        if let Some(issue) = self.envelope_issue() {
+            panic!("{issue}: {self:?}");
         }
     }
 
@@ -436,10 +486,21 @@ impl Resp {
     #[track_caller]
     pub fn err(&self, status: u16, code: &str) {
         self.envelope();
-        assert_eq!(self.status, status, "status; expected {status} {code}, got {self:?}");
-        assert_eq!(self.code(), code, "code; expected {status} {code}, got {self:?}");
+        assert_eq!(
+            self.status, status,
+            "status; expected {status} {code}, got {self:?}"
+        );
+        assert_eq!(
+            self.code(),
+            code,
+            "code; expected {status} {code}, got {self:?}"
+        );
         if status != 400 {
-            assert_eq!(self.json["error"]["type"], type_for_status(status), "type: {self:?}");
+            assert_eq!(
+                self.json["error"]["type"],
+                type_for_status(status),
+                "type: {self:?}"
+            );
         }
     }
 
@@ -447,9 +508,16 @@ impl Resp {
     #[track_caller]
     pub fn is(&self, status: u16) {
         self.envelope();
-        assert_eq!(self.status, status, "status; expected {status}, got {self:?}");
+        assert_eq!(
+            self.status, status,
+            "status; expected {status}, got {self:?}"
+        );
         if status != 400 {
-            assert_eq!(self.json["error"]["type"], type_for_status(status), "type: {self:?}");
+            assert_eq!(
+                self.json["error"]["type"],
+                type_for_status(status),
+                "type: {self:?}"
+            );
         }
     }
 
@@ -457,7 +525,10 @@ impl Resp {
     #[track_caller]
     pub fn err_typed(&self, status: u16, ty: &str, code: &str) {
         self.envelope();
-        assert_eq!(self.status, status, "status; expected {status} {ty} {code}, got {self:?}");
+        assert_eq!(
+            self.status, status,
+            "status; expected {status} {ty} {code}, got {self:?}"
+        );
         assert_eq!(self.json["error"]["type"], ty, "type: {self:?}");
         assert_eq!(self.code(), code, "code: {self:?}");
     }
@@ -473,7 +544,10 @@ impl Resp {
     pub fn unsupported_config(&self) {
         self.envelope();
         assert_eq!(self.status, 400, "{self:?}");
-        assert_eq!(self.json["error"]["type"], "unsupported_or_invalid_configuration", "{self:?}");
+        assert_eq!(
+            self.json["error"]["type"], "unsupported_or_invalid_configuration",
+            "{self:?}"
+        );
     }
 
     /// Asserts the `param` of the error.
@@ -542,23 +616,45 @@ pub fn is_rfc3339_utc(s: &str) -> bool {
 
 #[track_caller]
 pub fn assert_ts(v: &Value) {
-    let s = v.as_str().unwrap_or_else(|| panic!("timestamp is not a string: {v}"));
+    let s = v
+        .as_str()
+        .unwrap_or_else(|| panic!("timestamp is not a string: {v}"));
     assert!(is_rfc3339_utc(s), "not an RFC 3339 UTC timestamp: {s:?}");
 }
 
-/// Asserts `id` is a string with `prefix` (and the owner's documented form,
-/// prefix + 32 hex digits).
+/// Asserts `id` is a string with `prefix` and an opaque rest of URL-safe
+/// characters. Identifiers (not grants, which are credentials) also have the
+/// owner's documented form, prefix + a UUIDv7's 32 hex digits (choices 23).
 #[track_caller]
 pub fn assert_id(v: &Value, prefix: &str) {
-    let s = v.as_str().unwrap_or_else(|| panic!("id is not a string: {v}"));
-    let rest = s.strip_prefix(prefix).unwrap_or_else(|| panic!("id {s:?} lacks prefix {prefix:?}"));
-    assert!(rest.len() == 32 && rest.bytes().all(|c| c.is_ascii_hexdigit()), "id {s:?}: not {prefix} + 32 hex digits");
+    let s = v
+        .as_str()
+        .unwrap_or_else(|| panic!("id is not a string: {v}"));
+    let rest = s
+        .strip_prefix(prefix)
+        .unwrap_or_else(|| panic!("id {s:?} lacks prefix {prefix:?}"));
+    assert!(
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-'),
+        "id {s:?}: opaque rest must be non-empty and URL-safe"
+    );
+    if prefix != "grt_" {
+        assert!(
+            rest.len() == 32 && rest.bytes().all(|c| c.is_ascii_hexdigit()),
+            "id {s:?}: not {prefix} + 32 hex digits"
+        );
+    }
 }
 
 /// Whether the `{run_id, call_id}` list contains this pair.
 pub fn has_pair(list: &Value, run_id: &str, call_id: &str) -> bool {
     list.as_array()
-        .map(|a| a.iter().any(|x| x["run_id"] == run_id && x["call_id"] == call_id))
+        .map(|a| {
+            a.iter()
+                .any(|x| x["run_id"] == run_id && x["call_id"] == call_id)
+        })
         .unwrap_or(false)
 }
 
@@ -634,7 +730,9 @@ impl Fixture {
 
     /// Builds the configuration on an already running server.
     pub async fn on(srv: Srv) -> Fixture {
-        let agent = srv.post(ADMIN, "/agents", json!({"name": "support-agent"})).await;
+        let agent = srv
+            .post(ADMIN, "/agents", json!({"name": "support-agent"}))
+            .await;
         let agent_id = agent.ok()["agent_id"].as_str().unwrap().to_string();
         let main = srv
             .post(
@@ -645,7 +743,11 @@ impl Fixture {
             .await;
         let binding_id = main.ok()["binding_id"].as_str().unwrap().to_string();
         let side = srv
-            .post(ADMIN, "/executor-bindings", json!({"agent_id": agent_id, "name": "side", "tool_names": [SIDE]}))
+            .post(
+                ADMIN,
+                "/executor-bindings",
+                json!({"agent_id": agent_id, "name": "side", "tool_names": [SIDE]}),
+            )
             .await;
         let side_binding_id = side.ok()["binding_id"].as_str().unwrap().to_string();
         let v = srv
@@ -658,7 +760,14 @@ impl Fixture {
             .await;
         let version = v.ok().clone();
         let agent_version = version["agent_version"].as_str().unwrap().to_string();
-        Fixture { srv, agent_id, binding_id, side_binding_id, agent_version, version }
+        Fixture {
+            srv,
+            agent_id,
+            binding_id,
+            side_binding_id,
+            agent_version,
+            version,
+        }
     }
 
     // ---- runs
@@ -675,12 +784,22 @@ impl Fixture {
 
     /// Starts a run with `(tool_name, arguments)` calls.
     pub async fn run(&self, calls: &[(&str, Value)]) -> Run {
-        let body: Vec<Value> = calls.iter().map(|(t, a)| json!({"tool_name": t, "arguments": a})).collect();
+        let body: Vec<Value> = calls
+            .iter()
+            .map(|(t, a)| json!({"tool_name": t, "arguments": a}))
+            .collect();
         let r = self.post_run(Value::Array(body)).await;
-        let run_id = r.ok()["run_id"].as_str().unwrap_or_else(|| panic!("no run_id in {r:?}")).to_string();
+        let run_id = r.ok()["run_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no run_id in {r:?}"))
+            .to_string();
         let run = self.get_run(&run_id).await;
-        let ids: Vec<String> =
-            run["tool_calls"].as_array().unwrap().iter().map(|c| c["call_id"].as_str().unwrap().to_string()).collect();
+        let ids: Vec<String> = run["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["call_id"].as_str().unwrap().to_string())
+            .collect();
         assert_eq!(ids.len(), calls.len(), "run {run}");
         Run { run_id, calls: ids }
     }
@@ -699,9 +818,24 @@ impl Fixture {
     /// Adds calls to a run; answers the new call ids in order.
     pub async fn add_calls(&self, run_id: &str, calls: &[(&str, Value)]) -> Vec<String> {
         let before = self.get_run(run_id).await;
-        let known: Vec<Value> = before["tool_calls"].as_array().unwrap().iter().map(|c| c["call_id"].clone()).collect();
-        let body: Vec<Value> = calls.iter().map(|(t, a)| json!({"tool_name": t, "arguments": a})).collect();
-        self.srv.post(ADMIN, &format!("/runs/{run_id}/tool-calls"), json!({"tool_calls": body})).await.ok();
+        let known: Vec<Value> = before["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["call_id"].clone())
+            .collect();
+        let body: Vec<Value> = calls
+            .iter()
+            .map(|(t, a)| json!({"tool_name": t, "arguments": a}))
+            .collect();
+        self.srv
+            .post(
+                ADMIN,
+                &format!("/runs/{run_id}/tool-calls"),
+                json!({"tool_calls": body}),
+            )
+            .await
+            .ok();
         let after = self.get_run(run_id).await;
         after["tool_calls"]
             .as_array()
@@ -723,11 +857,16 @@ impl Fixture {
     /// State of one call.
     pub async fn state(&self, run_id: &str, call_id: &str) -> String {
         let run = self.get_run(run_id).await;
-        call_in(&run, call_id)["state"].as_str().unwrap_or("").to_string()
+        call_in(&run, call_id)["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
     }
 
     pub async fn cancel(&self, run_id: &str) -> Resp {
-        self.srv.send(Req::post(&format!("/runs/{run_id}/cancel")).token(ADMIN)).await
+        self.srv
+            .send(Req::post(&format!("/runs/{run_id}/cancel")).token(ADMIN))
+            .await
     }
 
     // ---- executors
@@ -742,7 +881,9 @@ impl Fixture {
     }
 
     pub async fn connect_with(&self, executor_id: &str, tools: &[&str], capacity: u64) -> Conn {
-        let r = self.connect_raw(self.connect_body(executor_id, tools, capacity)).await;
+        let r = self
+            .connect_raw(self.connect_body(executor_id, tools, capacity))
+            .await;
         let answer = r.ok().clone();
         Conn {
             executor_id: executor_id.to_string(),
@@ -753,7 +894,8 @@ impl Fixture {
 
     /// Connects `executor_id` for all three tools of binding `main`, capacity 8.
     pub async fn connect(&self, executor_id: &str) -> Conn {
-        self.connect_with(executor_id, &[READ, CHARGE, NOTE], 8).await
+        self.connect_with(executor_id, &[READ, CHARGE, NOTE], 8)
+            .await
     }
 
     pub async fn heartbeat(&self, c: &Conn, in_flight: Value) -> Resp {
@@ -768,7 +910,13 @@ impl Fixture {
 
     pub async fn pending(&self, c: &Conn, extra_query: &str) -> Resp {
         self.srv
-            .get(EXEC, &format!("/executors/{}/pending?connection_id={}{}", c.executor_id, c.connection_id, extra_query))
+            .get(
+                EXEC,
+                &format!(
+                    "/executors/{}/pending?connection_id={}{}",
+                    c.executor_id, c.connection_id, extra_query
+                ),
+            )
             .await
     }
 
@@ -784,8 +932,16 @@ impl Fixture {
 
     /// Reports one call; asserts 200 and answers its outcome.
     pub async fn report1(&self, c: &Conn, run_id: &str, call_id: &str, state: &str) -> String {
-        let r = self.report(c, json!([{"run_id": run_id, "call_id": call_id, "state": state}])).await;
-        r.ok()["results"][0]["outcome"].as_str().unwrap_or("").to_string()
+        let r = self
+            .report(
+                c,
+                json!([{"run_id": run_id, "call_id": call_id, "state": state}]),
+            )
+            .await;
+        r.ok()["results"][0]["outcome"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
     }
 
     pub async fn disconnect(&self, c: &Conn, mode: &str) -> Resp {
@@ -802,7 +958,10 @@ impl Fixture {
         self.srv
             .get(
                 ADMIN,
-                &format!("/agents/{}/executor-bindings/{}/diagnostics", self.agent_id, self.binding_id),
+                &format!(
+                    "/agents/{}/executor-bindings/{}/diagnostics",
+                    self.agent_id, self.binding_id
+                ),
             )
             .await
             .ok()
@@ -820,7 +979,14 @@ impl Fixture {
 
     // ---- claims
 
-    pub async fn claim_as(&self, executor_id: &str, connection_id: &str, run_id: &str, call_id: &str, key: &str) -> Resp {
+    pub async fn claim_as(
+        &self,
+        executor_id: &str,
+        connection_id: &str,
+        run_id: &str,
+        call_id: &str,
+        key: &str,
+    ) -> Resp {
         self.srv
             .post(
                 EXEC,
@@ -831,7 +997,8 @@ impl Fixture {
     }
 
     pub async fn claim(&self, c: &Conn, run_id: &str, call_id: &str, key: &str) -> Resp {
-        self.claim_as(&c.executor_id, &c.connection_id, run_id, call_id, key).await
+        self.claim_as(&c.executor_id, &c.connection_id, run_id, call_id, key)
+            .await
     }
 
     /// Claims with a fresh key; asserts success.
@@ -851,8 +1018,16 @@ impl Fixture {
 
     // ---- receipts
 
-    pub async fn receipt_with(&self, run_id: &str, call_id: &str, grant: Option<&str>, body: &Value) -> Resp {
-        let mut req = Req::post(&format!("/runs/{run_id}/tool-calls/{call_id}/receipts")).token(EXEC).json(body);
+    pub async fn receipt_with(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        grant: Option<&str>,
+        body: &Value,
+    ) -> Resp {
+        let mut req = Req::post(&format!("/runs/{run_id}/tool-calls/{call_id}/receipts"))
+            .token(EXEC)
+            .json(body);
         if let Some(g) = grant {
             req = req.header("tool-grant", g);
         }
@@ -861,7 +1036,8 @@ impl Fixture {
 
     /// Sends `body` for this assignment with its grant.
     pub async fn receipt(&self, a: &Asg, body: Value) -> Resp {
-        self.receipt_with(&a.run_id, &a.call_id, Some(&a.grant), &body).await
+        self.receipt_with(&a.run_id, &a.call_id, Some(&a.grant), &body)
+            .await
     }
 
     /// Accepts and completes (sequence 1) with `result`.
@@ -872,7 +1048,12 @@ impl Fixture {
     // ---- stream
 
     pub async fn open_stream(&self, c: &Conn) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
-        self.open_stream_raw(&c.executor_id, &format!("connection_id={}", c.connection_id), Some(EXEC)).await
+        self.open_stream_raw(
+            &c.executor_id,
+            &format!("connection_id={}", c.connection_id),
+            Some(EXEC),
+        )
+        .await
     }
 
     pub async fn open_stream_raw(
@@ -881,10 +1062,14 @@ impl Fixture {
         query: &str,
         token: Option<&str>,
     ) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
-        let url = format!("{}/executors/{executor_id}/stream?{query}", self.srv.url("").replacen("http://", "ws://", 1));
+        let url = format!(
+            "{}/executors/{executor_id}/stream?{query}",
+            self.srv.url("").replacen("http://", "ws://", 1)
+        );
         let mut req = url.into_client_request()?;
         if let Some(t) = token {
-            req.headers_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
+            req.headers_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
         }
         let (ws, _) = tokio_tungstenite::connect_async(req).await?;
         Ok(ws)
@@ -897,7 +1082,10 @@ pub fn asg_from(r: &Resp, executor_id: &str, key: &str) -> Asg {
     let v = r.ok();
     let a = &v["assignment"];
     Asg {
-        run_id: a["run_id"].as_str().unwrap_or_else(|| panic!("no assignment in {r:?}")).to_string(),
+        run_id: a["run_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no assignment in {r:?}"))
+            .to_string(),
         call_id: a["call_id"].as_str().unwrap().to_string(),
         executor_id: executor_id.to_string(),
         assignment_id: a["assignment_id"].as_str().unwrap().to_string(),
@@ -920,7 +1108,8 @@ pub async fn next_frame(ws: &mut Ws, ms: u64) -> Option<Value> {
             Ok(None) => return None,
             Ok(Some(Err(e))) => panic!("stream error {e:?}"),
             Ok(Some(Ok(Message::Text(t)))) => {
-                let v: Value = serde_json::from_str(t.as_str()).unwrap_or_else(|_| panic!("frame is not JSON: {t}"));
+                let v: Value = serde_json::from_str(t.as_str())
+                    .unwrap_or_else(|_| panic!("frame is not JSON: {t}"));
                 assert!(v.is_object(), "frame is not an object: {v}");
                 if v["type"] == "ping" {
                     continue;

@@ -115,7 +115,10 @@ async fn context_projection_within_budget_is_the_result_unchanged() {
     fx.complete(&a, result.clone()).await.ok();
     let run = fx.get_run(&run_id).await;
     let p = &call_in(&run, &call_id)["context_projection"];
-    assert_eq!(p, &json!({"original_bytes": 35, "retained_bytes": 35, "truncated": false, "result": result}));
+    assert_eq!(
+        p,
+        &json!({"original_bytes": 35, "retained_bytes": 35, "truncated": false, "result": result})
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,7 +140,9 @@ async fn context_projection_size_is_compact_utf8_bytes_with_escapes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn context_projection_over_budget_is_the_truncation_envelope_with_largest_preview() {
-    let items: Vec<Value> = (0..120).map(|i| json!({"id": i, "name": format!("item-{i}")})).collect();
+    let items: Vec<Value> = (0..120)
+        .map(|i| json!({"id": i, "name": format!("item-{i}")}))
+        .collect();
     let result = json!({
         "a_long": "a".repeat(200), "b_long": "b".repeat(100), "c": 1, "d_null": null, "e_bool": true,
         "items": items, "next_cursor": "page-2", "status": "ok", "z_big": "z".repeat(300)
@@ -148,7 +153,10 @@ async fn context_projection_over_budget_is_the_truncation_envelope_with_largest_
     let p = &call_in(&run, &call_id)["context_projection"];
     assert_eq!(p["truncated"], true, "{p}");
     assert_eq!(p["original_bytes"], canon(&result).len());
-    assert_eq!(p["result"]["preserved_fields"], want["preserved_fields"], "preserved_fields: greedy in key order");
+    assert_eq!(
+        p["result"]["preserved_fields"], want["preserved_fields"],
+        "preserved_fields: greedy in key order"
+    );
     assert_eq!(p["result"], want, "projection");
     assert_eq!(p["retained_bytes"], canon(&p["result"]).len());
     assert!(p["retained_bytes"].as_u64().unwrap() <= 1024);
@@ -161,7 +169,10 @@ async fn context_projection_cuts_whole_unicode_characters() {
     let (fx, run_id, call_id, _) = completed_note(result.clone()).await;
     let run = fx.get_run(&run_id).await;
     let p = &call_in(&run, &call_id)["context_projection"];
-    assert_eq!(p["result"], want, "head/tail are the first/last n Unicode scalar values");
+    assert_eq!(
+        p["result"], want,
+        "head/tail are the first/last n Unicode scalar values"
+    );
     assert_eq!(p["original_bytes"], canon(&result).len());
     assert_eq!(p["retained_bytes"], canon(&want).len());
 }
@@ -173,7 +184,10 @@ async fn context_projection_of_a_non_object_result_has_empty_preserved_fields() 
     assert_eq!(want["preserved_fields"], json!({}));
     let (fx, run_id, call_id, _) = completed_note(result).await;
     let run = fx.get_run(&run_id).await;
-    assert_eq!(call_in(&run, &call_id)["context_projection"]["result"], want);
+    assert_eq!(
+        call_in(&run, &call_id)["context_projection"]["result"],
+        want
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,7 +205,11 @@ async fn context_projection_of_content_parts_trims_only_text_parts() {
     assert_eq!(p["result"], want, "{p}");
     assert_eq!(p["truncated"], true);
     assert_eq!(p["original_bytes"], canon(&result).len());
-    assert_eq!(p["retained_bytes"], canon(&want).len(), "images count in retained_bytes, which may exceed the budget");
+    assert_eq!(
+        p["retained_bytes"],
+        canon(&want).len(),
+        "images count in retained_bytes, which may exceed the budget"
+    );
     assert!(p["retained_bytes"].as_u64().unwrap() > 1024);
 }
 
@@ -212,7 +230,9 @@ async fn context_projection_never_changes_afterwards() {
     assert_eq!(fx.receipt(&a, done).await.ok()["replayed"], true);
     let added = fx.add_calls(&run.run_id, &[(NOTE, json!({}))]).await;
     let b = fx.running(&c, &run.run_id, &run.calls[1]).await;
-    fx.complete(&b, json!({"other": "x".repeat(4000)})).await.ok();
+    fx.complete(&b, json!({"other": "x".repeat(4000)}))
+        .await
+        .ok();
     assert_eq!(added.len(), 1);
     fx.cancel(&run.run_id).await.ok();
     let last = fx.get_run(&run.run_id).await;
@@ -234,8 +254,22 @@ async fn only_completed_results_are_projected_other_receipts_never_trimmed() {
     fx.receipt(&a, fail.clone()).await.ok();
     let run = fx.get_run(&run_id).await;
     let call = call_in(&run, &call_id);
-    let bodies: Vec<&Value> = call["receipts"].as_array().unwrap().iter().map(|r| &r["body"]).collect();
-    assert!(bodies.contains(&&prog), "progress stored exactly as received: {call}");
-    assert!(bodies.contains(&&fail), "failed stored exactly as received: {call}");
-    assert!(call.get("context_projection").is_none_or(Value::is_null), "a failed call has no projection: {call}");
+    let bodies: Vec<&Value> = call["receipts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["body"])
+        .collect();
+    assert!(
+        bodies.contains(&&prog),
+        "progress stored exactly as received: {call}"
+    );
+    assert!(
+        bodies.contains(&&fail),
+        "failed stored exactly as received: {call}"
+    );
+    assert!(
+        call.get("context_projection").is_none_or(Value::is_null),
+        "a failed call has no projection: {call}"
+    );
 }

@@ -34,7 +34,9 @@ impl Faults {
     pub fn parse(spec: &str) -> Result<Faults, String> {
         let mut f = Faults::default();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (key, value) = part.split_once('=').ok_or_else(|| format!("fault {part:?} must look like key=value"))?;
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("fault {part:?} must look like key=value"))?;
             match key.trim() {
                 "error_rate" => f.error_rate = number(key, value)?,
                 "drop_response_rate" => f.drop_response_rate = number(key, value)?,
@@ -52,7 +54,10 @@ impl Faults {
     /// # Errors
     /// Which rate is out of range.
     pub fn check(&self) -> Result<(), String> {
-        for (name, rate) in [("error_rate", self.error_rate), ("drop_response_rate", self.drop_response_rate)] {
+        for (name, rate) in [
+            ("error_rate", self.error_rate),
+            ("drop_response_rate", self.drop_response_rate),
+        ] {
             if !(0.0..=1.0).contains(&rate) {
                 return Err(format!("{name} must be between 0 and 1"));
             }
@@ -62,7 +67,10 @@ impl Faults {
 }
 
 fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, String> {
-    value.trim().parse().map_err(|_| format!("fault {key} has an invalid value {value:?}"))
+    value
+        .trim()
+        .parse()
+        .map_err(|_| format!("fault {key} has an invalid value {value:?}"))
 }
 
 /// Settings plus the random source they draw from.
@@ -92,13 +100,26 @@ impl FaultState {
 pub(crate) struct DropConnection;
 
 /// The middleware on executor endpoints.
-pub(crate) async fn inject(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    let (fail, drop, latency) = shared.faults.lock().map(|mut f| f.draw()).unwrap_or_default();
+pub(crate) async fn inject(
+    State(shared): State<Arc<Shared>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let (fail, drop, latency) = shared
+        .faults
+        .lock()
+        .map(|mut f| f.draw())
+        .unwrap_or_default();
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
     if fail {
-        let err = ApiError::new(503, toolrunner_protocol::ErrorType::ApiError, "injected_fault", "injected fault: retry with backoff");
+        let err = ApiError::new(
+            503,
+            toolrunner_protocol::ErrorType::ApiError,
+            "injected_fault",
+            "injected fault: retry with backoff",
+        );
         return Failure(err).into_response();
     }
     let mut response = next.run(req).await;

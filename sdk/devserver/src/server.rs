@@ -68,7 +68,10 @@ impl Default for DevServerBuilder {
 }
 
 /// The tokens used when none is given.
-pub const DEFAULT_TOKENS: [&str; 2] = ["dev-admin=*", "dev-executor=executors:connect,tools:execute"];
+pub const DEFAULT_TOKENS: [&str; 2] = [
+    "dev-admin=*",
+    "dev-executor=executors:connect,tools:execute",
+];
 
 impl DevServerBuilder {
     /// Address to listen on (port 0 picks a free port). Default `127.0.0.1:8700`.
@@ -129,14 +132,27 @@ impl DevServerBuilder {
         let tokens = self.parse_tokens()?;
         self.faults.check().map_err(Error::Config)?;
         if self.lease_ttl_ms == 0 || self.heartbeat_interval_ms == 0 {
-            return Err(Error::Config("lease_ttl_ms and heartbeat_interval_ms must be above 0".into()));
+            return Err(Error::Config(
+                "lease_ttl_ms and heartbeat_interval_ms must be above 0".into(),
+            ));
         }
-        let mut store = Store::open(self.db.as_deref()).await.map_err(|e| Error::Store(e.to_string()))?;
-        let state = store.load().await.map_err(|e| Error::Store(e.to_string()))?;
+        let mut store = Store::open(self.db.as_deref())
+            .await
+            .map_err(|e| Error::Store(e.to_string()))?;
+        let state = store
+            .load()
+            .await
+            .map_err(|e| Error::Store(e.to_string()))?;
         let listener = TcpListener::bind(self.listen)
             .await
-            .map_err(|source| Error::Bind { addr: self.listen, source })?;
-        let addr = listener.local_addr().map_err(|source| Error::Bind { addr: self.listen, source })?;
+            .map_err(|source| Error::Bind {
+                addr: self.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: self.listen,
+            source,
+        })?;
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             engine: Mutex::new(Engine { state, store }),
@@ -154,7 +170,11 @@ impl DevServerBuilder {
         tasks.spawn(accept_loop(listener, shared.clone()));
         tasks.spawn(sweeper(shared.clone()));
         tracing::info!(%addr, "development platform started");
-        Ok(DevServer { addr, shared, tasks })
+        Ok(DevServer {
+            addr,
+            shared,
+            tasks,
+        })
     }
 
     fn parse_tokens(&self) -> Result<HashMap<String, Grants>, Error> {
@@ -163,7 +183,10 @@ impl DevServerBuilder {
         } else {
             self.tokens.clone()
         };
-        specs.iter().map(|s| parse_token_spec(s).map_err(Error::Config)).collect()
+        specs
+            .iter()
+            .map(|s| parse_token_spec(s).map_err(Error::Config))
+            .collect()
     }
 }
 
@@ -176,7 +199,9 @@ pub struct DevServer {
 
 impl std::fmt::Debug for DevServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DevServer").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("DevServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 

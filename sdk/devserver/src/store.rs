@@ -7,8 +7,8 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
-use crate::engine::model::Table;
 use crate::engine::State;
+use crate::engine::model::Table;
 
 /// The platform's database: in memory unless a file is given.
 pub(crate) struct Store {
@@ -48,11 +48,16 @@ impl Store {
         let mut state = State::default();
         for table in Table::ALL {
             let sql = format!("SELECT seq, doc FROM {} ORDER BY seq", table.name());
-            for row in sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&self.pool).await? {
+            for row in sqlx::query(sqlx::AssertSqlSafe(sql))
+                .fetch_all(&self.pool)
+                .await?
+            {
                 let seq: i64 = row.try_get("seq")?;
                 let doc: String = row.try_get("doc")?;
                 self.seq = self.seq.max(seq);
-                state.load_record(table, &doc).map_err(StoreError::Corrupt)?;
+                state
+                    .load_record(table, &doc)
+                    .map_err(StoreError::Corrupt)?;
             }
         }
         state.reindex();
@@ -70,14 +75,21 @@ impl Store {
         }
         let mut tx = self.pool.begin().await?;
         for (table, id) in dirty {
-            let Some(doc) = state.record_json(table, &id) else { continue };
+            let Some(doc) = state.record_json(table, &id) else {
+                continue;
+            };
             self.seq += 1;
             let sql = format!(
                 "INSERT INTO {} (id, seq, doc) VALUES (?1, ?2, ?3) \
                  ON CONFLICT(id) DO UPDATE SET doc = excluded.doc",
                 table.name()
             );
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(&id).bind(self.seq).bind(doc).execute(&mut *tx).await?;
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(&id)
+                .bind(self.seq)
+                .bind(doc)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())

@@ -27,7 +27,8 @@ pub(crate) async fn stream(
     auth.require(&[Scope::ExecutorsConnect])?;
     query::only(&q, &["connection_id"])?;
     let connection_id = query::required(&q, "connection_id")?.to_owned();
-    sh.apply(|s, _| s.live_connection(&executor_id, &connection_id).map(|_| ())).await?;
+    sh.apply(|s, _| s.live_connection(&executor_id, &connection_id).map(|_| ()))
+        .await?;
     let Ok(ws) = ws else {
         return Err(toolrunner_protocol::ApiError::invalid(
             "websocket_required",
@@ -37,7 +38,9 @@ pub(crate) async fn stream(
     };
     let notices = sh.notices.subscribe();
     let shutdown = sh.shutdown.subscribe();
-    Ok(ws.on_upgrade(move |socket| serve(socket, sh, executor_id, connection_id, notices, shutdown)).into_response())
+    Ok(ws
+        .on_upgrade(move |socket| serve(socket, sh, executor_id, connection_id, notices, shutdown))
+        .into_response())
 }
 
 async fn serve(
@@ -48,7 +51,9 @@ async fn serve(
     mut notices: broadcast::Receiver<Notice>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut ping = tokio::time::interval(Duration::from_millis(sh.limits.heartbeat_interval_ms.max(100)));
+    let mut ping = tokio::time::interval(Duration::from_millis(
+        sh.limits.heartbeat_interval_ms.max(100),
+    ));
     loop {
         let frame = tokio::select! {
             _ = shutdown.changed() => break,
@@ -81,9 +86,14 @@ async fn serve(
 /// The frame for this executor, if the notice concerns it.
 async fn relevant(sh: &Shared, executor_id: &str, notice: Notice) -> Option<StreamFrame> {
     match notice {
-        Notice::Cancel { executor_id: to, frame } => (to == executor_id).then_some(frame),
+        Notice::Cancel {
+            executor_id: to,
+            frame,
+        } => (to == executor_id).then_some(frame),
         Notice::Pending { binding_id, frame } => {
-            let StreamFrame::CallPending { tool_name, .. } = &frame else { return None };
+            let StreamFrame::CallPending { tool_name, .. } = &frame else {
+                return None;
+            };
             let engine = sh.engine.lock().await;
             let exec = engine.state.executors.get(executor_id)?;
             (exec.binding_id == binding_id && exec.tools.contains(tool_name)).then_some(frame)

@@ -78,7 +78,12 @@ impl ApiError {
     pub fn new(status: u16, kind: ErrorType, code: &str, message: impl Into<String>) -> Self {
         Self {
             status,
-            body: ErrorBody { kind, code: code.to_owned(), message: message.into(), param: None },
+            body: ErrorBody {
+                kind,
+                code: code.to_owned(),
+                message: message.into(),
+                param: None,
+            },
         }
     }
 
@@ -103,7 +108,12 @@ impl ApiError {
 
     /// `400 unsupported_or_invalid_configuration`.
     pub fn unsupported(code: &str, message: impl Into<String>) -> Self {
-        Self::new(400, ErrorType::UnsupportedOrInvalidConfiguration, code, message)
+        Self::new(
+            400,
+            ErrorType::UnsupportedOrInvalidConfiguration,
+            code,
+            message,
+        )
     }
 
     /// `401 authentication_error`.
@@ -128,7 +138,9 @@ impl ApiError {
 
     /// The envelope to put on the wire.
     pub fn envelope(&self) -> ErrorEnvelope {
-        ErrorEnvelope { error: self.body.clone() }
+        ErrorEnvelope {
+            error: self.body.clone(),
+        }
     }
 
     /// The machine-readable code.
@@ -139,7 +151,14 @@ impl ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} ({}): {}", self.status, self.body.kind.as_str(), self.body.code, self.body.message)
+        write!(
+            f,
+            "{} {} ({}): {}",
+            self.status,
+            self.body.kind.as_str(),
+            self.body.code,
+            self.body.message
+        )
     }
 }
 

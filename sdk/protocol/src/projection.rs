@@ -59,7 +59,12 @@ fn project_envelope(result: &Value, text: &str, budget: usize) -> Projection {
     let preserved = preserved_fields(result, budget / 4);
     let base = compact_len(&envelope(text.len(), preserved.clone(), "", ""));
     let (head_end, tail_start) = preview_cut(text, budget.saturating_sub(base));
-    let projection = envelope(text.len(), preserved, &text[..head_end], &text[tail_start..]);
+    let projection = envelope(
+        text.len(),
+        preserved,
+        &text[..head_end],
+        &text[tail_start..],
+    );
     let retained_bytes = compact_len(&projection);
     Projection {
         original_bytes: text.len(),
@@ -254,7 +259,12 @@ fn trim_part(part: &Value, n: usize) -> Value {
 /// The first and last `n` characters of `text` joined by [`TEXT_ELISION`].
 fn cut_text(text: &str, n: usize) -> String {
     let head_end = text.char_indices().nth(n).map_or(text.len(), |(i, _)| i);
-    let tail_start = text.char_indices().rev().take(n).last().map_or(text.len(), |(i, _)| i);
+    let tail_start = text
+        .char_indices()
+        .rev()
+        .take(n)
+        .last()
+        .map_or(text.len(), |(i, _)| i);
     format!("{}{TEXT_ELISION}{}", &text[..head_end], &text[tail_start..])
 }
 
@@ -265,7 +275,10 @@ mod tests {
 
     fn preview(projection: &Projection) -> (&str, &str) {
         let preview = &projection.result["preview"];
-        (preview["head"].as_str().unwrap(), preview["tail"].as_str().unwrap())
+        (
+            preview["head"].as_str().unwrap(),
+            preview["tail"].as_str().unwrap(),
+        )
     }
 
     /// The envelope `project` would build with `n` preview characters.
@@ -273,14 +286,26 @@ mod tests {
         let text = canonical(result);
         let head: String = text.chars().take(n).collect();
         let tail: String = text.chars().skip(text.chars().count() - n).collect();
-        envelope(text.len(), preserved_fields(result, budget / 4), &head, &tail)
+        envelope(
+            text.len(),
+            preserved_fields(result, budget / 4),
+            &head,
+            &tail,
+        )
     }
 
     #[test]
     fn within_budget_is_unchanged() {
         let result = json!({"next_cursor": "page-2", "tasks": []});
         let projection = project(&result, 35);
-        assert_eq!((projection.original_bytes, projection.retained_bytes, projection.truncated), (35, 35, false));
+        assert_eq!(
+            (
+                projection.original_bytes,
+                projection.retained_bytes,
+                projection.truncated
+            ),
+            (35, 35, false)
+        );
         assert_eq!(projection.result, result);
     }
 
@@ -301,7 +326,10 @@ mod tests {
         let n = head.chars().count();
         assert_eq!(tail.chars().count(), n);
         assert!(projection.retained_bytes <= 2048);
-        assert_eq!(compact_len(&envelope_with(&result, 2048, n)), projection.retained_bytes);
+        assert_eq!(
+            compact_len(&envelope_with(&result, 2048, n)),
+            projection.retained_bytes
+        );
         assert!(compact_len(&envelope_with(&result, 2048, n + 1)) > 2048);
         assert!(canonical(&result).starts_with(head) && canonical(&result).ends_with(tail));
     }
@@ -314,7 +342,10 @@ mod tests {
         assert!(projection.retained_bytes <= 1024);
         let n = head.chars().count();
         assert!(compact_len(&envelope_with(&result, 1024, n + 1)) > 1024);
-        assert!(n < 1024 / 3, "escaped characters take more than one byte, n = {n}");
+        assert!(
+            n < 1024 / 3,
+            "escaped characters take more than one byte, n = {n}"
+        );
     }
 
     #[test]
@@ -322,10 +353,19 @@ mod tests {
         let result = json!({"a": "x".repeat(5000), "status": "ok"});
         let projection = project(&result, 1024);
         let keys: Vec<&String> = projection.result.as_object().unwrap().keys().collect();
-        assert_eq!(keys, ["original_bytes", "preserved_fields", "preview", "truncated"]);
+        assert_eq!(
+            keys,
+            ["original_bytes", "preserved_fields", "preview", "truncated"]
+        );
         assert_eq!(projection.result["truncated"], json!(true));
-        assert_eq!(projection.result["original_bytes"], json!(projection.original_bytes));
-        assert_eq!(projection.result["preserved_fields"], json!({"status": "ok"}));
+        assert_eq!(
+            projection.result["original_bytes"],
+            json!(projection.original_bytes)
+        );
+        assert_eq!(
+            projection.result["preserved_fields"],
+            json!({"status": "ok"})
+        );
     }
 
     #[test]
@@ -334,7 +374,10 @@ mod tests {
         let edge = "é".repeat(128); // 256 bytes of UTF-8
         let result = json!({"a": long, "b": edge, "c": null, "d": 1.5, "e": false, "f": [1], "g": {}, "pad": "p".repeat(9000)});
         let kept = preserved_fields(&result, 8192 / 4);
-        assert_eq!(Value::Object(kept), json!({"b": edge, "c": null, "d": 1.5, "e": false}));
+        assert_eq!(
+            Value::Object(kept),
+            json!({"b": edge, "c": null, "d": 1.5, "e": false})
+        );
     }
 
     #[test]
@@ -342,7 +385,10 @@ mod tests {
         let result = json!({"a": "x".repeat(200), "b": "y".repeat(100), "c": 1});
         // {"a":"x…"} alone is 208 bytes; with b it would be 317 > 256.
         let kept = preserved_fields(&result, 256);
-        assert_eq!(Value::Object(kept.clone()), json!({"a": "x".repeat(200), "c": 1}));
+        assert_eq!(
+            Value::Object(kept.clone()),
+            json!({"a": "x".repeat(200), "c": 1})
+        );
         assert!(compact_len(&Value::Object(kept)) <= 256);
     }
 
@@ -380,7 +426,10 @@ mod tests {
         assert_eq!(head.len(), tail.len());
         let text_only = json!([projection.result[0]]);
         assert!(compact_len(&text_only) <= 1024);
-        assert!(projection.retained_bytes > 1024, "images do not count against the budget");
+        assert!(
+            projection.retained_bytes > 1024,
+            "images do not count against the budget"
+        );
         assert_eq!(projection.retained_bytes, compact_len(&projection.result));
     }
 
@@ -393,7 +442,13 @@ mod tests {
         ]);
         let projection = project(&result, 2048);
         assert_eq!(projection.result[1]["text"], json!("short"));
-        let cut = |i: usize| projection.result[i]["text"].as_str().unwrap().chars().count();
+        let cut = |i: usize| {
+            projection.result[i]["text"]
+                .as_str()
+                .unwrap()
+                .chars()
+                .count()
+        };
         assert_eq!(cut(0), cut(2));
         assert!(projection.retained_bytes <= 2048);
     }
@@ -405,7 +460,8 @@ mod tests {
         let long = "a".repeat(1000);
         let odd = "b".repeat(101);
         let result = json!([{"type": "text", "text": long}, {"type": "text", "text": odd}]);
-        let at_51 = json!([{"type": "text", "text": cut_text(&long, 51)}, {"type": "text", "text": odd}]);
+        let at_51 =
+            json!([{"type": "text", "text": cut_text(&long, 51)}, {"type": "text", "text": odd}]);
         let at_50 = json!([{"type": "text", "text": cut_text(&long, 50)}, {"type": "text", "text": cut_text(&odd, 50)}]);
         let budget = compact_len(&at_51);
         assert!(compact_len(&at_50) > budget);
@@ -416,7 +472,9 @@ mod tests {
 
     #[test]
     fn content_parts_fall_back_to_n_zero() {
-        let many: Vec<Value> = (0..200).map(|_| json!({"type": "text", "text": "xyz"})).collect();
+        let many: Vec<Value> = (0..200)
+            .map(|_| json!({"type": "text", "text": "xyz"}))
+            .collect();
         let projection = project(&Value::Array(many), 1024);
         assert!(projection.truncated);
         assert_eq!(projection.result[0]["text"], json!(TEXT_ELISION));
@@ -462,13 +520,33 @@ mod tests {
 
     #[test]
     fn large_results_project_quickly() {
-        let items: Vec<Value> = (0..40_000).map(|i| json!({"id": i, "name": format!("名前-{i}"), "note": "x".repeat(60)})).collect();
+        let items: Vec<Value> = (0..40_000)
+            .map(|i| json!({"id": i, "name": format!("名前-{i}"), "note": "x".repeat(60)}))
+            .collect();
         let result = json!({"items": items, "next_cursor": "c"});
         assert!(compact_len(&result) > 4_000_000);
         let started = std::time::Instant::now();
         let projection = project(&result, 32768);
         assert!(projection.retained_bytes <= 32768 && projection.truncated);
         // Generous for unoptimized builds; release takes a few milliseconds.
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn large_content_parts_project_quickly() {
+        let parts = json!([
+            {"type": "text", "text": "文字🙂\n\"".repeat(400_000)},
+            {"type": "text", "text": "b".repeat(100_000)},
+            {"type": "image", "media_type": "image/png", "data": "A".repeat(100_000)},
+        ]);
+        let started = std::time::Instant::now();
+        let projection = project(&parts, 32768);
+        assert!(projection.truncated);
+        assert!(compact_len(&json!([projection.result[0], projection.result[1]])) <= 32768);
         assert!(started.elapsed().as_secs() < 10, "took {:?}", started.elapsed());
     }
 }

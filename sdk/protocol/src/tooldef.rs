@@ -90,9 +90,14 @@ pub fn check_tool_name(name: &str) -> Result<(), String> {
     } else if name.chars().any(char::is_whitespace) {
         Err(format!("tool name {name:?} must not contain whitespace"))
     } else if name.chars().any(char::is_control) {
-        Err(format!("tool name {name:?} must not contain control characters"))
+        Err(format!(
+            "tool name {name:?} must not contain control characters"
+        ))
     } else if name.len() > MAX_TOOL_NAME_BYTES {
-        Err(format!("tool name must be at most {MAX_TOOL_NAME_BYTES} bytes, not {}", name.len()))
+        Err(format!(
+            "tool name must be at most {MAX_TOOL_NAME_BYTES} bytes, not {}",
+            name.len()
+        ))
     } else {
         Ok(())
     }
@@ -105,7 +110,10 @@ pub fn check_tool_name(name: &str) -> Result<(), String> {
 ///
 /// # Errors
 /// Every problem found, in document order.
-pub fn check_version(tools: &Value, tool_search: Option<&Value>) -> Result<CheckedVersion, Vec<ToolProblem>> {
+pub fn check_version(
+    tools: &Value,
+    tool_search: Option<&Value>,
+) -> Result<CheckedVersion, Vec<ToolProblem>> {
     let mut problems = Problems::default();
     let checked = check_tools(tools, &mut problems);
     let tool_search = check_tool_search(tool_search, &mut problems);
@@ -127,16 +135,31 @@ struct Problems(Vec<ToolProblem>);
 
 impl Problems {
     fn invalid(&mut self, code: &str, param: impl Into<String>, message: impl Into<String>) {
-        self.push(ProblemKind::InvalidRequest, code, param.into(), message.into());
+        self.push(
+            ProblemKind::InvalidRequest,
+            code,
+            param.into(),
+            message.into(),
+        );
     }
 
     fn unsupported(&mut self, code: &str, param: impl Into<String>, message: impl Into<String>) {
-        self.push(ProblemKind::UnsupportedConfiguration, code, param.into(), message.into());
+        self.push(
+            ProblemKind::UnsupportedConfiguration,
+            code,
+            param.into(),
+            message.into(),
+        );
     }
 
     fn push(&mut self, kind: ProblemKind, code: &str, param: String, message: String) {
         let code = code.to_owned();
-        self.0.push(ToolProblem { kind, code, param, message });
+        self.0.push(ToolProblem {
+            kind,
+            code,
+            param,
+            message,
+        });
     }
 }
 
@@ -149,14 +172,24 @@ struct CheckedTools {
 
 fn check_tools(tools: &Value, problems: &mut Problems) -> Option<CheckedTools> {
     let Some(items) = tools.as_array() else {
-        problems.invalid("invalid_type", "tools", "tools must be an array of tool definitions");
+        problems.invalid(
+            "invalid_type",
+            "tools",
+            "tools must be an array of tool definitions",
+        );
         return None;
     };
     if items.len() > MAX_TOOLS_PER_VERSION {
-        let message = format!("an agent version has at most {MAX_TOOLS_PER_VERSION} tools, not {}", items.len());
+        let message = format!(
+            "an agent version has at most {MAX_TOOLS_PER_VERSION} tools, not {}",
+            items.len()
+        );
         problems.invalid("too_many_tools", "tools", message);
     }
-    let mut checked = CheckedTools { tools: Vec::new(), deferred: Vec::new() };
+    let mut checked = CheckedTools {
+        tools: Vec::new(),
+        deferred: Vec::new(),
+    };
     let mut seen = HashSet::new();
     for (i, item) in items.iter().enumerate() {
         let (tool, deferred) = check_tool(i, item, &mut seen, problems);
@@ -171,7 +204,11 @@ fn check_tool_search(tool_search: Option<&Value>, problems: &mut Problems) -> Op
         None => Some(false),
         Some(Value::Bool(on)) => Some(*on),
         Some(_) => {
-            problems.invalid("invalid_type", "tool_search", "tool_search must be true or false when present");
+            problems.invalid(
+                "invalid_type",
+                "tool_search",
+                "tool_search must be true or false when present",
+            );
             None
         }
     }
@@ -182,7 +219,8 @@ fn check_deferred(deferred: &[Option<bool>], tool_search: bool, problems: &mut P
     let any_deferred = deferred.contains(&Some(true));
     let all_known = deferred.iter().all(Option::is_some);
     if any_deferred && !tool_search {
-        let message = "a tool with defer_loading true needs \"tool_search\": true in its agent version";
+        let message =
+            "a tool with defer_loading true needs \"tool_search\": true in its agent version";
         problems.unsupported("tool_search_mismatch", "tool_search", message);
     } else if tool_search && !any_deferred && all_known {
         let message = "\"tool_search\": true needs at least one tool with defer_loading true";
@@ -202,7 +240,11 @@ fn check_tool(
     problems: &mut Problems,
 ) -> (Option<ToolDefinition>, Option<bool>) {
     let Some(fields) = tool.as_object() else {
-        problems.invalid("invalid_type", format!("tools[{i}]"), format!("tools[{i}] must be an object"));
+        problems.invalid(
+            "invalid_type",
+            format!("tools[{i}]"),
+            format!("tools[{i}] must be an object"),
+        );
         return (None, None);
     };
     let name = check_name_field(i, fields, seen, problems);
@@ -213,28 +255,55 @@ fn check_tool(
     let budget = check_result_budget(i, fields.get("max_result_context_bytes"), problems);
     let defer_loading = check_defer_loading(i, fields.get("defer_loading"), problems);
     check_extra_fields(i, fields, problems);
-    let tool = match (name, description, binding_id, input_schema, output_schema, budget, defer_loading) {
-        (Some(name), Some(description), Some(binding_id), Some(Some(input_schema)), Some(output_schema), Some(budget), Some(defer)) => {
-            Some(ToolDefinition {
-                name,
-                description,
-                binding_id,
-                input_schema,
-                output_schema,
-                max_result_context_bytes: budget,
-                defer_loading: defer,
-            })
-        }
+    let tool = match (
+        name,
+        description,
+        binding_id,
+        input_schema,
+        output_schema,
+        budget,
+        defer_loading,
+    ) {
+        (
+            Some(name),
+            Some(description),
+            Some(binding_id),
+            Some(Some(input_schema)),
+            Some(output_schema),
+            Some(budget),
+            Some(defer),
+        ) => Some(ToolDefinition {
+            name,
+            description,
+            binding_id,
+            input_schema,
+            output_schema,
+            max_result_context_bytes: budget,
+            defer_loading: defer,
+        }),
         _ => None,
     };
     (tool, defer_loading)
 }
 
-fn required_string(i: usize, fields: &Map<String, Value>, field: &str, problems: &mut Problems) -> Option<String> {
+fn required_string(
+    i: usize,
+    fields: &Map<String, Value>,
+    field: &str,
+    problems: &mut Problems,
+) -> Option<String> {
     match fields.get(field) {
-        None => problems.invalid("missing_field", param(i, field), format!("{} is required", param(i, field))),
+        None => problems.invalid(
+            "missing_field",
+            param(i, field),
+            format!("{} is required", param(i, field)),
+        ),
         Some(Value::String(text)) => return Some(text.clone()),
-        Some(_) => problems.invalid("invalid_type", param(i, field), format!("{} must be a string", param(i, field))),
+        Some(_) => problems.invalid(
+            "invalid_type",
+            param(i, field),
+            format!("{} must be a string", param(i, field)),
+        ),
     }
     None
 }
@@ -258,10 +327,18 @@ fn check_name_field(
     Some(name)
 }
 
-fn check_description(i: usize, fields: &Map<String, Value>, problems: &mut Problems) -> Option<String> {
+fn check_description(
+    i: usize,
+    fields: &Map<String, Value>,
+    problems: &mut Problems,
+) -> Option<String> {
     let description = required_string(i, fields, "description", problems)?;
     if description.is_empty() {
-        problems.invalid("invalid_description", param(i, "description"), "description must not be empty");
+        problems.invalid(
+            "invalid_description",
+            param(i, "description"),
+            "description must not be empty",
+        );
         return None;
     }
     Some(description)
@@ -277,7 +354,11 @@ fn check_schema_field(
 ) -> Option<Option<Value>> {
     let Some(schema) = fields.get(field) else {
         if required {
-            problems.invalid("missing_field", param(i, field), format!("{} is required", param(i, field)));
+            problems.invalid(
+                "missing_field",
+                param(i, field),
+                format!("{} is required", param(i, field)),
+            );
             return None;
         }
         return Some(None);
@@ -285,7 +366,11 @@ fn check_schema_field(
     match check_object_schema(schema) {
         Ok(()) => Some(Some(schema.clone())),
         Err(message) => {
-            problems.invalid("invalid_schema", param(i, field), format!("{}: {message}", param(i, field)));
+            problems.invalid(
+                "invalid_schema",
+                param(i, field),
+                format!("{}: {message}", param(i, field)),
+            );
             None
         }
     }
@@ -309,12 +394,18 @@ fn check_result_budget(i: usize, value: Option<&Value>, problems: &mut Problems)
     let field = param(i, "max_result_context_bytes");
     let number = value.as_f64().filter(|n| n.fract() == 0.0);
     let Some(number) = number else {
-        problems.invalid("invalid_type", &field, format!("{field} must be an integer"));
+        problems.invalid(
+            "invalid_type",
+            &field,
+            format!("{field} must be an integer"),
+        );
         return None;
     };
     let range = MIN_RESULT_CONTEXT_BYTES as f64..=MAX_RESULT_CONTEXT_BYTES as f64;
     if !range.contains(&number) {
-        let message = format!("{field} must be from {MIN_RESULT_CONTEXT_BYTES} to {MAX_RESULT_CONTEXT_BYTES}, not {value}");
+        let message = format!(
+            "{field} must be from {MIN_RESULT_CONTEXT_BYTES} to {MAX_RESULT_CONTEXT_BYTES}, not {value}"
+        );
         problems.invalid("out_of_range", &field, message);
         return None;
     }
@@ -328,7 +419,11 @@ fn check_defer_loading(i: usize, value: Option<&Value>, problems: &mut Problems)
         Some(Value::Bool(deferred)) => Some(*deferred),
         Some(_) => {
             let field = param(i, "defer_loading");
-            problems.invalid("invalid_type", &field, format!("{field} must be true or false when present"));
+            problems.invalid(
+                "invalid_type",
+                &field,
+                format!("{field} must be true or false when present"),
+            );
             None
         }
     }
@@ -338,10 +433,15 @@ fn check_extra_fields(i: usize, fields: &Map<String, Value>, problems: &mut Prob
     for key in fields.keys().filter(|k| !TOOL_FIELDS.contains(&k.as_str())) {
         let field = param(i, key);
         if REMOVED_TOOL_FIELDS.contains(&key.as_str()) {
-            let message = format!("{field} was removed; use max_result_context_bytes (compact json bytes)");
+            let message =
+                format!("{field} was removed; use max_result_context_bytes (compact json bytes)");
             problems.invalid("unsupported_field", field, message);
         } else {
-            problems.invalid("unknown_field", &field, format!("{field} is not a tool definition field"));
+            problems.invalid(
+                "unknown_field",
+                &field,
+                format!("{field} is not a tool definition field"),
+            );
         }
     }
 }
@@ -374,7 +474,9 @@ impl Schema {
     /// A sentence saying why the schema cannot be used.
     pub fn compile(schema: &Value) -> Result<Schema, String> {
         if let Some(reference) = first_non_local_ref(schema) {
-            return Err(format!("$ref {reference:?} is not allowed: only references within the schema (starting with #) are"));
+            return Err(format!(
+                "$ref {reference:?} is not allowed: only references within the schema (starting with #) are"
+            ));
         }
         let validator = jsonschema::options()
             .with_draft(draft_of(schema))
@@ -498,17 +600,37 @@ mod tests {
         let checked = check_version(&json!([full, tool("other")]), Some(&json!(true))).unwrap();
         assert!(checked.tool_search);
         assert_eq!(checked.tools[0].max_result_context_bytes, 2048);
-        assert_eq!(checked.tools[0].output_schema, Some(json!({"type": "object"})));
+        assert_eq!(
+            checked.tools[0].output_schema,
+            Some(json!({"type": "object"}))
+        );
         assert!(checked.tools[0].defer_loading);
         assert!(!checked.tools[1].defer_loading);
     }
 
     #[test]
     fn tool_names_follow_the_rules() {
-        for good in ["tasks.read", "a", "名前", "x".repeat(512).as_str(), "é".repeat(256).as_str()] {
+        for good in [
+            "tasks.read",
+            "a",
+            "名前",
+            "x".repeat(512).as_str(),
+            "é".repeat(256).as_str(),
+        ] {
             assert_eq!(check_tool_name(good), Ok(()), "{good:?}");
         }
-        for bad in ["", " ", "a b", "a\tb", "a\u{a0}b", "a\u{7}b", "a\u{7f}", "\u{2028}", "x".repeat(513).as_str(), "é".repeat(257).as_str()] {
+        for bad in [
+            "",
+            " ",
+            "a b",
+            "a\tb",
+            "a\u{a0}b",
+            "a\u{7}b",
+            "a\u{7f}",
+            "\u{2028}",
+            "x".repeat(513).as_str(),
+            "é".repeat(257).as_str(),
+        ] {
             assert!(check_tool_name(bad).is_err(), "{bad:?}");
         }
     }
@@ -522,7 +644,10 @@ mod tests {
     #[test]
     fn duplicate_names_are_reported_on_the_second_tool() {
         let found = problems(json!([tool("a"), tool("b"), tool("a")]), None);
-        let found: Vec<_> = found.iter().map(|p| (p.code.as_str(), p.param.as_str())).collect();
+        let found: Vec<_> = found
+            .iter()
+            .map(|p| (p.code.as_str(), p.param.as_str()))
+            .collect();
         assert_eq!(found, [("duplicate_tool_name", "tools[2].name")]);
     }
 
@@ -531,33 +656,62 @@ mod tests {
         let tools = |n: usize| Value::Array((0..n).map(|i| tool(&format!("t{i}"))).collect());
         assert!(check_version(&tools(64), None).is_ok());
         let found = problems(tools(65), None);
-        assert_eq!((found[0].code.as_str(), found[0].param.as_str()), ("too_many_tools", "tools"));
+        assert_eq!(
+            (found[0].code.as_str(), found[0].param.as_str()),
+            ("too_many_tools", "tools")
+        );
         assert_eq!(found.len(), 1);
     }
 
     #[test]
     fn required_fields_are_reported_missing() {
         for field in ["name", "description", "binding_id", "input_schema"] {
-            expect(tool_without(field), "missing_field", &format!("tools[0].{field}"));
+            expect(
+                tool_without(field),
+                "missing_field",
+                &format!("tools[0].{field}"),
+            );
         }
     }
 
     #[test]
     fn wrong_json_types_are_reported() {
         expect(tool_with("name", json!(5)), "invalid_type", "tools[0].name");
-        expect(tool_with("description", json!(["x"])), "invalid_type", "tools[0].description");
-        expect(tool_with("binding_id", json!(null)), "invalid_type", "tools[0].binding_id");
-        expect(tool_with("defer_loading", json!(null)), "invalid_type", "tools[0].defer_loading");
-        expect(tool_with("defer_loading", json!("true")), "invalid_type", "tools[0].defer_loading");
+        expect(
+            tool_with("description", json!(["x"])),
+            "invalid_type",
+            "tools[0].description",
+        );
+        expect(
+            tool_with("binding_id", json!(null)),
+            "invalid_type",
+            "tools[0].binding_id",
+        );
+        expect(
+            tool_with("defer_loading", json!(null)),
+            "invalid_type",
+            "tools[0].defer_loading",
+        );
+        expect(
+            tool_with("defer_loading", json!("true")),
+            "invalid_type",
+            "tools[0].defer_loading",
+        );
         let found = problems(json!([tool("a"), "b"]), None);
-        assert_eq!((found[0].code.as_str(), found[0].param.as_str()), ("invalid_type", "tools[1]"));
+        assert_eq!(
+            (found[0].code.as_str(), found[0].param.as_str()),
+            ("invalid_type", "tools[1]")
+        );
     }
 
     #[test]
     fn tools_must_be_an_array() {
         for tools in [json!({}), json!(null), json!("a")] {
             let found = problems(tools, None);
-            assert_eq!((found[0].code.as_str(), found[0].param.as_str()), ("invalid_type", "tools"));
+            assert_eq!(
+                (found[0].code.as_str(), found[0].param.as_str()),
+                ("invalid_type", "tools")
+            );
         }
         assert!(check_version(&json!([]), None).is_ok());
     }
@@ -566,43 +720,93 @@ mod tests {
     fn tool_search_must_be_a_boolean() {
         for value in [json!(null), json!("true"), json!(1)] {
             let found = problems(json!([tool("a")]), Some(value));
-            assert_eq!((found[0].code.as_str(), found[0].param.as_str()), ("invalid_type", "tool_search"));
+            assert_eq!(
+                (found[0].code.as_str(), found[0].param.as_str()),
+                ("invalid_type", "tool_search")
+            );
         }
         assert!(check_version(&json!([tool("a")]), Some(&json!(false))).is_ok());
     }
 
     #[test]
     fn empty_description_is_invalid() {
-        expect(tool_with("description", json!("")), "invalid_description", "tools[0].description");
+        expect(
+            tool_with("description", json!("")),
+            "invalid_description",
+            "tools[0].description",
+        );
     }
 
     #[test]
     fn input_schema_root_must_be_an_explicit_object_schema() {
-        for schema in [json!({}), json!({"type": "array"}), json!({"type": ["object"]}), json!(true), json!("object"), json!(null)] {
-            expect(tool_with("input_schema", schema), "invalid_schema", "tools[0].input_schema");
+        for schema in [
+            json!({}),
+            json!({"type": "array"}),
+            json!({"type": ["object"]}),
+            json!(true),
+            json!("object"),
+            json!(null),
+        ] {
+            expect(
+                tool_with("input_schema", schema),
+                "invalid_schema",
+                "tools[0].input_schema",
+            );
         }
     }
 
     #[test]
     fn schemas_must_compile() {
         let schema = json!({"type": "object", "properties": 5});
-        expect(tool_with("input_schema", schema), "invalid_schema", "tools[0].input_schema");
+        expect(
+            tool_with("input_schema", schema),
+            "invalid_schema",
+            "tools[0].input_schema",
+        );
         let schema = json!({"type": "object", "properties": {"a": {"pattern": "("}}});
-        expect(tool_with("input_schema", schema), "invalid_schema", "tools[0].input_schema");
+        expect(
+            tool_with("input_schema", schema),
+            "invalid_schema",
+            "tools[0].input_schema",
+        );
     }
 
     #[test]
     fn output_schema_follows_the_same_root_rule() {
-        expect(tool_with("output_schema", json!({"type": "string"})), "invalid_schema", "tools[0].output_schema");
-        expect(tool_with("output_schema", json!(null)), "invalid_schema", "tools[0].output_schema");
-        assert!(check_version(&json!([tool_with("output_schema", json!({"type": "object"}))]), None).is_ok());
+        expect(
+            tool_with("output_schema", json!({"type": "string"})),
+            "invalid_schema",
+            "tools[0].output_schema",
+        );
+        expect(
+            tool_with("output_schema", json!(null)),
+            "invalid_schema",
+            "tools[0].output_schema",
+        );
+        assert!(
+            check_version(
+                &json!([tool_with("output_schema", json!({"type": "object"}))]),
+                None
+            )
+            .is_ok()
+        );
     }
 
     #[test]
     fn non_local_refs_are_refused() {
-        for target in ["https://example.com/s.json", "file:///etc/passwd", "other.json#/x", "/abs"] {
-            let schema = json!({"type": "object", "properties": {"a": {"items": {"$ref": target}}}});
-            expect(tool_with("input_schema", schema), "invalid_schema", "tools[0].input_schema");
+        for target in [
+            "https://example.com/s.json",
+            "file:///etc/passwd",
+            "other.json#/x",
+            "/abs",
+        ] {
+            let schema =
+                json!({"type": "object", "properties": {"a": {"items": {"$ref": target}}}});
+            expect(
+                tool_with("input_schema", schema),
+                "invalid_schema",
+                "tools[0].input_schema",
+            );
         }
         let local = json!({"type": "object", "$defs": {"s": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/s"}}});
         assert!(check_version(&json!([tool_with("input_schema", local)]), None).is_ok());
@@ -611,25 +815,52 @@ mod tests {
     #[test]
     fn result_budget_must_be_an_integer_in_range() {
         for ok in [json!(1024), json!(32768), json!(2048.0)] {
-            assert!(check_version(&json!([tool_with("max_result_context_bytes", ok.clone())]), None).is_ok(), "{ok}");
+            assert!(
+                check_version(
+                    &json!([tool_with("max_result_context_bytes", ok.clone())]),
+                    None
+                )
+                .is_ok(),
+                "{ok}"
+            );
         }
         for out in [json!(1023), json!(32769), json!(0), json!(-1), json!(1e300)] {
-            expect(tool_with("max_result_context_bytes", out), "out_of_range", "tools[0].max_result_context_bytes");
+            expect(
+                tool_with("max_result_context_bytes", out),
+                "out_of_range",
+                "tools[0].max_result_context_bytes",
+            );
         }
         for wrong in [json!(2048.5), json!("2048"), json!(null), json!(true)] {
-            expect(tool_with("max_result_context_bytes", wrong), "invalid_type", "tools[0].max_result_context_bytes");
+            expect(
+                tool_with("max_result_context_bytes", wrong),
+                "invalid_type",
+                "tools[0].max_result_context_bytes",
+            );
         }
     }
 
     #[test]
     fn removed_fields_are_unsupported() {
-        expect(tool_with("max_result_tokens", json!(1000)), "unsupported_field", "tools[0].max_result_tokens");
-        expect(tool_with("max_result_bytes", json!(1000)), "unsupported_field", "tools[0].max_result_bytes");
+        expect(
+            tool_with("max_result_tokens", json!(1000)),
+            "unsupported_field",
+            "tools[0].max_result_tokens",
+        );
+        expect(
+            tool_with("max_result_bytes", json!(1000)),
+            "unsupported_field",
+            "tools[0].max_result_bytes",
+        );
     }
 
     #[test]
     fn unlisted_fields_are_unknown() {
-        expect(tool_with("timeout_ms", json!(5)), "unknown_field", "tools[0].timeout_ms");
+        expect(
+            tool_with("timeout_ms", json!(5)),
+            "unknown_field",
+            "tools[0].timeout_ms",
+        );
     }
 
     #[test]
@@ -639,7 +870,10 @@ mod tests {
             let found = problems(json!([deferred.clone()]), search);
             assert_eq!(found.len(), 1);
             assert_eq!(found[0].kind, ProblemKind::UnsupportedConfiguration);
-            assert_eq!((found[0].code.as_str(), found[0].param.as_str()), ("tool_search_mismatch", "tool_search"));
+            assert_eq!(
+                (found[0].code.as_str(), found[0].param.as_str()),
+                ("tool_search_mismatch", "tool_search")
+            );
         }
         let found = problems(json!([tool("a")]), Some(json!(true)));
         assert_eq!(found[0].kind, ProblemKind::UnsupportedConfiguration);
@@ -652,8 +886,14 @@ mod tests {
         let mut bad = tool_with("max_result_context_bytes", json!(10));
         bad["name"] = json!("has space");
         bad["max_result_bytes"] = json!(1);
-        let found = problems(json!([tool("ok"), bad, tool_without("binding_id")]), Some(json!(null)));
-        let found: Vec<_> = found.iter().map(|p| (p.code.as_str(), p.param.as_str())).collect();
+        let found = problems(
+            json!([tool("ok"), bad, tool_without("binding_id")]),
+            Some(json!(null)),
+        );
+        let found: Vec<_> = found
+            .iter()
+            .map(|p| (p.code.as_str(), p.param.as_str()))
+            .collect();
         assert_eq!(
             found,
             [
@@ -671,7 +911,10 @@ mod tests {
         // Array-form `items` is draft-07 only; 2020-12 refuses it.
         let tuple = json!({"type": "object", "properties": {"p": {"items": [{"type": "string"}]}}});
         assert!(Schema::compile(&tuple).is_err());
-        for uri in ["http://json-schema.org/draft-07/schema#", "http://json-schema.org/draft-07/schema"] {
+        for uri in [
+            "http://json-schema.org/draft-07/schema#",
+            "http://json-schema.org/draft-07/schema",
+        ] {
             let mut schema = tuple.clone();
             schema["$schema"] = json!(uri);
             let schema = Schema::compile(&schema).unwrap();
@@ -681,11 +924,22 @@ mod tests {
 
     #[test]
     fn format_is_not_asserted() {
-        let email = json!({"type": "object", "properties": {"e": {"type": "string", "format": "email"}}});
-        assert!(Schema::compile(&email).unwrap().violations(&json!({"e": "nope"})).is_empty());
+        let email =
+            json!({"type": "object", "properties": {"e": {"type": "string", "format": "email"}}});
+        assert!(
+            Schema::compile(&email)
+                .unwrap()
+                .violations(&json!({"e": "nope"}))
+                .is_empty()
+        );
         let mut draft7 = email.clone();
         draft7["$schema"] = json!("http://json-schema.org/draft-07/schema#");
-        assert!(Schema::compile(&draft7).unwrap().violations(&json!({"e": "nope"})).is_empty());
+        assert!(
+            Schema::compile(&draft7)
+                .unwrap()
+                .violations(&json!({"e": "nope"}))
+                .is_empty()
+        );
     }
 
     #[test]
@@ -710,7 +964,11 @@ mod tests {
             "additionalProperties": false,
         });
         let schema = Schema::compile(&schema).unwrap();
-        assert!(schema.violations(&json!({"limit": 1, "cursor": "c"})).is_empty());
+        assert!(
+            schema
+                .violations(&json!({"limit": 1, "cursor": "c"}))
+                .is_empty()
+        );
         let found = schema.violations(&json!({"cursor": 5, "ids": [1, "x"], "extra": true}));
         let mut paths: Vec<&str> = found.iter().map(|v| v.path.as_str()).collect();
         paths.sort_unstable();

@@ -1,9 +1,9 @@
 //! Claiming a call (protocol §5, "Claim").
-use toolrunner_protocol::wire::{Assignment, CallState, Claim, Claimed, Grant, RunStatus};
 use toolrunner_protocol::ApiError;
+use toolrunner_protocol::wire::{Assignment, CallState, Claim, Claimed, Grant, RunStatus};
 
 use super::model::{AssignmentRec, AssignmentStatus, ExecutorMode, Table};
-use super::{is_token_id, new_grant, new_id, rfc3339, State};
+use super::{State, is_token_id, new_grant, new_id, rfc3339};
 
 impl State {
     /// Claims `call_id` of `run_id`, checking the rules in the contract's
@@ -35,7 +35,11 @@ impl State {
         }
         let (draining, capacity) = (exec.mode == ExecutorMode::Draining, exec.capacity);
         let key = (body.executor_id.clone(), body.operation_key.clone());
-        if let Some(asg) = self.op_keys.get(&key).and_then(|id| self.assignments.get(id)) {
+        if let Some(asg) = self
+            .op_keys
+            .get(&key)
+            .and_then(|id| self.assignments.get(id))
+        {
             if asg.call_id != call_id {
                 return Err(ApiError::invalid(
                     "operation_key_reused",
@@ -45,16 +49,26 @@ impl State {
             }
             if asg.status != AssignmentStatus::Released {
                 let assignment = self.assignment_body(&asg.assignment_id.clone());
-                return Ok(Claimed { replayed: true, call_state: state, assignment });
+                return Ok(Claimed {
+                    replayed: true,
+                    call_state: state,
+                    assignment,
+                });
             }
         }
         if run_status != RunStatus::Active {
-            return Err(ApiError::conflict("run_terminated", format!("run {run_id} has ended")));
+            return Err(ApiError::conflict(
+                "run_terminated",
+                format!("run {run_id} has ended"),
+            ));
         }
         if draining {
             return Err(ApiError::conflict(
                 "executor_draining",
-                format!("executor {} is draining and takes no new claims", body.executor_id),
+                format!(
+                    "executor {} is draining and takes no new claims",
+                    body.executor_id
+                ),
             ));
         }
         match state {
@@ -62,7 +76,10 @@ impl State {
             s if s.is_terminal() => {
                 return Err(ApiError::conflict(
                     "call_not_claimable",
-                    format!("call {call_id} is {} and can no longer be claimed", s.as_str()),
+                    format!(
+                        "call {call_id} is {} and can no longer be claimed",
+                        s.as_str()
+                    ),
                 ));
             }
             _ => {
@@ -80,7 +97,10 @@ impl State {
         if in_flight >= capacity as usize {
             return Err(ApiError::conflict(
                 "capacity_exhausted",
-                format!("executor {} already holds {in_flight} of {capacity} calls", body.executor_id),
+                format!(
+                    "executor {} already holds {in_flight} of {capacity} calls",
+                    body.executor_id
+                ),
             ));
         }
         let asg = AssignmentRec {
@@ -98,11 +118,11 @@ impl State {
         self.grants.insert(asg.grant.clone(), asg_id.clone());
         self.assignments.insert(asg_id.clone(), asg);
         self.touch(Table::Assignments, &asg_id);
-        self.set_call_state(call_id, CallState::Claimed, now);
         let call = self.calls.get_mut(call_id).expect("checked above");
         call.executor_id = Some(body.executor_id);
         call.assignment_id = Some(asg_id.clone());
         call.accepted_at = None;
+        self.set_call_state(call_id, CallState::Claimed, now);
         Ok(Claimed {
             replayed: false,
             call_state: CallState::Claimed,

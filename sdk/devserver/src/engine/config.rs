@@ -1,5 +1,6 @@
 //! Agents, bindings, versions, diagnostics and dry runs (protocol §2).
 use serde_json::Value;
+use toolrunner_protocol::ApiError;
 use toolrunner_protocol::projection::project;
 use toolrunner_protocol::tooldef::{self, ProblemKind, ToolProblem};
 use toolrunner_protocol::wire::{
@@ -7,21 +8,26 @@ use toolrunner_protocol::wire::{
     CreateBinding, CreateVersion, Diagnostics, DryRun, DryRunAnswer, ExecutorDiagnostics,
     ExecutorStatus, ReceiptKind,
 };
-use toolrunner_protocol::ApiError;
 
 use super::model::{ExecutorMode, ExecutorRec, Table};
-use super::{new_id, rfc3339, State};
+use super::{State, new_id, rfc3339};
 
 fn nonblank(value: &str, param: &str) -> Result<(), ApiError> {
     if value.trim().is_empty() {
-        return Err(ApiError::invalid("invalid_value", format!("{param} must not be blank"))
-            .with_param(param));
+        return Err(
+            ApiError::invalid("invalid_value", format!("{param} must not be blank"))
+                .with_param(param),
+        );
     }
     Ok(())
 }
 
 fn problem_error(p: &ToolProblem, total: usize) -> ApiError {
-    let more = if total > 1 { format!(" ({} more problems)", total - 1) } else { String::new() };
+    let more = if total > 1 {
+        format!(" ({} more problems)", total - 1)
+    } else {
+        String::new()
+    };
     let msg = format!("{}{more}", p.message);
     let err = match p.kind {
         ProblemKind::InvalidRequest => ApiError::invalid(&p.code, msg),
@@ -33,7 +39,11 @@ fn problem_error(p: &ToolProblem, total: usize) -> ApiError {
 impl State {
     pub(crate) fn create_agent(&mut self, body: CreateAgent, now: i64) -> Result<Agent, ApiError> {
         nonblank(&body.name, "name")?;
-        let agent = Agent { agent_id: new_id("agt_"), name: body.name, created_at: rfc3339(now) };
+        let agent = Agent {
+            agent_id: new_id("agt_"),
+            name: body.name,
+            created_at: rfc3339(now),
+        };
         self.agents.insert(agent.agent_id.clone(), agent.clone());
         self.touch(Table::Agents, &agent.agent_id);
         Ok(agent)
@@ -43,7 +53,10 @@ impl State {
         if self.agents.contains_key(agent_id) {
             return Ok(());
         }
-        Err(ApiError::invalid("unknown_agent", format!("no agent {agent_id}")).with_param("agent_id"))
+        Err(
+            ApiError::invalid("unknown_agent", format!("no agent {agent_id}"))
+                .with_param("agent_id"),
+        )
     }
 
     pub(crate) fn create_binding(
@@ -54,16 +67,22 @@ impl State {
         self.agent_in_body(&body.agent_id)?;
         nonblank(&body.name, "name")?;
         if body.tool_names.is_empty() {
-            return Err(ApiError::invalid("invalid_value", "tool_names must name at least one tool")
-                .with_param("tool_names"));
+            return Err(ApiError::invalid(
+                "invalid_value",
+                "tool_names must name at least one tool",
+            )
+            .with_param("tool_names"));
         }
         for (i, name) in body.tool_names.iter().enumerate() {
             let param = format!("tool_names[{i}]");
             tooldef::check_tool_name(name)
                 .map_err(|m| ApiError::invalid("invalid_tool_name", m).with_param(param.clone()))?;
             if body.tool_names[..i].contains(name) {
-                return Err(ApiError::invalid("duplicate_tool_name", format!("{name} is listed twice"))
-                    .with_param(param));
+                return Err(ApiError::invalid(
+                    "duplicate_tool_name",
+                    format!("{name} is listed twice"),
+                )
+                .with_param(param));
             }
         }
         let binding = Binding {
@@ -73,7 +92,8 @@ impl State {
             tool_names: body.tool_names,
             created_at: rfc3339(now),
         };
-        self.bindings.insert(binding.binding_id.clone(), binding.clone());
+        self.bindings
+            .insert(binding.binding_id.clone(), binding.clone());
         self.touch(Table::Bindings, &binding.binding_id);
         Ok(binding)
     }
@@ -88,7 +108,11 @@ impl State {
             .filter(|b| agent_id.is_none_or(|id| b.agent_id == id))
             .cloned()
             .collect();
-        list.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.binding_id.cmp(&b.binding_id)));
+        list.sort_by(|a, b| {
+            a.created_at
+                .cmp(&b.created_at)
+                .then(a.binding_id.cmp(&b.binding_id))
+        });
         Ok(list)
     }
 
@@ -99,24 +123,36 @@ impl State {
         now: i64,
     ) -> Result<AgentVersion, ApiError> {
         if !self.agents.contains_key(agent_id) {
-            return Err(ApiError::not_found("unknown_agent", format!("no agent {agent_id}")));
+            return Err(ApiError::not_found(
+                "unknown_agent",
+                format!("no agent {agent_id}"),
+            ));
         }
         let checked = tooldef::check_version(&body.tools, body.tool_search.as_ref())
             .map_err(|problems| problem_error(&problems[0], problems.len()))?;
         for (i, tool) in checked.tools.iter().enumerate() {
             let param = format!("tools[{i}].binding_id");
-            let binding = self.bindings.get(&tool.binding_id).filter(|b| b.agent_id == agent_id);
+            let binding = self
+                .bindings
+                .get(&tool.binding_id)
+                .filter(|b| b.agent_id == agent_id);
             let Some(binding) = binding else {
                 return Err(ApiError::invalid(
                     "unknown_binding",
-                    format!("agent {agent_id} has no executor binding {}", tool.binding_id),
+                    format!(
+                        "agent {agent_id} has no executor binding {}",
+                        tool.binding_id
+                    ),
                 )
                 .with_param(param));
             };
             if !binding.tool_names.contains(&tool.name) {
                 return Err(ApiError::unsupported(
                     "tool_not_in_binding",
-                    format!("binding {} does not serve tool {}", binding.binding_id, tool.name),
+                    format!(
+                        "binding {} does not serve tool {}",
+                        binding.binding_id, tool.name
+                    ),
                 )
                 .with_param(format!("tools[{i}].name")));
             }
@@ -128,14 +164,22 @@ impl State {
             tool_search: checked.tool_search,
             created_at: rfc3339(now),
         };
-        self.versions.insert(version.agent_version.clone(), version.clone());
+        self.versions
+            .insert(version.agent_version.clone(), version.clone());
         self.touch(Table::Versions, &version.agent_version);
         Ok(version)
     }
 
-    pub(crate) fn get_version(&self, agent_id: &str, version: &str) -> Result<AgentVersion, ApiError> {
+    pub(crate) fn get_version(
+        &self,
+        agent_id: &str,
+        version: &str,
+    ) -> Result<AgentVersion, ApiError> {
         if !self.agents.contains_key(agent_id) {
-            return Err(ApiError::not_found("unknown_agent", format!("no agent {agent_id}")));
+            return Err(ApiError::not_found(
+                "unknown_agent",
+                format!("no agent {agent_id}"),
+            ));
         }
         match self.versions.get(version) {
             Some(v) if v.agent_id == agent_id => Ok(v.clone()),
@@ -153,9 +197,16 @@ impl State {
         now: i64,
     ) -> Result<Diagnostics, ApiError> {
         if !self.agents.contains_key(agent_id) {
-            return Err(ApiError::not_found("unknown_agent", format!("no agent {agent_id}")));
+            return Err(ApiError::not_found(
+                "unknown_agent",
+                format!("no agent {agent_id}"),
+            ));
         }
-        if !self.bindings.get(binding_id).is_some_and(|b| b.agent_id == agent_id) {
+        if !self
+            .bindings
+            .get(binding_id)
+            .is_some_and(|b| b.agent_id == agent_id)
+        {
             return Err(ApiError::not_found(
                 "unknown_binding",
                 format!("agent {agent_id} has no executor binding {binding_id}"),
@@ -178,7 +229,11 @@ impl State {
             .filter(|e| e.binding_id == binding_id)
             .map(|e| self.executor_diagnostics(e, now))
             .collect();
-        Ok(Diagnostics { binding_id: binding_id.to_owned(), executors, calls })
+        Ok(Diagnostics {
+            binding_id: binding_id.to_owned(),
+            executors,
+            calls,
+        })
     }
 
     /// The status an executor shows now.
@@ -224,20 +279,28 @@ impl State {
         let Some(tool) = version.tools.iter().find(|t| t.name == body.tool_name) else {
             return Err(ApiError::invalid(
                 "unknown_tool",
-                format!("agent version {} has no tool {}", body.agent_version, body.tool_name),
+                format!(
+                    "agent version {} has no tool {}",
+                    body.agent_version, body.tool_name
+                ),
             )
             .with_param("tool_name"));
         };
         let budget = tool.max_result_context_bytes;
         for (i, m) in body.mock_receipts.iter().enumerate() {
             if m.kind == ReceiptKind::Completed && m.result.is_none() {
-                return Err(ApiError::invalid("missing_field", "a completed mock receipt needs a result")
-                    .with_param(format!("mock_receipts[{i}].result")));
+                return Err(ApiError::invalid(
+                    "missing_field",
+                    "a completed mock receipt needs a result",
+                )
+                .with_param(format!("mock_receipts[{i}].result")));
             }
         }
         let schema = self
             .schema(&body.agent_version, &body.tool_name, false)
-            .ok_or_else(|| ApiError::invalid("invalid_schema", "the tool's input_schema does not compile"))?;
+            .ok_or_else(|| {
+                ApiError::invalid("invalid_schema", "the tool's input_schema does not compile")
+            })?;
         let argument_errors = schema.violations(&body.arguments);
         let context_preview = body
             .mock_receipts

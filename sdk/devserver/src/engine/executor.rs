@@ -1,13 +1,13 @@
 //! Connect, heartbeat, pending, report and disconnect (protocol §4).
+use toolrunner_protocol::ApiError;
 use toolrunner_protocol::wire::{
     CallRef, CallReport, CallState, Connect, Connected, Disconnect, DisconnectMode, Disconnected,
     Heartbeat, HeartbeatAnswer, Outstanding, PendingCall, Report, ReportAnswer, ReportOutcome,
     ReportResult, ReportState,
 };
-use toolrunner_protocol::ApiError;
 
 use super::model::{ConnectionRec, ExecutorMode, ExecutorRec, Table};
-use super::{is_token_id, new_id, rfc3339, State};
+use super::{State, is_token_id, new_id, rfc3339};
 
 /// Most calls in one report.
 const MAX_REPORT_CALLS: usize = 100;
@@ -38,22 +38,33 @@ impl State {
             }
         }
         if !(1..=MAX_CAPACITY).contains(&body.capacity) {
-            return Err(ApiError::invalid("out_of_range", format!("capacity must be 1-{MAX_CAPACITY}"))
-                .with_param("capacity"));
+            return Err(ApiError::invalid(
+                "out_of_range",
+                format!("capacity must be 1-{MAX_CAPACITY}"),
+            )
+            .with_param("capacity"));
         }
         let Some(binding) = self.bindings.get(&body.binding_id) else {
-            return Err(ApiError::invalid("unknown_binding", format!("no executor binding {}", body.binding_id))
-                .with_param("binding_id"));
+            return Err(ApiError::invalid(
+                "unknown_binding",
+                format!("no executor binding {}", body.binding_id),
+            )
+            .with_param("binding_id"));
         };
         if body.tools.is_empty() {
-            return Err(ApiError::invalid("invalid_value", "tools must name at least one tool")
-                .with_param("tools"));
+            return Err(
+                ApiError::invalid("invalid_value", "tools must name at least one tool")
+                    .with_param("tools"),
+            );
         }
         for (i, tool) in body.tools.iter().enumerate() {
             if !binding.tool_names.contains(tool) || body.tools[..i].contains(tool) {
                 return Err(ApiError::invalid(
                     "unknown_tool",
-                    format!("tool {tool} is not one of binding {}'s tools (or is listed twice)", binding.binding_id),
+                    format!(
+                        "tool {tool} is not one of binding {}'s tools (or is listed twice)",
+                        binding.binding_id
+                    ),
                 )
                 .with_param(format!("tools[{i}]")));
             }
@@ -77,7 +88,10 @@ impl State {
             },
         );
         self.touch(Table::Connections, &connection_id);
-        let notices = self.executors.get(&body.executor_id).map(|e| e.cancel_notices.clone());
+        let notices = self
+            .executors
+            .get(&body.executor_id)
+            .map(|e| e.cancel_notices.clone());
         let ttl = i64::try_from(limits.lease_ttl_ms).unwrap_or(i64::MAX);
         self.executors.insert(
             body.executor_id.clone(),
@@ -225,7 +239,9 @@ impl State {
             .with_param("calls"));
         }
         for (i, r) in body.calls.iter().enumerate() {
-            if !self.runs.contains_key(&r.run_id) || self.call_of_run(&r.run_id, &r.call_id).is_err() {
+            if !self.runs.contains_key(&r.run_id)
+                || self.call_of_run(&r.run_id, &r.call_id).is_err()
+            {
                 return Err(ApiError::invalid(
                     "unknown_call",
                     format!("run {} has no call {}", r.run_id, r.call_id),
@@ -242,13 +258,17 @@ impl State {
                 outcome,
             });
         }
-        let updated = results.iter().filter(|r| r.outcome == ReportOutcome::Updated).count() as u64;
+        let updated = results
+            .iter()
+            .filter(|r| r.outcome == ReportOutcome::Updated)
+            .count() as u64;
         Ok(ReportAnswer { updated, results })
     }
 
     fn report_one(&mut self, executor_id: &str, r: &CallReport, now: i64) -> ReportOutcome {
         let call = &self.calls[&r.call_id];
-        let run_active = self.runs[&r.run_id].status == toolrunner_protocol::wire::RunStatus::Active;
+        let run_active =
+            self.runs[&r.run_id].status == toolrunner_protocol::wire::RunStatus::Active;
         if call.executor_id.as_deref() != Some(executor_id) {
             return ReportOutcome::NotBound;
         }
@@ -309,7 +329,11 @@ impl State {
             }
         }
         self.touch(Table::Executors, executor_id);
-        let retained = self.bound_calls(executor_id).iter().map(|c| c.call_ref()).collect();
+        let retained = self
+            .bound_calls(executor_id)
+            .iter()
+            .map(|c| c.call_ref())
+            .collect();
         Ok(Disconnected { released, retained })
     }
 
@@ -321,6 +345,9 @@ impl State {
             .filter(|c| c.state == CallState::Claimed)
             .map(|c| c.call_id.clone())
             .collect();
-        claimed.iter().filter_map(|id| self.release_claim(id, now)).collect()
+        claimed
+            .iter()
+            .filter_map(|id| self.release_claim(id, now))
+            .collect()
     }
 }

@@ -18,9 +18,9 @@ use model::{
     AgentRec, AssignmentRec, AssignmentStatus, BindingRec, CallRec, ConnectionRec, ExecutorRec,
     RunRec, Table, VersionRec,
 };
+use toolrunner_protocol::ApiError;
 use toolrunner_protocol::tooldef::Schema;
 use toolrunner_protocol::wire::{CallRef, CallState, StreamFrame};
-use toolrunner_protocol::ApiError;
 
 pub(crate) use receipts::ReceiptInput;
 
@@ -36,9 +36,15 @@ pub(crate) struct Limits {
 #[derive(Debug, Clone)]
 pub(crate) enum Notice {
     /// A call became `pending`: for executors of this binding serving the tool.
-    Pending { binding_id: String, frame: StreamFrame },
+    Pending {
+        binding_id: String,
+        frame: StreamFrame,
+    },
     /// For one executor identity.
-    Cancel { executor_id: String, frame: StreamFrame },
+    Cancel {
+        executor_id: String,
+        frame: StreamFrame,
+    },
 }
 
 /// The whole platform state.
@@ -58,6 +64,8 @@ pub(crate) struct State {
     grants: HashMap<String, String>,
     /// `(seq, call_id)` of every `pending` call.
     pending: BTreeSet<(u64, String)>,
+    /// executor_id → `(seq, call_id)` of its bound calls.
+    bound: HashMap<String, BTreeSet<(u64, String)>>,
     /// Compiled schemas per `(agent_version, tool_name, output?)`.
     schemas: HashMap<(String, String, bool), Arc<Schema>>,
     next_seq: u64,
@@ -84,13 +92,18 @@ pub(crate) fn new_id(prefix: &str) -> String {
 
 /// A new grant secret.
 pub(crate) fn new_grant() -> String {
-    format!("grt_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+    format!(
+        "grt_{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 /// Whether `s` is 1–128 of `[A-Za-z0-9_.:-]` (executor ids, keys, receipt ids).
 pub(crate) fn is_token_id(s: &str) -> bool {
     (1..=128).contains(&s.len())
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
 }
 
 impl State {
@@ -99,6 +112,7 @@ impl State {
         self.op_keys.clear();
         self.grants.clear();
         self.pending.clear();
+        self.bound.clear();
         let mut assignments: Vec<&AssignmentRec> = self.assignments.values().collect();
         assignments.sort_by(|a, b| a.assignment_id.cmp(&b.assignment_id));
         for a in assignments {
@@ -111,6 +125,12 @@ impl State {
         for c in self.calls.values() {
             if c.state == CallState::Pending {
                 self.pending.insert((c.seq, c.call_id.clone()));
+            }
+            if let Some(e) = c.executor_id.as_ref().filter(|_| c.is_bound()) {
+                self.bound
+                    .entry(e.clone())
+                    .or_default()
+                    .insert((c.seq, c.call_id.clone()));
             }
             self.next_seq = self.next_seq.max(c.seq + 1);
         }
@@ -150,21 +170,23 @@ impl State {
     pub(crate) fn load_record(&mut self, table: Table, doc: &str) -> Result<(), serde_json::Error> {
         match table {
             Table::Agents => insert(&mut self.agents, doc, |r: &AgentRec| r.agent_id.clone()),
-            Table::Bindings => insert(&mut self.bindings, doc, |r: &BindingRec| r.binding_id.clone()),
-            Table::Versions => {
-                insert(&mut self.versions, doc, |r: &VersionRec| r.agent_version.clone())
-            }
+            Table::Bindings => insert(&mut self.bindings, doc, |r: &BindingRec| {
+                r.binding_id.clone()
+            }),
+            Table::Versions => insert(&mut self.versions, doc, |r: &VersionRec| {
+                r.agent_version.clone()
+            }),
             Table::Runs => insert(&mut self.runs, doc, |r: &RunRec| r.run_id.clone()),
             Table::Calls => insert(&mut self.calls, doc, |r: &CallRec| r.call_id.clone()),
-            Table::Executors => {
-                insert(&mut self.executors, doc, |r: &ExecutorRec| r.executor_id.clone())
-            }
-            Table::Connections => {
-                insert(&mut self.connections, doc, |r: &ConnectionRec| r.connection_id.clone())
-            }
-            Table::Assignments => {
-                insert(&mut self.assignments, doc, |r: &AssignmentRec| r.assignment_id.clone())
-            }
+            Table::Executors => insert(&mut self.executors, doc, |r: &ExecutorRec| {
+                r.executor_id.clone()
+            }),
+            Table::Connections => insert(&mut self.connections, doc, |r: &ConnectionRec| {
+                r.connection_id.clone()
+            }),
+            Table::Assignments => insert(&mut self.assignments, doc, |r: &AssignmentRec| {
+                r.assignment_id.clone()
+            }),
         }
     }
 
@@ -179,17 +201,30 @@ impl State {
     pub(crate) fn call_of_run(&self, run_id: &str, call_id: &str) -> Result<&CallRec, ApiError> {
         match self.calls.get(call_id) {
             Some(c) if c.run_id == run_id => Ok(c),
-            _ => Err(ApiError::invalid("unknown_call", format!("run {run_id} has no call {call_id}"))
-                .with_param("call_id")),
+            _ => Err(ApiError::invalid(
+                "unknown_call",
+                format!("run {run_id} has no call {call_id}"),
+            )
+            .with_param("call_id")),
         }
     }
 
     /// Moves a call to `state`, keeping the pending index, the run's change
     /// time and the stream notices right.
     pub(crate) fn set_call_state(&mut self, call_id: &str, state: CallState, now: i64) {
-        let Some(call) = self.calls.get_mut(call_id) else { return };
+        let Some(call) = self.calls.get_mut(call_id) else {
+            return;
+        };
+        let key = (call.seq, call.call_id.clone());
         if call.state == CallState::Pending {
-            self.pending.remove(&(call.seq, call.call_id.clone()));
+            self.pending.remove(&key);
+        }
+        if let Some(set) = call
+            .executor_id
+            .as_ref()
+            .and_then(|e| self.bound.get_mut(e))
+        {
+            set.remove(&key);
         }
         call.state = state;
         if state.is_terminal() || state == CallState::Pending {
@@ -198,7 +233,7 @@ impl State {
         if state == CallState::Pending {
             call.executor_id = None;
             call.assignment_id = None;
-            self.pending.insert((call.seq, call.call_id.clone()));
+            self.pending.insert(key.clone());
             self.notices.push(Notice::Pending {
                 binding_id: call.binding_id.clone(),
                 frame: StreamFrame::CallPending {
@@ -207,6 +242,9 @@ impl State {
                     tool_name: call.tool_name.clone(),
                 },
             });
+        }
+        if let Some(e) = call.executor_id.as_ref().filter(|_| call.is_bound()) {
+            self.bound.entry(e.clone()).or_default().insert(key);
         }
         let run_id = call.run_id.clone();
         self.touch(Table::Calls, call_id);
@@ -243,13 +281,10 @@ impl State {
 
     /// The calls bound to an executor identity, in creation order.
     pub(crate) fn bound_calls(&self, executor_id: &str) -> Vec<&CallRec> {
-        let mut calls: Vec<&CallRec> = self
-            .calls
-            .values()
-            .filter(|c| c.is_bound() && c.executor_id.as_deref() == Some(executor_id))
-            .collect();
-        calls.sort_by_key(|c| c.seq);
-        calls
+        self.bound
+            .get(executor_id)
+            .map(|set| set.iter().map(|(_, id)| &self.calls[id]).collect())
+            .unwrap_or_default()
     }
 
     /// The compiled schema of a tool in a version (`output` picks which).
@@ -263,8 +298,17 @@ impl State {
         if let Some(s) = self.schemas.get(&key) {
             return Some(s.clone());
         }
-        let tool = self.versions.get(agent_version)?.tools.iter().find(|t| t.name == tool_name)?;
-        let raw = if output { tool.output_schema.as_ref()? } else { &tool.input_schema };
+        let tool = self
+            .versions
+            .get(agent_version)?
+            .tools
+            .iter()
+            .find(|t| t.name == tool_name)?;
+        let raw = if output {
+            tool.output_schema.as_ref()?
+        } else {
+            &tool.input_schema
+        };
         let schema = Arc::new(Schema::compile(raw).ok()?);
         self.schemas.insert(key, schema.clone());
         Some(schema)

@@ -58,7 +58,10 @@ pub(crate) struct CallRec {
 
 impl CallRec {
     pub(crate) fn call_ref(&self) -> CallRef {
-        CallRef { run_id: self.run_id.clone(), call_id: self.call_id.clone() }
+        CallRef {
+            run_id: self.run_id.clone(),
+            call_id: self.call_id.clone(),
+        }
     }
 
     /// `claimed`, `running` or `reconciliation_required`: bound to an executor.

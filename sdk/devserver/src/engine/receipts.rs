@@ -1,13 +1,13 @@
 //! Receipts (protocol §5, "Receipts"): the rows of the contract's table are
 //! checked in order, the first that applies wins.
 use serde_json::Value;
+use toolrunner_protocol::ApiError;
 use toolrunner_protocol::json::canonical;
 use toolrunner_protocol::projection::project;
 use toolrunner_protocol::wire::{CallState, Receipt, ReceiptAnswer, ReceiptKind, RunStatus};
-use toolrunner_protocol::ApiError;
 
 use super::model::{AssignmentStatus, ReceiptRec, Table};
-use super::{rfc3339, State};
+use super::{State, rfc3339};
 
 /// Error codes a sequence-0 `failed` may carry to settle a `claimed` call.
 const PRE_ACCEPT_CODES: [&str; 3] = ["invalid_arguments", "digest_mismatch", "forbidden"];
@@ -43,7 +43,9 @@ impl State {
             return Err(invalid_grant("this grant belongs to another call"));
         }
         if asg.status == AssignmentStatus::Released {
-            return Err(invalid_grant("this assignment was released; its grant no longer works"));
+            return Err(invalid_grant(
+                "this assignment was released; its grant no longer works",
+            ));
         }
         let (asg_id, asg_executor) = (asg.assignment_id.clone(), asg.executor_id.clone());
         let value = input.parsed?;
@@ -65,28 +67,44 @@ impl State {
             receipt_id: receipt_id.clone(),
             replayed,
             call_state: state,
-            accepted: (kind == ReceiptKind::Accepted).then_some(state == CallState::Running && current),
+            accepted: (kind == ReceiptKind::Accepted)
+                .then_some(state == CallState::Running && current),
         };
-        if let Some(stored) = call.receipts.iter().find(|r| r.receipt_id == rec.receipt_id) {
+        if let Some(stored) = call
+            .receipts
+            .iter()
+            .find(|r| r.receipt_id == rec.receipt_id)
+        {
             if stored.canonical == rec.canonical {
                 return Ok(answer(call.state, true));
             }
             return Err(ApiError::conflict(
                 "receipt_conflict",
-                format!("receipt {} was already stored with a different body", rec.receipt_id),
+                format!(
+                    "receipt {} was already stored with a different body",
+                    rec.receipt_id
+                ),
             )
             .with_param("receipt_id"));
         }
         if self.runs[run_id].status != RunStatus::Active {
             let msg = format!("run {run_id} has ended; the receipt is kept for audit only");
             let call = self.calls.get_mut(call_id).expect("checked above");
-            if !call.late_receipts.iter().any(|r| r.receipt_id == rec.receipt_id && r.canonical == rec.canonical) {
+            if !call
+                .late_receipts
+                .iter()
+                .any(|r| r.receipt_id == rec.receipt_id && r.canonical == rec.canonical)
+            {
                 call.late_receipts.push(rec);
                 self.touch(Table::Calls, call_id);
             }
             return Err(ApiError::conflict("run_terminated", msg));
         }
-        check_transition(call.state, &receipt, call.receipts.last().map(|r| r.sequence))?;
+        check_transition(
+            call.state,
+            &receipt,
+            call.receipts.last().map(|r| r.sequence),
+        )?;
         if receipt.kind == ReceiptKind::Completed {
             let version = self.runs[run_id].agent_version.clone();
             let tool = call.tool_name.clone();
@@ -95,7 +113,10 @@ impl State {
                 if let Some(first) = errors.first() {
                     return Err(ApiError::invalid(
                         "invalid_receipt",
-                        format!("result does not match output_schema at '{}': {}", first.path, first.message),
+                        format!(
+                            "result does not match output_schema at '{}': {}",
+                            first.path, first.message
+                        ),
                     )
                     .with_param("result"));
                 }
@@ -106,7 +127,13 @@ impl State {
     }
 
     /// Stores a checked receipt and moves the call on; returns its new state.
-    fn apply_receipt(&mut self, call_id: &str, receipt: &Receipt, rec: ReceiptRec, now: i64) -> CallState {
+    fn apply_receipt(
+        &mut self,
+        call_id: &str,
+        receipt: &Receipt,
+        rec: ReceiptRec,
+        now: i64,
+    ) -> CallState {
         let asg_id = rec.assignment_id.clone();
         let call = self.calls.get_mut(call_id).expect("checked by caller");
         call.receipts.push(rec);
@@ -158,7 +185,9 @@ impl State {
 fn check_body_identity(value: &Value, asg_id: &str, executor_id: &str) -> Result<(), ApiError> {
     let field = |name: &str| value.get(name).and_then(Value::as_str);
     if field("assignment_id").is_some_and(|a| a != asg_id) {
-        return Err(invalid_grant("this grant is not the assignment's named in the body"));
+        return Err(invalid_grant(
+            "this grant is not the assignment's named in the body",
+        ));
     }
     if field("executor_id").is_some_and(|e| e != executor_id) {
         return Err(invalid_grant("this grant belongs to another executor"));
@@ -170,7 +199,11 @@ fn check_body_identity(value: &Value, asg_id: &str, executor_id: &str) -> Result
 /// unlisted field, `400 invalid_receipt` for anything else.
 fn decode(value: Value) -> Result<Receipt, ApiError> {
     let receipt: Receipt = crate::http::decode::decode(value).map_err(|e| {
-        if e.code() == "unknown_field" { e } else { ApiError::invalid("invalid_receipt", e.body.message).with_param_opt(e.body.param) }
+        if e.code() == "unknown_field" {
+            e
+        } else {
+            ApiError::invalid("invalid_receipt", e.body.message).with_param_opt(e.body.param)
+        }
     })?;
     let wanted = Receipt::required_field(receipt.kind);
     for (name, present) in receipt.extra_fields() {
@@ -189,16 +222,24 @@ fn decode(value: Value) -> Result<Receipt, ApiError> {
             .with_param(name));
         }
     }
-    let bad = |msg: &str, param: &str| Err(ApiError::invalid("invalid_receipt", msg.to_owned()).with_param(param));
+    let bad = |msg: &str, param: &str| {
+        Err(ApiError::invalid("invalid_receipt", msg.to_owned()).with_param(param))
+    };
     if !super::is_token_id(&receipt.receipt_id) {
-        return bad("receipt_id must be 1-128 characters of [A-Za-z0-9_.:-]", "receipt_id");
+        return bad(
+            "receipt_id must be 1-128 characters of [A-Za-z0-9_.:-]",
+            "receipt_id",
+        );
     }
     if receipt.kind == ReceiptKind::Accepted && receipt.sequence != 0 {
         return bad("an accepted receipt has sequence 0", "sequence");
     }
     if let Some(p) = &receipt.progress {
         if p.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
-            return bad("progress.fraction must be between 0 and 1, or null", "progress.fraction");
+            return bad(
+                "progress.fraction must be between 0 and 1, or null",
+                "progress.fraction",
+            );
         }
     }
     if let Some(e) = &receipt.error {
@@ -219,11 +260,16 @@ fn check_transition(state: CallState, r: &Receipt, last_seq: Option<u64>) -> Res
     }
     let accepted = state != CallState::Claimed;
     if r.kind == ReceiptKind::Accepted && accepted {
-        return Err(ApiError::conflict("already_accepted", "the call was already accepted"));
+        return Err(ApiError::conflict(
+            "already_accepted",
+            "the call was already accepted",
+        ));
     }
     let pre_accept_failure = r.kind == ReceiptKind::Failed
         && r.sequence == 0
-        && r.error.as_ref().is_some_and(|e| PRE_ACCEPT_CODES.contains(&e.code.as_str()));
+        && r.error
+            .as_ref()
+            .is_some_and(|e| PRE_ACCEPT_CODES.contains(&e.code.as_str()));
     if r.kind != ReceiptKind::Accepted && !accepted && !pre_accept_failure {
         return Err(ApiError::conflict(
             "not_accepted",
@@ -233,7 +279,10 @@ fn check_transition(state: CallState, r: &Receipt, last_seq: Option<u64>) -> Res
     if last_seq.is_some_and(|last| r.sequence <= last) {
         return Err(ApiError::conflict(
             "sequence_conflict",
-            format!("sequence {} is not greater than the last stored one", r.sequence),
+            format!(
+                "sequence {} is not greater than the last stored one",
+                r.sequence
+            ),
         )
         .with_param("sequence"));
     }

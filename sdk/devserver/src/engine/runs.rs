@@ -1,14 +1,13 @@
 //! Runs and their calls (protocol §7 admin endpoints and run statuses).
-use serde_json::Value;
+use toolrunner_protocol::ApiError;
 use toolrunner_protocol::json::arguments_digest;
 use toolrunner_protocol::wire::{
     AddToolCalls, CallState, CreateRun, NewToolCall, Run, RunCall, RunStatus, StoredReceipt,
     StreamFrame,
 };
-use toolrunner_protocol::ApiError;
 
 use super::model::{AssignmentStatus, CallRec, ReceiptRec, RunRec, Table};
-use super::{new_id, rfc3339, Notice, State};
+use super::{Notice, State, new_id, rfc3339};
 
 impl State {
     pub(crate) fn create_run(&mut self, body: CreateRun, now: i64) -> Result<Run, ApiError> {
@@ -20,7 +19,10 @@ impl State {
             .with_param("agent_version"));
         };
         if body.subject.trim().is_empty() {
-            return Err(ApiError::invalid("invalid_value", "subject must not be blank").with_param("subject"));
+            return Err(
+                ApiError::invalid("invalid_value", "subject must not be blank")
+                    .with_param("subject"),
+            );
         }
         let agent_id = version.agent_id.clone();
         self.check_new_calls(&body.agent_version, &body.tool_calls)?;
@@ -40,11 +42,19 @@ impl State {
         self.get_run(&run_id)
     }
 
-    pub(crate) fn add_calls(&mut self, run_id: &str, body: AddToolCalls, now: i64) -> Result<Run, ApiError> {
+    pub(crate) fn add_calls(
+        &mut self,
+        run_id: &str,
+        body: AddToolCalls,
+        now: i64,
+    ) -> Result<Run, ApiError> {
         let run = self.run_in_path(run_id)?;
         let version = run.agent_version.clone();
         if run.status != RunStatus::Active {
-            return Err(ApiError::conflict("run_terminated", format!("run {run_id} has ended")));
+            return Err(ApiError::conflict(
+                "run_terminated",
+                format!("run {run_id} has ended"),
+            ));
         }
         self.check_new_calls(&version, &body.tool_calls)?;
         self.add_checked_calls(run_id, body.tool_calls, now);
@@ -53,11 +63,17 @@ impl State {
 
     fn check_new_calls(&mut self, version: &str, calls: &[NewToolCall]) -> Result<(), ApiError> {
         if calls.is_empty() {
-            return Err(ApiError::invalid("invalid_value", "tool_calls must hold at least one call")
-                .with_param("tool_calls"));
+            return Err(ApiError::invalid(
+                "invalid_value",
+                "tool_calls must hold at least one call",
+            )
+            .with_param("tool_calls"));
         }
         for (i, c) in calls.iter().enumerate() {
-            let known = self.versions[version].tools.iter().any(|t| t.name == c.tool_name);
+            let known = self.versions[version]
+                .tools
+                .iter()
+                .any(|t| t.name == c.tool_name);
             if !known {
                 return Err(ApiError::invalid(
                     "unknown_tool",
@@ -69,11 +85,16 @@ impl State {
                 continue;
             }
             let schema = self.schema(version, &c.tool_name, false);
-            let errors = schema.map(|s| s.violations(&c.arguments)).unwrap_or_default();
+            let errors = schema
+                .map(|s| s.violations(&c.arguments))
+                .unwrap_or_default();
             if let Some(first) = errors.first() {
                 return Err(ApiError::invalid(
                     "invalid_arguments",
-                    format!("arguments do not match input_schema at '{}': {}", first.path, first.message),
+                    format!(
+                        "arguments do not match input_schema at '{}': {}",
+                        first.path, first.message
+                    ),
                 )
                 .with_param(format!("tool_calls[{i}].arguments")));
             }
@@ -110,7 +131,11 @@ impl State {
             };
             let call_id = call.call_id.clone();
             self.calls.insert(call_id.clone(), call);
-            self.runs.get_mut(run_id).expect("exists").call_ids.push(call_id.clone());
+            self.runs
+                .get_mut(run_id)
+                .expect("exists")
+                .call_ids
+                .push(call_id.clone());
             // From a placeholder state so that the move to pending indexes it.
             self.set_call_state(&call_id, CallState::Pending, now);
         }
@@ -119,7 +144,11 @@ impl State {
 
     pub(crate) fn get_run(&self, run_id: &str) -> Result<Run, ApiError> {
         let run = self.run_in_path(run_id)?;
-        let tool_calls = run.call_ids.iter().map(|id| run_call(&self.calls[id])).collect();
+        let tool_calls = run
+            .call_ids
+            .iter()
+            .map(|id| run_call(&self.calls[id]))
+            .collect();
         Ok(Run {
             run_id: run.run_id.clone(),
             agent_id: run.agent_id.clone(),
@@ -135,7 +164,12 @@ impl State {
         match self.run_in_path(run_id)?.status {
             RunStatus::Active => self.end_run(run_id, RunStatus::Cancelled, now),
             RunStatus::Cancelled => {}
-            _ => return Err(ApiError::conflict("run_terminated", format!("run {run_id} has already ended"))),
+            _ => {
+                return Err(ApiError::conflict(
+                    "run_terminated",
+                    format!("run {run_id} has already ended"),
+                ));
+            }
         }
         self.get_run(run_id)
     }
@@ -149,10 +183,14 @@ impl State {
             if call.state.is_terminal() {
                 continue;
             }
-            let bound = call.is_bound().then(|| (call.executor_id.clone(), call.assignment_id.clone()));
+            let bound = call
+                .is_bound()
+                .then(|| (call.executor_id.clone(), call.assignment_id.clone()));
             let call_ref = call.call_ref();
             self.set_call_state(&id, CallState::Terminated, now);
-            let Some((Some(executor_id), asg)) = bound else { continue };
+            let Some((Some(executor_id), asg)) = bound else {
+                continue;
+            };
             if let Some(asg) = asg {
                 self.set_assignment(&asg, AssignmentStatus::Closed);
             }
@@ -162,7 +200,10 @@ impl State {
             }
             self.notices.push(Notice::Cancel {
                 executor_id,
-                frame: StreamFrame::CancelRequested { run_id: call_ref.run_id, call_id: call_ref.call_id },
+                frame: StreamFrame::CancelRequested {
+                    run_id: call_ref.run_id,
+                    call_id: call_ref.call_id,
+                },
             });
         }
         let run = self.runs.get_mut(run_id).expect("exists");
@@ -173,7 +214,12 @@ impl State {
     /// A run whose every call is terminal is `completed`.
     pub(crate) fn complete_run_if_done(&mut self, run_id: &str) {
         let run = &self.runs[run_id];
-        if run.status == RunStatus::Active && run.call_ids.iter().all(|id| self.calls[id].state.is_terminal()) {
+        if run.status == RunStatus::Active
+            && run
+                .call_ids
+                .iter()
+                .all(|id| self.calls[id].state.is_terminal())
+        {
             self.runs.get_mut(run_id).expect("exists").status = RunStatus::Completed;
             self.touch(Table::Runs, run_id);
         }
@@ -186,7 +232,9 @@ fn stored(r: &ReceiptRec) -> StoredReceipt {
         kind: r.kind,
         sequence: r.sequence,
         received_at: r.received_at.clone(),
-        body: serde_json::from_str(&r.raw).unwrap_or(Value::Null),
+        body: serde_json::value::RawValue::from_string(r.raw.clone()).unwrap_or_else(|_| {
+            serde_json::value::RawValue::from_string("null".into()).expect("valid")
+        }),
     }
 }
 

@@ -38,8 +38,14 @@ impl State {
         let stale: Vec<String> = self
             .runs
             .values()
-            .filter(|r| r.status == RunStatus::Active && now.saturating_sub(r.last_change_ms) >= ttl)
-            .filter(|r| !r.call_ids.iter().any(|id| self.delivery_pending_live(id, now)))
+            .filter(|r| {
+                r.status == RunStatus::Active && now.saturating_sub(r.last_change_ms) >= ttl
+            })
+            .filter(|r| {
+                !r.call_ids
+                    .iter()
+                    .any(|id| self.delivery_pending_live(id, now))
+            })
             .map(|r| r.run_id.clone())
             .collect();
         for id in stale {
@@ -52,8 +58,13 @@ impl State {
         let call = &self.calls[call_id];
         call.pending_delivery
             && call.state != CallState::Pending
-            && call.executor_id.as_ref().and_then(|e| self.executors.get(e)).is_some_and(|e| {
-                matches!(e.mode, ExecutorMode::Active | ExecutorMode::Draining) && e.lease_expires_ms > now
-            })
+            && call
+                .executor_id
+                .as_ref()
+                .and_then(|e| self.executors.get(e))
+                .is_some_and(|e| {
+                    matches!(e.mode, ExecutorMode::Active | ExecutorMode::Draining)
+                        && e.lease_expires_ms > now
+                })
     }
 }

@@ -31,7 +31,11 @@ pub(crate) async fn add_calls(
     ok(sh.apply(|s, now| s.add_calls(&run_id, req, now)).await)
 }
 
-pub(crate) async fn cancel_run(State(sh): S, auth: Auth, Path(run_id): Path<String>) -> Answer<Run> {
+pub(crate) async fn cancel_run(
+    State(sh): S,
+    auth: Auth,
+    Path(run_id): Path<String>,
+) -> Answer<Run> {
     auth.require(&[Scope::RunsWrite])?;
     ok(sh.apply(|s, now| s.cancel_run(&run_id, now)).await)
 }
@@ -50,7 +54,9 @@ pub(crate) async fn put_faults(State(sh): S, auth: Auth, body: Body) -> Answer<F
         latency_ms: req.latency_ms,
         seed: req.seed,
     };
-    faults.check().map_err(|m| ApiError::invalid("out_of_range", m))?;
+    faults
+        .check()
+        .map_err(|m| ApiError::invalid("out_of_range", m))?;
     if let Ok(mut f) = sh.faults.lock() {
         *f = FaultState::new(faults);
     }

@@ -86,7 +86,10 @@ impl Auth {
     pub(crate) fn require_all(&self) -> Result<(), ApiError> {
         match self.0 {
             Grants::All => Ok(()),
-            Grants::Some(_) => Err(ApiError::forbidden("missing_scope", "this endpoint needs a token given *")),
+            Grants::Some(_) => Err(ApiError::forbidden(
+                "missing_scope",
+                "this endpoint needs a token given *",
+            )),
         }
     }
 }
@@ -100,7 +103,10 @@ impl<S: HasTokens + Send + Sync> FromRequestParts<S> for Auth {
     type Rejection = super::respond::Failure;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let header = parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
         let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
             return Err(ApiError::unauthenticated(
                 "missing_token",
@@ -110,7 +116,11 @@ impl<S: HasTokens + Send + Sync> FromRequestParts<S> for Auth {
         };
         match state.tokens().get(token.trim()) {
             Some(grants) => Ok(Auth(grants.clone())),
-            None => Err(ApiError::unauthenticated("invalid_token", "the bearer token is not known").into()),
+            None => Err(ApiError::unauthenticated(
+                "invalid_token",
+                "the bearer token is not known",
+            )
+            .into()),
         }
     }
 }
@@ -128,7 +138,9 @@ pub(crate) fn parse_token_spec(spec: &str) -> Result<(String, Grants), String> {
     }
     let list = scopes
         .split(',')
-        .map(|s| Scope::parse(s.trim()).ok_or_else(|| format!("unknown scope {s:?} for token {token:?}")))
+        .map(|s| {
+            Scope::parse(s.trim()).ok_or_else(|| format!("unknown scope {s:?} for token {token:?}"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((token.to_owned(), Grants::Some(list)))
 }

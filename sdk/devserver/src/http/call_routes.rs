@@ -21,7 +21,9 @@ pub(crate) async fn claim(
 ) -> Answer<Claimed> {
     auth.require(&[Scope::ToolsExecute])?;
     let req: Claim = body.json()?;
-    ok(sh.apply(|s, now| s.claim(&run_id, &call_id, req, now)).await)
+    ok(sh
+        .apply(|s, now| s.claim(&run_id, &call_id, req, now))
+        .await)
 }
 
 pub(crate) async fn receipt(
@@ -33,8 +35,17 @@ pub(crate) async fn receipt(
 ) -> Answer<ReceiptAnswer> {
     auth.require(&[Scope::ToolsExecute])?;
     let bytes = body.bytes()?;
-    let grant = headers.get("tool-grant").and_then(|v| v.to_str().ok()).map(str::trim);
+    let grant = headers
+        .get("tool-grant")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
     let raw = std::str::from_utf8(bytes).unwrap_or_default();
-    let input = ReceiptInput { grant, raw, parsed: super::decode::parse(bytes) };
-    ok(sh.apply(|s, now| s.receipt(&run_id, &call_id, input, now)).await)
+    let input = ReceiptInput {
+        grant,
+        raw,
+        parsed: super::decode::parse(bytes),
+    };
+    ok(sh
+        .apply(|s, now| s.receipt(&run_id, &call_id, input, now))
+        .await)
 }

@@ -37,7 +37,10 @@ pub(crate) async fn list_bindings(
     super::query::only(&q, &["agent_id"])?;
     let agent = q.get("agent_id").cloned();
     let list = sh.apply(|s, _| s.list_bindings(agent.as_deref())).await;
-    ok(list.map(|data| List { data, next_cursor: None }))
+    ok(list.map(|data| List {
+        data,
+        next_cursor: None,
+    }))
 }
 
 pub(crate) async fn create_version(
@@ -50,14 +53,19 @@ pub(crate) async fn create_version(
     // A path resource that does not exist is 404 before the body is judged.
     sh.apply(|s, _| agent_exists(s, &agent_id)).await?;
     let req: CreateVersion = body.json()?;
-    ok(sh.apply(|s, now| s.create_version(&agent_id, req, now)).await)
+    ok(sh
+        .apply(|s, now| s.create_version(&agent_id, req, now))
+        .await)
 }
 
 fn agent_exists(s: &mut crate::engine::State, agent_id: &str) -> Result<(), ApiError> {
     if s.agents.contains_key(agent_id) {
         Ok(())
     } else {
-        Err(ApiError::not_found("unknown_agent", format!("no agent {agent_id}")))
+        Err(ApiError::not_found(
+            "unknown_agent",
+            format!("no agent {agent_id}"),
+        ))
     }
 }
 
@@ -76,11 +84,17 @@ pub(crate) async fn diagnostics(
     Path((agent_id, binding_id)): Path<(String, String)>,
 ) -> Answer<Diagnostics> {
     auth.require(&[Scope::ConfigurationRead])?;
-    ok(sh.apply(|s, now| s.diagnostics(&agent_id, &binding_id, now)).await)
+    ok(sh
+        .apply(|s, now| s.diagnostics(&agent_id, &binding_id, now))
+        .await)
 }
 
 pub(crate) async fn dry_run(State(sh): S, auth: Auth, body: Body) -> Answer<DryRunAnswer> {
-    auth.require(&[Scope::RuntimeRead, Scope::ConfigurationRead, Scope::ToolsExecute])?;
+    auth.require(&[
+        Scope::RuntimeRead,
+        Scope::ConfigurationRead,
+        Scope::ToolsExecute,
+    ])?;
     let req: DryRun = body.json()?;
     ok(sh.apply(|s, _| s.dry_run(req)).await)
 }

@@ -58,7 +58,10 @@ impl Body {
 /// Parses bytes under the protocol's JSON rules.
 pub(crate) fn parse(bytes: &[u8]) -> Result<Value, ApiError> {
     if bytes.is_empty() {
-        return Err(ApiError::invalid("invalid_json", "the request body is empty; send a JSON object"));
+        return Err(ApiError::invalid(
+            "invalid_json",
+            "the request body is empty; send a JSON object",
+        ));
     }
     parse_strict(bytes).map_err(|e| {
         let code = match e {
@@ -74,7 +77,10 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Value, ApiError> {
 /// Decodes a JSON value into a request type; errors name the field.
 pub(crate) fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
     if !value.is_object() {
-        return Err(ApiError::invalid("invalid_type", "the body must be a JSON object"));
+        return Err(ApiError::invalid(
+            "invalid_type",
+            "the body must be a JSON object",
+        ));
     }
     serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
         let path = e.path().to_string();
@@ -93,6 +99,10 @@ pub(crate) fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
             ("invalid_type", path.clone())
         };
         let err = ApiError::invalid(code, format!("{param}: {message}"));
-        if param.is_empty() || param == "." { err } else { err.with_param(param) }
+        if param.is_empty() || param == "." {
+            err
+        } else {
+            err.with_param(param)
+        }
     })
 }

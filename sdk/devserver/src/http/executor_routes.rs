@@ -38,7 +38,9 @@ pub(crate) async fn heartbeat(
     auth.require(&[Scope::ExecutorsConnect])?;
     let req: Heartbeat = body.json()?;
     let limits = sh.limits.clone();
-    ok(sh.apply(|s, now| s.heartbeat(&executor_id, req, now, &limits)).await)
+    ok(sh
+        .apply(|s, now| s.heartbeat(&executor_id, req, now, &limits))
+        .await)
 }
 
 pub(crate) async fn pending(
@@ -56,18 +58,32 @@ pub(crate) async fn pending(
             .parse::<usize>()
             .ok()
             .filter(|n| (1..=MAX_PAGE).contains(n))
-            .ok_or_else(|| ApiError::invalid("out_of_range", format!("limit must be an integer 1-{MAX_PAGE}")).with_param("limit"))?,
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "out_of_range",
+                    format!("limit must be an integer 1-{MAX_PAGE}"),
+                )
+                .with_param("limit")
+            })?,
     };
     let after = match q.get("cursor") {
         None => None,
         Some(c) => Some(
             c.strip_prefix("cur_")
                 .and_then(|n| n.parse::<u64>().ok())
-                .ok_or_else(|| ApiError::invalid("invalid_cursor", "cursor is not one this platform gave out").with_param("cursor"))?,
+                .ok_or_else(|| {
+                    ApiError::invalid("invalid_cursor", "cursor is not one this platform gave out")
+                        .with_param("cursor")
+                })?,
         ),
     };
-    let page = sh.apply(|s, _| s.pending_page(&executor_id, &connection_id, limit, after)).await;
-    ok(page.map(|(data, next)| List { data, next_cursor: next.map(|n| format!("cur_{n}")) }))
+    let page = sh
+        .apply(|s, _| s.pending_page(&executor_id, &connection_id, limit, after))
+        .await;
+    ok(page.map(|(data, next)| List {
+        data,
+        next_cursor: next.map(|n| format!("cur_{n}")),
+    }))
 }
 
 pub(crate) async fn report(
@@ -89,5 +105,7 @@ pub(crate) async fn disconnect(
 ) -> Answer<Disconnected> {
     auth.require(&[Scope::ExecutorsConnect])?;
     let req: Disconnect = body.json()?;
-    ok(sh.apply(|s, now| s.disconnect(&executor_id, req, now)).await)
+    ok(sh
+        .apply(|s, now| s.disconnect(&executor_id, req, now))
+        .await)
 }

@@ -31,18 +31,36 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/executors/connect", post(e::connect))
         .route("/executors/{executor_id}/heartbeat", post(e::heartbeat))
         .route("/executors/{executor_id}/pending", get(e::pending))
-        .route("/executors/{executor_id}/stream", get(crate::stream::stream))
+        .route(
+            "/executors/{executor_id}/stream",
+            get(crate::stream::stream),
+        )
         .route("/executors/{executor_id}/calls/report", post(e::report))
         .route("/executors/{executor_id}/disconnect", post(e::disconnect))
         .route("/runs/{run_id}/tool-calls/{call_id}/claim", post(c::claim))
-        .route("/runs/{run_id}/tool-calls/{call_id}/receipts", post(c::receipt))
-        .route_layer(middleware::from_fn_with_state(shared.clone(), crate::faults::inject));
+        .route(
+            "/runs/{run_id}/tool-calls/{call_id}/receipts",
+            post(c::receipt),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            shared.clone(),
+            crate::faults::inject,
+        ));
     let other = Router::new()
         .route("/agents", post(g::create_agent))
-        .route("/executor-bindings", post(g::create_binding).get(g::list_bindings))
+        .route(
+            "/executor-bindings",
+            post(g::create_binding).get(g::list_bindings),
+        )
         .route("/agents/{agent_id}/versions", post(g::create_version))
-        .route("/agents/{agent_id}/versions/{agent_version}", get(g::get_version))
-        .route("/agents/{agent_id}/executor-bindings/{binding_id}/diagnostics", get(g::diagnostics))
+        .route(
+            "/agents/{agent_id}/versions/{agent_version}",
+            get(g::get_version),
+        )
+        .route(
+            "/agents/{agent_id}/executor-bindings/{binding_id}/diagnostics",
+            get(g::diagnostics),
+        )
         .route("/tools/dry-run", post(g::dry_run))
         .route("/runs", post(a::create_run))
         .route("/runs/{run_id}", get(a::get_run))
@@ -80,9 +98,7 @@ async fn request_id(req: Request, next: Next) -> Response {
         .get(&REQUEST_ID)
         .filter(|v| !v.is_empty() && v.len() <= 200)
         .cloned()
-        .unwrap_or_else(|| {
-            HeaderValue::from_str(&crate::engine::new_id("req_")).expect("ascii")
-        });
+        .unwrap_or_else(|| HeaderValue::from_str(&crate::engine::new_id("req_")).expect("ascii"));
     let span = tracing::debug_span!("request", method = %req.method(), path = %req.uri().path(), request_id = ?id);
     let mut response = tracing::Instrument::instrument(next.run(req), span).await;
     response.headers_mut().insert(REQUEST_ID.clone(), id);

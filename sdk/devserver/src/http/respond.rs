@@ -16,7 +16,8 @@ impl From<ApiError> for Failure {
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status =
+            StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (status, Json(self.0.envelope())).into_response()
     }
 }

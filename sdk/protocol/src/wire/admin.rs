@@ -39,7 +39,7 @@ pub struct AddToolCalls {
 }
 
 /// A receipt as the platform stored it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StoredReceipt {
     /// Id.
     pub receipt_id: String,
@@ -49,12 +49,12 @@ pub struct StoredReceipt {
     pub sequence: u64,
     /// RFC 3339.
     pub received_at: String,
-    /// The body as received.
-    pub body: Value,
+    /// The body exactly as received, byte for byte.
+    pub body: Box<serde_json::value::RawValue>,
 }
 
 /// A call inside a run object.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunCall {
     /// `call_…`.
     pub call_id: String,
@@ -79,7 +79,7 @@ pub struct RunCall {
 }
 
 /// `GET /runs/{run_id}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Run {
     /// `run_…`.
     pub run_id: String,

@@ -29,7 +29,10 @@ pub enum CallState {
 impl CallState {
     /// `completed`, `failed`, `cancelled` or `terminated`.
     pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed | Self::Cancelled | Self::Terminated)
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Cancelled | Self::Terminated
+        )
     }
 
     /// The wire spelling.
@@ -218,7 +221,11 @@ pub struct Receipt {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
     /// For `completed`.
-    #[serde(default, deserialize_with = "present::value", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present::value",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub result: Option<Value>,
     /// For `failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

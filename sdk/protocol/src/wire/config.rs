@@ -158,7 +158,11 @@ pub struct MockReceipt {
     /// Receipt kind.
     pub kind: super::ReceiptKind,
     /// For `completed`.
-    #[serde(default, deserialize_with = "present::value", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present::value",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub result: Option<Value>,
     /// For `failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
