@@ -422,7 +422,7 @@ impl Resp {
         if self.status < 400 {
             return Some("not an error status".into());
         }
-        if !self.request_id().is_some_and(|s| !s.is_empty()) {
+        if self.request_id().is_none_or(|s| s.is_empty()) {
             return Some("no x-request-id".into());
         }
         let ct = self

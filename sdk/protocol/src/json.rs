@@ -320,39 +320,18 @@ pub(crate) fn cmp_utf16(a: &str, b: &str) -> Ordering {
 }
 
 fn write_number(out: &mut String, n: &Number) {
-    use std::fmt::Write as _;
-    let exact = n
-        .as_u64()
-        .filter(|u| *u <= MAX_SAFE_INTEGER)
-        .map(|u| u.to_string())
-        .or_else(|| {
-            n.as_i64()
-                .filter(|i| i.unsigned_abs() <= MAX_SAFE_INTEGER)
-                .map(|i| i.to_string())
-        });
-    match exact {
-        Some(text) => out.push_str(&text),
-        None => {
-            let _ = write!(out, "{}", EcmaDouble(n.as_f64().unwrap_or(0.0)));
-        }
+    let exact = n.as_i64().filter(|i| i.unsigned_abs() <= MAX_SAFE_INTEGER);
+    match (exact, n.as_f64()) {
+        (Some(integer), _) => out.push_str(&integer.to_string()),
+        (None, Some(double)) => out.push_str(&ecmascript_double(double)),
+        (None, None) => unreachable!("a json number is an integer or a double"),
     }
 }
 
-/// Formats a finite double as ECMAScript `Number.prototype.toString` does
-/// (the RFC 8785 number form).
-struct EcmaDouble(f64);
-
-impl fmt::Display for EcmaDouble {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 == 0.0 || !self.0.is_finite() {
-            return f.write_str("0");
-        }
-        // serde_jcs writes finite doubles with ryu-js, the ECMAScript algorithm.
-        match serde_jcs::to_string(&self.0) {
-            Ok(text) => f.write_str(&text),
-            Err(_) => Err(fmt::Error),
-        }
-    }
+/// A double as ECMAScript `Number.prototype.toString` writes it (the RFC
+/// 8785 number form; `-0` is `0`). serde_jcs does this with ryu-js.
+fn ecmascript_double(double: f64) -> String {
+    serde_jcs::to_string(&double).expect("serde_json numbers are finite")
 }
 
 /// Appends `s` as an RFC 8785 string literal, quotes included.

@@ -16,6 +16,8 @@ use crate::json::{canonical, compact_len, escaped_len, escaped_str_len, sorted_e
 pub const MAX_PRESERVED_STRING_BYTES: usize = 256;
 /// What joins the head and tail of a trimmed text part.
 pub const TEXT_ELISION: &str = "\n…\n";
+/// Bytes of [`TEXT_ELISION`] inside a JSON string: `\n` (2), `…` (3), `\n` (2).
+const ELISION_BYTES: usize = 7;
 
 /// What the model sees of a `completed` result, and its sizes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -191,8 +193,7 @@ impl TextPart {
         if len <= 2 * n {
             return self.whole();
         }
-        let elision: usize = TEXT_ELISION.chars().map(escaped_len).sum();
-        self.frame + self.prefix[n] + (self.prefix[len] - self.prefix[len - n]) + elision
+        self.frame + self.prefix[n] + (self.prefix[len] - self.prefix[len - n]) + ELISION_BYTES
     }
 }
 
@@ -513,6 +514,11 @@ mod tests {
     }
 
     #[test]
+    fn elision_size_is_its_escaped_length() {
+        assert_eq!(ELISION_BYTES, compact_len(&json!(TEXT_ELISION)) - 2);
+    }
+
+    #[test]
     fn cut_text_counts_scalar_values() {
         assert_eq!(cut_text("🙂ab文字🙂", 2), "🙂a\n…\n字🙂");
         assert_eq!(cut_text("abc", 0), TEXT_ELISION);
@@ -547,6 +553,10 @@ mod tests {
         let projection = project(&parts, 32768);
         assert!(projection.truncated);
         assert!(compact_len(&json!([projection.result[0], projection.result[1]])) <= 32768);
-        assert!(started.elapsed().as_secs() < 10, "took {:?}", started.elapsed());
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "took {:?}",
+            started.elapsed()
+        );
     }
 }
