@@ -301,6 +301,7 @@ impl State {
                     c.pending_delivery = true;
                 }
                 self.touch(Table::Calls, &r.call_id);
+                self.note_activity(&r.run_id, now);
             }
             ReportState::Released => {
                 self.release_claim(&r.call_id, now);

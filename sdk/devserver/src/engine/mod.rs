@@ -248,9 +248,15 @@ impl State {
         }
         let run_id = call.run_id.clone();
         self.touch(Table::Calls, call_id);
-        if let Some(run) = self.runs.get_mut(&run_id) {
+        self.note_activity(&run_id, now);
+    }
+
+    /// Something changed on one of the run's calls (a state, a stored
+    /// receipt, a `pending_delivery` flag): its TTL starts again.
+    pub(crate) fn note_activity(&mut self, run_id: &str, now: i64) {
+        if let Some(run) = self.runs.get_mut(run_id) {
             run.last_change_ms = now;
-            self.dirty.insert((Table::Runs, run_id));
+            self.dirty.insert((Table::Runs, run_id.to_owned()));
         }
     }
 

@@ -137,6 +137,7 @@ impl State {
         let asg_id = rec.assignment_id.clone();
         let call = self.calls.get_mut(call_id).expect("checked by caller");
         call.receipts.push(rec);
+        let run_id = call.run_id.clone();
         let target = match receipt.kind {
             ReceiptKind::Accepted => {
                 call.accepted_at = Some(rfc3339(now));
@@ -154,12 +155,12 @@ impl State {
             ReceiptKind::Cancelled => Some(CallState::Cancelled),
         };
         self.touch(Table::Calls, call_id);
+        self.note_activity(&run_id, now);
         match target {
             Some(state) => {
                 self.set_call_state(call_id, state, now);
                 if state.is_terminal() {
                     self.set_assignment(&asg_id, AssignmentStatus::Closed);
-                    let run_id = self.calls[call_id].run_id.clone();
                     self.complete_run_if_done(&run_id);
                 }
                 state

@@ -107,7 +107,11 @@ impl<S: HasTokens + Send + Sync> FromRequestParts<S> for Auth {
             .headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
+        let token = header.and_then(|h| {
+            let (scheme, token) = h.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        });
+        let Some(token) = token else {
             return Err(ApiError::unauthenticated(
                 "missing_token",
                 "send Authorization: Bearer <token>",
