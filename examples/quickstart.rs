@@ -16,8 +16,18 @@ struct Api {
 }
 
 impl Api {
-    async fn call(&self, method: reqwest::Method, path: &str, token: &str, body: Option<Value>, grant: Option<&str>) -> Result<Value> {
-        let mut req = self.http.request(method.clone(), format!("{}/v1{path}", self.base)).bearer_auth(token);
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+        grant: Option<&str>,
+    ) -> Result<Value> {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}/v1{path}", self.base))
+            .bearer_auth(token);
         if let Some(body) = body {
             req = req.json(&body);
         }
@@ -36,22 +46,44 @@ impl Api {
 }
 
 fn text<'a>(v: &'a Value, field: &str) -> Result<&'a str> {
-    v[field].as_str().with_context(|| format!("the answer has no {field}: {v}"))
+    v[field]
+        .as_str()
+        .with_context(|| format!("the answer has no {field}: {v}"))
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = toolrunner_devserver::DevServer::builder().listen("127.0.0.1:0".parse()?).start().await?;
+    let server = toolrunner_devserver::DevServer::builder()
+        .listen("127.0.0.1:0".parse()?)
+        .start()
+        .await?;
     println!("development platform at {}", server.base_url());
-    let api = Api { http: reqwest::Client::new(), base: server.base_url() };
+    let api = Api {
+        http: reqwest::Client::new(),
+        base: server.base_url(),
+    };
     let (admin, exec) = ("dev-admin", "dev-executor");
     use reqwest::Method as M;
 
-    let agent = api.call(M::POST, "/agents", admin, Some(json!({"name": "ledger-agent"})), None).await?;
+    let agent = api
+        .call(
+            M::POST,
+            "/agents",
+            admin,
+            Some(json!({"name": "ledger-agent"})),
+            None,
+        )
+        .await?;
     let agent_id = text(&agent, "agent_id")?;
     let binding = api
-        .call(M::POST, "/executor-bindings", admin, Some(json!({"agent_id": agent_id, "name": "ledger", "tool_names": ["ledger.append"]})), None)
+        .call(
+            M::POST,
+            "/executor-bindings",
+            admin,
+            Some(json!({"agent_id": agent_id, "name": "ledger", "tool_names": ["ledger.append"]})),
+            None,
+        )
         .await?;
     let binding_id = text(&binding, "binding_id")?;
     let tool = json!({
@@ -60,7 +92,15 @@ async fn main() -> Result<()> {
                          "required": ["amount", "memo"], "additionalProperties": false},
         "output_schema": {"type": "object", "properties": {"entry": {"type": "integer"}}, "required": ["entry"]}
     });
-    let version = api.call(M::POST, &format!("/agents/{agent_id}/versions"), admin, Some(json!({"tools": [tool]})), None).await?;
+    let version = api
+        .call(
+            M::POST,
+            &format!("/agents/{agent_id}/versions"),
+            admin,
+            Some(json!({"tools": [tool]})),
+            None,
+        )
+        .await?;
     let agent_version = text(&version, "agent_version")?;
     let run = api
         .call(M::POST, "/runs", admin, Some(json!({"agent_version": agent_version, "subject": "user_42",
@@ -74,8 +114,19 @@ async fn main() -> Result<()> {
             "binding_id": binding_id, "tools": ["ledger.append"], "capacity": 4, "sdk": {"name": "quickstart", "version": "0"}})), None)
         .await?;
     let connection_id = text(&connected, "connection_id")?;
-    let pending = api.call(M::GET, &format!("/executors/exe_quickstart/pending?connection_id={connection_id}"), exec, None, None).await?;
-    println!("  pending candidates: {}", pending["data"].as_array().map_or(0, Vec::len));
+    let pending = api
+        .call(
+            M::GET,
+            &format!("/executors/exe_quickstart/pending?connection_id={connection_id}"),
+            exec,
+            None,
+            None,
+        )
+        .await?;
+    println!(
+        "  pending candidates: {}",
+        pending["data"].as_array().map_or(0, Vec::len)
+    );
 
     let claimed = api
         .call(M::POST, &format!("/runs/{run_id}/tool-calls/{call_id}/claim"), exec,
@@ -84,13 +135,26 @@ async fn main() -> Result<()> {
     let assignment = &claimed["assignment"];
     let grant = text(assignment, "grant")?;
     let receipts = format!("/runs/{run_id}/tool-calls/{call_id}/receipts");
-    let base = json!({"executor_id": "exe_quickstart", "assignment_id": assignment["assignment_id"]});
+    let base =
+        json!({"executor_id": "exe_quickstart", "assignment_id": assignment["assignment_id"]});
     let with = |extra: Value| {
         let mut body = base.clone();
-        body.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        body.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
         body
     };
-    let accepted = api.call(M::POST, &receipts, exec, Some(with(json!({"receipt_id": "rcp_q0", "sequence": 0, "kind": "accepted"}))), Some(grant)).await?;
+    let accepted = api
+        .call(
+            M::POST,
+            &receipts,
+            exec,
+            Some(with(
+                json!({"receipt_id": "rcp_q0", "sequence": 0, "kind": "accepted"}),
+            )),
+            Some(grant),
+        )
+        .await?;
     if accepted["accepted"] != json!(true) {
         bail!("the platform did not confirm accepted: {accepted}");
     }
@@ -98,9 +162,17 @@ async fn main() -> Result<()> {
     api.call(M::POST, &receipts, exec, Some(with(json!({"receipt_id": "rcp_q1", "sequence": 1, "kind": "completed", "result": {"entry": 1}}))), Some(grant))
         .await?;
 
-    let stored = api.call(M::GET, &format!("/runs/{run_id}"), admin, None, None).await?;
-    println!("run {} is {}; call state {}", run_id, stored["status"], stored["tool_calls"][0]["state"]);
-    println!("{}", serde_json::to_string_pretty(&stored["tool_calls"][0]["context_projection"])?);
+    let stored = api
+        .call(M::GET, &format!("/runs/{run_id}"), admin, None, None)
+        .await?;
+    println!(
+        "run {} is {}; call state {}",
+        run_id, stored["status"], stored["tool_calls"][0]["state"]
+    );
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&stored["tool_calls"][0]["context_projection"])?
+    );
     server.shutdown().await;
     Ok(())
 }

@@ -23,7 +23,11 @@ fn http(addr: &str, method: &str, path: &str, token: &str, body: &str) -> (u16, 
     .expect("write");
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read");
-    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status line");
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
     let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
     (status, body)
 }
@@ -31,21 +35,34 @@ fn http(addr: &str, method: &str, path: &str, token: &str, body: &str) -> (u16, 
 #[test]
 fn devserver_prints_its_line_and_serves_the_given_tokens() {
     let child = Command::new(env!("CARGO_BIN_EXE_toolrunner"))
-        .args(["devserver", "--listen", "127.0.0.1:0", "--token", "a=*", "--token", "b=tools:execute"])
+        .args([
+            "devserver",
+            "--listen",
+            "127.0.0.1:0",
+            "--token",
+            "a=*",
+            "--token",
+            "b=tools:execute",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn toolrunner");
     let mut child = Kill(child);
     let mut line = String::new();
-    BufReader::new(child.0.stdout.take().expect("stdout")).read_line(&mut line).expect("read line");
+    BufReader::new(child.0.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read line");
     let url = line
         .strip_prefix("toolrunner devserver listening on http://")
         .and_then(|rest| rest.strip_suffix('\n'))
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
     let (host, port) = url.rsplit_once(':').expect("host:port");
     assert_eq!(host, "127.0.0.1");
-    assert!(port.parse::<u16>().expect("port") > 0, "port 0 must be replaced by the bound port");
+    assert!(
+        port.parse::<u16>().expect("port") > 0,
+        "port 0 must be replaced by the bound port"
+    );
 
     let (status, body) = http(url, "POST", "/v1/agents", "a", r#"{"name":"cli"}"#);
     assert_eq!(status, 200, "{body}");
@@ -60,10 +77,19 @@ fn devserver_prints_its_line_and_serves_the_given_tokens() {
 #[test]
 fn devserver_refuses_a_bad_token_spec_with_exit_code_2() {
     let out = Command::new(env!("CARGO_BIN_EXE_toolrunner"))
-        .args(["devserver", "--listen", "127.0.0.1:0", "--token", "a=nonsense:scope"])
+        .args([
+            "devserver",
+            "--listen",
+            "127.0.0.1:0",
+            "--token",
+            "a=nonsense:scope",
+        ])
         .output()
         .expect("run toolrunner");
     assert_eq!(out.status.code(), Some(2));
-    assert!(out.stdout.is_empty(), "nothing on stdout when it does not listen");
+    assert!(
+        out.stdout.is_empty(),
+        "nothing on stdout when it does not listen"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scope"));
 }

@@ -12,11 +12,12 @@ impl State {
         &mut self,
         run_id: &str,
         call_id: &str,
-        body: Claim,
+        body: Result<Claim, ApiError>,
         now: i64,
     ) -> Result<Claimed, ApiError> {
         let run_status = self.run_in_path(run_id)?.status;
         let call = self.call_of_run(run_id, call_id)?;
+        let body = body?;
         let (tool, binding, state) = (call.tool_name.clone(), call.binding_id.clone(), call.state);
         if !is_token_id(&body.operation_key) {
             return Err(ApiError::invalid(
