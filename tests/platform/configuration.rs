@@ -769,6 +769,26 @@ async fn dry_run_valid_arguments_and_completed_mock_give_context_preview() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_context_preview_projects_the_first_completed_mock() {
+    let fx = Fixture::new().await;
+    let r = fx
+        .srv
+        .post(
+            ADMIN,
+            "/tools/dry-run",
+            json!({"agent_version": fx.agent_version, "tool_name": READ, "arguments": {},
+                   "mock_receipts": [
+                       {"receipt_id": "m0", "kind": "failed", "error": {"code": "boom", "message": "no"}},
+                       {"receipt_id": "m1", "kind": "completed", "result": {"page": 1}},
+                       {"receipt_id": "m2", "kind": "completed", "result": {"page": 2}}]}),
+        )
+        .await;
+    let p = &r.ok()["context_preview"];
+    assert_eq!(p["result"], json!({"page": 1}), "{p}");
+    assert_eq!(p["original_bytes"], 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_argument_errors_are_json_pointer_paths() {
     let fx = Fixture::new().await;
     let dry = |tool: &str, args: Value| {

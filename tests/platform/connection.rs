@@ -222,6 +222,41 @@ async fn heartbeat_answers_lease_expiry_interval_and_cancel_requested() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_cancel_requested_lists_cancelled_in_flight_calls_and_unannounced_ones_once() {
+    let fx = Fixture::new().await;
+    let run = fx.run(&[(READ, json!({})), (READ, json!({}))]).await;
+    let c = fx.connect("exe_a").await;
+    fx.running(&c, &run.run_id, &run.calls[0]).await;
+    fx.running(&c, &run.run_id, &run.calls[1]).await;
+    let before = fx
+        .heartbeat(&c, json!([{"run_id": run.run_id, "call_id": run.calls[0]}]))
+        .await;
+    assert_eq!(before.ok()["cancel_requested"], json!([]));
+    fx.cancel(&run.run_id).await.ok();
+    // choices 18: not yet announced -> listed even when not in in_flight
+    let first = fx.heartbeat(&c, json!([])).await;
+    let cr = first.ok()["cancel_requested"].clone();
+    assert!(
+        has_pair(&cr, &run.run_id, &run.calls[0]) && has_pair(&cr, &run.run_id, &run.calls[1]),
+        "{cr}"
+    );
+    // announced once; afterwards only while the executor still lists it
+    let second = fx
+        .heartbeat(&c, json!([{"run_id": run.run_id, "call_id": run.calls[1]}]))
+        .await;
+    let cr = second.ok()["cancel_requested"].clone();
+    assert_eq!(
+        cr,
+        json!([{"run_id": run.run_id, "call_id": run.calls[1]}]),
+        "{cr}"
+    );
+    assert_eq!(
+        fx.heartbeat(&c, json!([])).await.ok()["cancel_requested"],
+        json!([])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_renews_the_lease() {
     let fx = Fixture::with(Opts::lease(600)).await;
     let (run_id, call_id) = fx.read_call().await;

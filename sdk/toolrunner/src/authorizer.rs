@@ -1,0 +1,60 @@
+//! The product's own authorization, asked for every call before it runs.
+use async_trait::async_trait;
+use serde_json::Value;
+
+/// What the product is asked to authorize.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct AuthorizationRequest {
+    /// Whom the run acts for.
+    pub subject: String,
+    /// Agent.
+    pub agent_id: String,
+    /// Agent version.
+    pub agent_version: String,
+    /// Tool.
+    pub tool_name: String,
+    /// Arguments (already checked against the schema and the digest).
+    pub arguments: Value,
+    /// Their digest.
+    pub arguments_digest: String,
+    /// Run.
+    pub run_id: String,
+    /// Call.
+    pub call_id: String,
+}
+
+/// A refusal: the call is settled `failed` with code `forbidden` and this
+/// message, which the model reads (keep it short, no internals).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    /// Short message for the model.
+    pub message: String,
+}
+
+impl Denied {
+    /// A refusal with a message.
+    pub fn new(message: impl Into<String>) -> Denied {
+        Denied { message: message.into() }
+    }
+}
+
+/// The product's authorization. The platform's grant proves only that the
+/// executor holds this assignment; it never replaces this check.
+#[async_trait]
+pub trait Authorizer: Send + Sync + 'static {
+    /// Allows or refuses one call.
+    async fn authorize(&self, request: &AuthorizationRequest) -> Result<(), Denied>;
+}
+
+/// Allows every call. For development only: say so explicitly with
+/// [`crate::ExecutorBuilder::allow_all`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AllowAll;
+
+#[async_trait]
+impl Authorizer for AllowAll {
+    async fn authorize(&self, _request: &AuthorizationRequest) -> Result<(), Denied> {
+        Ok(())
+    }
+}

@@ -1,0 +1,310 @@
+//! `Executor::builder()`: settings, tools, and the checks made at `build()`.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex as StdMutex;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{Notify, RwLock, Semaphore};
+use tokio_util::sync::CancellationToken;
+use toolrunner_protocol::tooldef::{self, check_version};
+
+use crate::authorizer::{AllowAll, Authorizer};
+use crate::client::{Backoff, Client};
+use crate::error::{Error, Kind, Result};
+use crate::handler::{Erased, ErasedTool, Tool};
+use crate::runner::{self, Config, Core, RunningExecutor};
+use crate::store::{SqliteStore, Store};
+
+/// Builds an [`Executor`]. Settings are checked at [`build`](Self::build).
+#[must_use]
+pub struct ExecutorBuilder {
+    base_url: Option<String>,
+    token: Option<String>,
+    executor_id: Option<String>,
+    binding_id: Option<String>,
+    store_url: String,
+    capacity: u32,
+    poll_interval: Duration,
+    request_timeout: Duration,
+    handler_timeout: Duration,
+    retry_attempts: u32,
+    backoff: Backoff,
+    use_stream: bool,
+    authorizer: Option<Arc<dyn Authorizer>>,
+    tools: Vec<Arc<dyn ErasedTool>>,
+}
+
+impl std::fmt::Debug for ExecutorBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutorBuilder")
+            .field("base_url", &self.base_url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("executor_id", &self.executor_id)
+            .field("binding_id", &self.binding_id)
+            .field("store_url", &self.store_url)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ExecutorBuilder {
+    fn default() -> Self {
+        ExecutorBuilder {
+            base_url: None,
+            token: std::env::var("TOOLRUNNER_TOKEN").ok(),
+            executor_id: None,
+            binding_id: None,
+            store_url: "sqlite://toolrunner.db".to_owned(),
+            capacity: 8,
+            poll_interval: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(10),
+            handler_timeout: Duration::from_secs(300),
+            retry_attempts: 3,
+            backoff: Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(5), attempts: 6 },
+            use_stream: true,
+            authorizer: None,
+            tools: Vec::new(),
+        }
+    }
+}
+
+impl ExecutorBuilder {
+    /// The platform, e.g. `http://127.0.0.1:8700` (paths go under `/v1`).
+    pub fn base_url(mut self, url: impl Into<String>) -> Self {
+        self.base_url = Some(url.into());
+        self
+    }
+
+    /// The bearer token (default: `TOOLRUNNER_TOKEN`). Needs the scopes
+    /// `executors:connect` and `tools:execute`. Never logged.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// The executor id: 1–128 of `[A-Za-z0-9_.:-]`, stable across restarts
+    /// of the same deployment slot and never shared by two live processes.
+    pub fn executor_id(mut self, id: impl Into<String>) -> Self {
+        self.executor_id = Some(id.into());
+        self
+    }
+
+    /// The executor binding this executor serves.
+    pub fn binding_id(mut self, id: impl Into<String>) -> Self {
+        self.binding_id = Some(id.into());
+        self
+    }
+
+    /// The store, `sqlite://PATH` (default `sqlite://toolrunner.db`).
+    pub fn store_url(mut self, url: impl Into<String>) -> Self {
+        self.store_url = url.into();
+        self
+    }
+
+    /// Most calls claimed or running at once (default 8).
+    pub fn capacity(mut self, n: u32) -> Self {
+        self.capacity = n;
+        self
+    }
+
+    /// How often to poll `pending` when the stream is quiet (default 1 s).
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
+        self
+    }
+
+    /// Timeout of one HTTP request (default 10 s).
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+
+    /// How long a handler may run before its outcome counts as unknown
+    /// (default 300 s).
+    pub fn handler_timeout(mut self, d: Duration) -> Self {
+        self.handler_timeout = d;
+        self
+    }
+
+    /// Handler attempts for [`ToolError::Retry`](crate::ToolError::Retry)
+    /// (default 3).
+    pub fn retry_attempts(mut self, n: u32) -> Self {
+        self.retry_attempts = n;
+        self
+    }
+
+    /// Backoff for transient failures: first wait, longest wait, attempts per
+    /// request (defaults 100 ms, 5 s, 6).
+    pub fn backoff(mut self, initial: Duration, max: Duration, attempts: u32) -> Self {
+        self.backoff = Backoff { initial, max, attempts };
+        self
+    }
+
+    /// Whether to open the WebSocket stream (default on; polling always runs).
+    pub fn stream(mut self, on: bool) -> Self {
+        self.use_stream = on;
+        self
+    }
+
+    /// The product's authorization, asked for every call before it runs.
+    pub fn authorizer(mut self, a: impl Authorizer) -> Self {
+        self.authorizer = Some(Arc::new(a));
+        self
+    }
+
+    /// Allows every call without asking the product (development only).
+    pub fn allow_all(self) -> Self {
+        self.authorizer(AllowAll)
+    }
+
+    /// Registers a tool.
+    pub fn tool<T: Tool>(mut self, tool: T) -> Self {
+        self.tools.push(Arc::new(Erased(tool)));
+        self
+    }
+
+    /// Checks every setting and every tool definition.
+    ///
+    /// # Errors
+    /// A missing base URL, token, executor id, binding id or authorizer; an
+    /// invalid executor id; capacity 0; no tools; duplicate tool names; a
+    /// tool whose schemas fail the protocol's tool-definition checks.
+    pub fn build(self) -> Result<Executor> {
+        let missing = |what: &str| Error::new(Kind::Builder, format!("missing {what}: set it on Executor::builder()"));
+        let base_url = self.base_url.clone().ok_or_else(|| missing("base_url"))?;
+        let token = self.token.clone().ok_or_else(|| missing("token (or the TOOLRUNNER_TOKEN variable)"))?;
+        let executor_id = self.executor_id.clone().ok_or_else(|| missing("executor_id"))?;
+        let binding_id = self.binding_id.clone().ok_or_else(|| missing("binding_id"))?;
+        let authorizer = self.authorizer.clone().ok_or_else(|| missing("authorizer (or allow_all() for development)"))?;
+        let valid_id = (1..=128).contains(&executor_id.len())
+            && executor_id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+        if !valid_id {
+            return Err(Error::new(Kind::Builder, "executor_id must be 1-128 characters of [A-Za-z0-9_.:-]"));
+        }
+        if self.capacity == 0 {
+            return Err(Error::new(Kind::Builder, "capacity must be at least 1"));
+        }
+        if self.tools.is_empty() {
+            return Err(Error::new(Kind::Builder, "register at least one tool with .tool(...)"));
+        }
+        let mut tools = BTreeMap::new();
+        for t in &self.tools {
+            if tools.insert(t.name().to_owned(), t.clone()).is_some() {
+                return Err(Error::new(Kind::Builder, format!("tool {} is registered twice", t.name())));
+            }
+        }
+        let definitions = definitions(&self.tools, &binding_id);
+        if let Err(problems) = check_version(&definitions, None) {
+            let list: Vec<String> = problems.iter().map(|p| format!("{}: {}", p.param, p.message)).collect();
+            return Err(Error::new(Kind::Builder, format!("tool definitions fail the protocol's checks: {}", list.join("; "))));
+        }
+        let client = Client::new(&base_url, &token, self.request_timeout, self.backoff)
+            .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?;
+        Ok(Executor {
+            cfg: Config {
+                executor_id,
+                binding_id,
+                capacity: self.capacity,
+                instance_id: format!("ins_{}", uuid::Uuid::new_v4().simple()),
+                poll_interval: self.poll_interval,
+                handler_timeout: self.handler_timeout,
+                retry_attempts: self.retry_attempts.max(1),
+                use_stream: self.use_stream,
+            },
+            client,
+            store_url: self.store_url,
+            tools: Arc::new(tools),
+            authorizer,
+            definitions,
+        })
+    }
+}
+
+fn definitions(tools: &[Arc<dyn ErasedTool>], binding_id: &str) -> Value {
+    let list: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name(), "description": t.description(), "binding_id": binding_id,
+                "input_schema": t.input_schema(), "output_schema": t.output_schema(),
+                "max_result_context_bytes": tooldef::DEFAULT_RESULT_CONTEXT_BYTES,
+            })
+        })
+        .collect();
+    Value::Array(list)
+}
+
+/// An executor, built and checked, not yet connected.
+pub struct Executor {
+    cfg: Config,
+    client: Client,
+    store_url: String,
+    tools: crate::handler::Tools,
+    authorizer: Arc<dyn Authorizer>,
+    definitions: Value,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("executor_id", &self.cfg.executor_id)
+            .field("binding_id", &self.cfg.binding_id)
+            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Executor {
+    /// A builder.
+    pub fn builder() -> ExecutorBuilder {
+        ExecutorBuilder::default()
+    }
+
+    /// The tool definitions to publish in an agent version (`tools` array):
+    /// names, descriptions, the binding, schemas generated from the types.
+    pub fn tool_definitions(&self) -> &Value {
+        &self.definitions
+    }
+
+    /// The random id of this process start, sent with every connect.
+    pub fn instance_id(&self) -> &str {
+        &self.cfg.instance_id
+    }
+
+    /// Opens the store, connects, resumes what the store and the platform
+    /// still hold, and starts claiming.
+    ///
+    /// # Errors
+    /// The store cannot be opened, or the platform refuses the connect.
+    pub async fn start(self) -> Result<RunningExecutor> {
+        let store = SqliteStore::open(&self.store_url).await?;
+        self.start_with_store(Arc::new(store)).await
+    }
+
+    /// Like [`start`](Self::start) with a store of your own.
+    ///
+    /// # Errors
+    /// The platform refuses the connect.
+    pub async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
+        let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
+        let core = Arc::new(Core {
+            cfg: self.cfg,
+            client: self.client,
+            store,
+            tools: self.tools,
+            authorizer: self.authorizer,
+            conn: RwLock::new(None),
+            reconnecting: tokio::sync::Mutex::new(()),
+            active: StdMutex::new(Default::default()),
+            slots: Arc::new(Semaphore::new(capacity)),
+            wake: Notify::new(),
+            claiming: AtomicBool::new(true),
+            fatal: StdMutex::new(None),
+            stop: CancellationToken::new(),
+            done: CancellationToken::new(),
+        });
+        runner::start(core).await
+    }
+}

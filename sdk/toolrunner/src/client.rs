@@ -1,0 +1,209 @@
+//! The HTTP client: the only module that talks to the platform over HTTP.
+//!
+//! `429`, `5xx`, timeouts and lost connections are retried with the same
+//! bytes, exponential backoff and full jitter; every other answer goes back
+//! to the caller, which applies the protocol's reaction table.
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use toolrunner_protocol::ErrorType;
+use toolrunner_protocol::error::{ApiError, ErrorEnvelope};
+use toolrunner_protocol::wire::{
+    Claim, Claimed, Connect, Connected, Disconnect, Disconnected, Grant, Heartbeat,
+    HeartbeatAnswer, List, PendingCall, Report, ReportAnswer, ReceiptAnswer,
+};
+
+/// How a request ended when it did not succeed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum ClientError {
+    /// The platform answered with an error envelope (never retried here).
+    #[error("{0}")]
+    Api(ApiError),
+    /// No usable answer after the retries (network, 5xx, 429, timeouts).
+    #[error("platform unreachable: {0}")]
+    Unreachable(String),
+}
+
+impl ClientError {
+    /// The error code, for answered errors.
+    pub(crate) fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api(e) => Some(e.code()),
+            ClientError::Unreachable(_) => None,
+        }
+    }
+
+    /// The HTTP status, for answered errors.
+    pub(crate) fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api(e) => Some(e.status),
+            ClientError::Unreachable(_) => None,
+        }
+    }
+}
+
+/// Backoff for transient failures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Backoff {
+    pub(crate) initial: Duration,
+    pub(crate) max: Duration,
+    pub(crate) attempts: u32,
+}
+
+impl Backoff {
+    /// The wait before attempt `n` (0-based): full jitter over an
+    /// exponentially growing ceiling.
+    pub(crate) fn delay(&self, n: u32) -> Duration {
+        let ceiling = self.initial.saturating_mul(1u32 << n.min(16)).min(self.max);
+        let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX).max(1);
+        Duration::from_millis(rand::random_range(millis / 2..=millis))
+    }
+}
+
+/// The platform's executor API.
+#[derive(Clone)]
+pub(crate) struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    pub(crate) backoff: Backoff,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("base", &self.base).field("token", &"<redacted>").finish()
+    }
+}
+
+impl Client {
+    pub(crate) fn new(base: &str, token: &str, timeout: Duration, backoff: Backoff) -> Result<Client, reqwest::Error> {
+        crate::tls::install_provider();
+        let http = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout).build()?;
+        Ok(Client { http, base: base.trim_end_matches('/').to_owned(), token: token.to_owned(), backoff })
+    }
+
+    pub(crate) fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    pub(crate) fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Sends one request, retrying transient failures with the same bytes.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        grant: Option<&Grant>,
+    ) -> Result<T, ClientError> {
+        let url = format!("{}/v1{path}", self.base);
+        let mut last = String::new();
+        for attempt in 0..self.backoff.attempts.max(1) {
+            if attempt > 0 {
+                tokio::time::sleep(self.backoff.delay(attempt - 1)).await;
+            }
+            let mut req = self.http.request(method.clone(), &url).bearer_auth(&self.token);
+            if let Some(b) = &body {
+                req = req.header("Content-Type", "application/json").body(b.clone());
+            }
+            if let Some(g) = grant {
+                req = req.header("Tool-Grant", g.expose());
+            }
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    last = format!("{method} {path}: {}", without_url(&e));
+                    tracing::debug!(attempt, error = %last, "transient failure, retrying");
+                    continue;
+                }
+            };
+            let status = resp.status().as_u16();
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            let bytes = match resp.bytes().await {
+                Ok(b) => b,
+                Err(e) => {
+                    last = format!("{method} {path}: answer lost: {}", without_url(&e));
+                    continue;
+                }
+            };
+            if status == 429 || status >= 500 {
+                last = format!("{method} {path}: {status}");
+                if let Some(secs) = retry_after {
+                    tokio::time::sleep(Duration::from_secs(secs.min(60))).await;
+                }
+                continue;
+            }
+            if (200..300).contains(&status) {
+                return serde_json::from_slice(&bytes).map_err(|e| {
+                    ClientError::Unreachable(format!("{method} {path}: the answer does not parse: {e}"))
+                });
+            }
+            return Err(ClientError::Api(api_error(status, &bytes)));
+        }
+        Err(ClientError::Unreachable(last))
+    }
+
+    async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Unreachable(e.to_string()))?;
+        self.send(reqwest::Method::POST, path, Some(bytes), None).await
+    }
+
+    pub(crate) async fn connect(&self, body: &Connect) -> Result<Connected, ClientError> {
+        self.post("/executors/connect", body).await
+    }
+
+    pub(crate) async fn heartbeat(&self, executor_id: &str, body: &Heartbeat) -> Result<HeartbeatAnswer, ClientError> {
+        self.post(&format!("/executors/{executor_id}/heartbeat"), body).await
+    }
+
+    pub(crate) async fn pending(&self, executor_id: &str, connection_id: &str, limit: usize) -> Result<List<PendingCall>, ClientError> {
+        let path = format!("/executors/{executor_id}/pending?connection_id={connection_id}&limit={limit}");
+        self.send(reqwest::Method::GET, &path, None, None).await
+    }
+
+    pub(crate) async fn report(&self, executor_id: &str, body: &Report) -> Result<ReportAnswer, ClientError> {
+        self.post(&format!("/executors/{executor_id}/calls/report"), body).await
+    }
+
+    pub(crate) async fn disconnect(&self, executor_id: &str, body: &Disconnect) -> Result<Disconnected, ClientError> {
+        self.post(&format!("/executors/{executor_id}/disconnect"), body).await
+    }
+
+    pub(crate) async fn claim(&self, run_id: &str, call_id: &str, body: &Claim) -> Result<Claimed, ClientError> {
+        self.post(&format!("/runs/{run_id}/tool-calls/{call_id}/claim"), body).await
+    }
+
+    /// Sends a stored receipt body exactly as stored.
+    pub(crate) async fn receipt(&self, run_id: &str, call_id: &str, grant: &Grant, body: &str) -> Result<ReceiptAnswer, ClientError> {
+        let path = format!("/runs/{run_id}/tool-calls/{call_id}/receipts");
+        self.send(reqwest::Method::POST, &path, Some(body.as_bytes().to_vec()), Some(grant)).await
+    }
+}
+
+/// A reqwest error without its URL (which may carry query parameters).
+fn without_url(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "could not connect"
+    } else if e.is_body() || e.is_decode() {
+        "the answer was cut"
+    } else {
+        "request failed"
+    };
+    kind.to_owned()
+}
+
+fn api_error(status: u16, bytes: &[u8]) -> ApiError {
+    match serde_json::from_slice::<ErrorEnvelope>(bytes) {
+        Ok(env) => ApiError { status, body: env.error },
+        Err(_) => ApiError::new(status, ErrorType::ApiError, "unparsable_error", format!("status {status} without an error envelope")),
+    }
+}

@@ -1,0 +1,135 @@
+//! What a handler knows about the call it runs.
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::ToolError;
+use crate::runner::Core;
+
+/// Why [`CallContext::commit_point`] said no. (It converts into the right
+/// [`ToolError`] with `?`; it is deliberately not a `std::error::Error`,
+/// which would make it an unknown outcome instead.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CommitPointError {
+    /// The run was cancelled: do not take the irreversible step.
+    Cancelled,
+    /// The executor's lease is not live: do not take the irreversible step now.
+    LeaseLost,
+}
+
+impl std::fmt::Display for CommitPointError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CommitPointError::Cancelled => "the run was cancelled",
+            CommitPointError::LeaseLost => "the executor's lease is not live",
+        })
+    }
+}
+
+impl From<CommitPointError> for ToolError {
+    /// Stopping at a commit point means nothing irreversible happened.
+    fn from(e: CommitPointError) -> Self {
+        match e {
+            CommitPointError::Cancelled => ToolError::cancelled("the run was cancelled before the irreversible step"),
+            CommitPointError::LeaseLost => ToolError::retry("the lease was lost before the irreversible step"),
+        }
+    }
+}
+
+/// Why a progress report could not be stored.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("progress could not be stored: {0}")]
+pub struct ProgressError(pub(crate) String);
+
+/// The context of one call.
+pub struct CallContext {
+    pub(crate) core: Arc<Core>,
+    pub(crate) key: crate::runner::CallKey,
+    pub(crate) operation_key: String,
+    pub(crate) subject: String,
+    pub(crate) agent_id: String,
+    pub(crate) agent_version: String,
+    pub(crate) tool_name: String,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for CallContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallContext")
+            .field("run_id", &self.key.run_id)
+            .field("call_id", &self.key.call_id)
+            .field("tool_name", &self.tool_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CallContext {
+    /// The stable operation key: pass it downstream as the idempotency key
+    /// of the side effect (e.g. a payment provider's `Idempotency-Key`).
+    pub fn operation_key(&self) -> &str {
+        &self.operation_key
+    }
+
+    /// The run.
+    pub fn run_id(&self) -> &str {
+        &self.key.run_id
+    }
+
+    /// The call.
+    pub fn call_id(&self) -> &str {
+        &self.key.call_id
+    }
+
+    /// Whom the run acts for.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// The agent.
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
+    /// The agent version.
+    pub fn agent_version(&self) -> &str {
+        &self.agent_version
+    }
+
+    /// The tool.
+    pub fn tool_name(&self) -> &str {
+        &self.tool_name
+    }
+
+    /// Fired when the platform asks to cancel the call (its run was
+    /// cancelled or expired) or the executor shuts down without waiting.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Stores, then sends, a progress receipt.
+    ///
+    /// # Errors
+    /// The progress could not be stored (it is then not sent either).
+    pub async fn progress(&self, message: &str, fraction: Option<f64>, data: Value) -> Result<(), ProgressError> {
+        crate::runner::progress(&self.core, &self.key, message, fraction, data).await
+    }
+
+    /// Checks, right now and unthrottled, that the run is not cancelled and
+    /// the executor's lease is live. Call it right before an irreversible
+    /// step; `?` turns a refusal into the right [`ToolError`].
+    ///
+    /// # Errors
+    /// [`CommitPointError::Cancelled`] or [`CommitPointError::LeaseLost`].
+    pub async fn commit_point(&self) -> Result<(), CommitPointError> {
+        if self.cancel.is_cancelled() {
+            return Err(CommitPointError::Cancelled);
+        }
+        crate::runner::lease_check(&self.core).await?;
+        if self.cancel.is_cancelled() {
+            return Err(CommitPointError::Cancelled);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,182 @@
+//! Typed tool handlers.
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::context::CallContext;
+
+/// Whether a tool has side effects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Free of side effects: may be run again after a crash.
+    Read,
+    /// Has side effects: runs at most once; an unknown outcome goes to
+    /// `reconciliation_required`.
+    Write,
+}
+
+/// How a handler call ended when it did not return an output.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ToolError {
+    /// A business failure the product has confirmed: nothing (more) will
+    /// happen. Becomes a `failed` receipt the model can read, so `message`
+    /// must be short and free of secrets, stack traces and internals.
+    Failed {
+        /// Product-chosen code, e.g. `insufficient_funds`.
+        code: String,
+        /// A short sentence for the model.
+        message: String,
+    },
+    /// A business cancellation the product has confirmed.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// Nothing happened and trying again may work: the executor retries,
+    /// bounded, with backoff and the same operation key.
+    Retry {
+        /// Why (logged, never sent).
+        reason: String,
+    },
+    /// Anything else: the outcome is unknown. The call goes to
+    /// `reconciliation_required`; it is never retried blindly.
+    Unknown {
+        /// What went wrong (logged and kept locally, never sent to the model).
+        error: String,
+    },
+}
+
+impl ToolError {
+    /// A confirmed business failure.
+    pub fn failed(code: impl Into<String>, message: impl Into<String>) -> ToolError {
+        ToolError::Failed { code: code.into(), message: message.into() }
+    }
+
+    /// A confirmed business cancellation.
+    pub fn cancelled(reason: impl Into<String>) -> ToolError {
+        ToolError::Cancelled { reason: reason.into() }
+    }
+
+    /// "Nothing happened, retry."
+    pub fn retry(reason: impl Into<String>) -> ToolError {
+        ToolError::Retry { reason: reason.into() }
+    }
+
+    /// An outcome nobody knows.
+    pub fn unknown(error: impl std::fmt::Display) -> ToolError {
+        ToolError::Unknown { error: error.to_string() }
+    }
+}
+
+/// Any ordinary error means the outcome is unknown, so `?` is safe.
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for ToolError {
+    fn from(e: E) -> Self {
+        ToolError::Unknown { error: e.to_string() }
+    }
+}
+
+/// What an automatic reconciliation check found.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Reconciled<T> {
+    /// The effect happened, with this output.
+    Happened(T),
+    /// The effect did not happen.
+    DidNotHappen,
+    /// Cannot tell: a human decides.
+    Unknown,
+}
+
+/// A typed tool. Input and output schemas come from the types.
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    /// Arguments.
+    type Input: DeserializeOwned + JsonSchema + Send + 'static;
+    /// `completed` result.
+    type Output: Serialize + JsonSchema + Send + 'static;
+
+    /// The tool's name, e.g. `payments.charge`.
+    fn name(&self) -> &str;
+
+    /// What the model reads about the tool.
+    fn description(&self) -> &str;
+
+    /// Read or write.
+    fn effect(&self) -> Effect;
+
+    /// Runs the tool. Called only after the platform confirmed `accepted`.
+    async fn call(&self, ctx: &CallContext, input: Self::Input) -> Result<Self::Output, ToolError>;
+
+    /// Looks the operation key up in the business system to settle an
+    /// unknown outcome. The default cannot tell.
+    async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Self::Output> {
+        let _ = ctx;
+        Reconciled::Unknown
+    }
+}
+
+/// A tool with its types erased, as the runner holds it.
+#[async_trait]
+pub(crate) trait ErasedTool: Send + Sync {
+    fn name(&self) -> &str;
+    fn description(&self) -> &str;
+    fn effect(&self) -> Effect;
+    fn input_schema(&self) -> Value;
+    fn output_schema(&self) -> Value;
+    /// Whether the arguments deserialize into the input type.
+    fn check_input(&self, arguments: &Value) -> Result<(), String>;
+    async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<Value, ToolError>;
+}
+
+pub(crate) struct Erased<T>(pub(crate) T);
+
+fn schema_of<S: JsonSchema>() -> Value {
+    serde_json::to_value(schemars::schema_for!(S)).unwrap_or(Value::Null)
+}
+
+fn to_value<O: Serialize>(output: O) -> Result<Value, ToolError> {
+    serde_json::to_value(output).map_err(|e| ToolError::unknown(format!("the output does not serialize: {e}")))
+}
+
+#[async_trait]
+impl<T: Tool> ErasedTool for Erased<T> {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn description(&self) -> &str {
+        self.0.description()
+    }
+
+    fn effect(&self) -> Effect {
+        self.0.effect()
+    }
+
+    fn input_schema(&self) -> Value {
+        schema_of::<T::Input>()
+    }
+
+    fn output_schema(&self) -> Value {
+        schema_of::<T::Output>()
+    }
+
+    fn check_input(&self, arguments: &Value) -> Result<(), String> {
+        T::Input::deserialize(arguments).map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<Value, ToolError> {
+        let input = T::Input::deserialize(arguments).map_err(|e| ToolError::unknown(format!("arguments changed shape: {e}")))?;
+        to_value(self.0.call(ctx, input).await?)
+    }
+
+}
+
+use serde::Deserialize as _;
+
+/// The registered tools by name.
+pub(crate) type Tools = Arc<std::collections::BTreeMap<String, Arc<dyn ErasedTool>>>;

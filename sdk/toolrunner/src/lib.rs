@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+
+mod authorizer;
+mod builder;
+mod client;
+mod context;
+mod error;
+mod handler;
+mod runner;
+pub mod store;
+mod tls;
+
+pub use authorizer::{AllowAll, AuthorizationRequest, Authorizer, Denied};
+pub use builder::{Executor, ExecutorBuilder};
+pub use context::{CallContext, CommitPointError, ProgressError};
+pub use error::{Error, Result};
+pub use handler::{Effect, Reconciled, Tool, ToolError};
+pub use runner::{RunningExecutor, Shutdown};
+
+/// Re-exported so handlers can derive their schemas.
+pub use schemars;
+/// Re-exported for `#[async_trait]` on handlers.
+pub use async_trait::async_trait;
+/// The protocol's types and rules.
+pub use toolrunner_protocol as protocol;

@@ -1,0 +1,55 @@
+//! The checks before anything runs: schema, digest, the product's own
+//! authorization. A failure settles the call `failed` at sequence 0.
+use serde_json::Value;
+use toolrunner_protocol::json::arguments_digest;
+use toolrunner_protocol::tooldef::Schema;
+use toolrunner_protocol::wire::Assignment;
+
+use super::Core;
+use crate::authorizer::AuthorizationRequest;
+use crate::handler::ErasedTool;
+
+/// A refusal before start: `(code, message)` for the `failed` receipt.
+pub(crate) type Refusal = (&'static str, String);
+
+pub(crate) async fn before_start(core: &Core, tool: &dyn ErasedTool, asg: &Assignment) -> Result<(), Refusal> {
+    let schema = Schema::compile(&asg.input_schema).map_err(|e| ("invalid_arguments", format!("the tool's input schema cannot be used: {e}")))?;
+    if let Some(v) = schema.violations(&asg.arguments).first() {
+        let at = if v.path.is_empty() { "the arguments".to_owned() } else { format!("argument {}", v.path) };
+        return Err(("invalid_arguments", format!("{at}: {}", v.message)));
+    }
+    tool.check_input(&asg.arguments).map_err(|e| ("invalid_arguments", format!("the arguments do not fit the tool: {e}")))?;
+    if arguments_digest(&asg.arguments) != asg.arguments_digest {
+        return Err(("digest_mismatch", "the arguments do not match their digest".to_owned()));
+    }
+    let request = AuthorizationRequest {
+        subject: asg.subject.clone(),
+        agent_id: asg.agent_id.clone(),
+        agent_version: asg.agent_version.clone(),
+        tool_name: asg.tool_name.clone(),
+        arguments: asg.arguments.clone(),
+        arguments_digest: asg.arguments_digest.clone(),
+        run_id: asg.run_id.clone(),
+        call_id: asg.call_id.clone(),
+    };
+    core.authorizer.authorize(&request).await.map_err(|d| ("forbidden", d.message))
+}
+
+/// A final result must match `output_schema`, fit 4 MiB and nest at most
+/// 128 deep; otherwise the outcome is unknown.
+pub(crate) fn check_output(asg: &Assignment, result: &Value) -> Result<(), String> {
+    use toolrunner_protocol::json::{MAX_BODY_BYTES, MAX_DEPTH, compact_len, depth};
+    if depth(result) > MAX_DEPTH {
+        return Err(format!("the result nests deeper than {MAX_DEPTH} levels"));
+    }
+    if compact_len(result) > MAX_BODY_BYTES - 4096 {
+        return Err("the result does not fit in a 4 MiB receipt".to_owned());
+    }
+    if let Some(schema) = &asg.output_schema {
+        let schema = Schema::compile(schema).map_err(|e| format!("the output schema cannot be used: {e}"))?;
+        if let Some(v) = schema.violations(result).first() {
+            return Err(format!("the result does not match output_schema at '{}': {}", v.path, v.message));
+        }
+    }
+    Ok(())
+}

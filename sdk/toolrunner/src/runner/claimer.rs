@@ -1,0 +1,90 @@
+//! Finds work: polls `pending` (woken early by the stream), claims only
+//! with a free capacity slot, and resumes calls that had to wait.
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{CallKey, Core, call, connection};
+use crate::store::{CallFilter, LocalCall, LocalState};
+
+pub(crate) async fn claim_loop(core: Arc<Core>) {
+    loop {
+        tokio::select! {
+            _ = core.stop.cancelled() => return,
+            _ = core.wake.notified() => {}
+            _ = tokio::time::sleep(core.cfg.poll_interval) => {}
+        }
+        if !core.claiming.load(Ordering::SeqCst) {
+            continue;
+        }
+        resume_waiting(&core).await;
+        if let Err(e) = claim_pending(&core).await {
+            tracing::debug!(error = %e, "listing pending calls failed");
+        }
+    }
+}
+
+/// Calls the store holds that no task drives (a claim deferred for
+/// capacity, a step that could not reach the platform).
+async fn resume_waiting(core: &Arc<Core>) {
+    let filter = CallFilter { states: vec![LocalState::Claiming, LocalState::Assigned], ..CallFilter::default() };
+    let Ok(calls) = core.store.calls(&filter).await else { return };
+    for c in calls {
+        if core.is_active(&CallKey::of(&c)) {
+            continue;
+        }
+        let Ok(permit) = core.slots.clone().try_acquire_owned() else { return };
+        call::spawn_drive(core.clone(), c, false, Some(permit));
+    }
+}
+
+async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
+    let free = core.slots.available_permits();
+    if free == 0 {
+        return Ok(());
+    }
+    let connection_id = connection::connection_id(core).await.map_err(|e| e.to_string())?;
+    let page = match core.client.pending(&core.cfg.executor_id, &connection_id, free.min(100)).await {
+        Ok(p) => p,
+        Err(e) => {
+            connection::handle_refusal(core, &connection_id, &e).await;
+            return Err(e.to_string());
+        }
+    };
+    for candidate in page.data {
+        if !core.tools.contains_key(&candidate.tool_name) || !core.claiming.load(Ordering::SeqCst) {
+            continue;
+        }
+        let key = CallKey { run_id: candidate.run_id.clone(), call_id: candidate.call_id.clone() };
+        if core.is_active(&key) {
+            continue;
+        }
+        let known = core.store.call(&key.run_id, &key.call_id).await.map_err(|e| e.to_string())?;
+        // A call settled here before (refused, released) may be pending
+        // again: it gets a new attempt with a new key.
+        if known.as_ref().is_some_and(|c| !matches!(c.state, LocalState::Abandoned | LocalState::Released)) {
+            continue;
+        }
+        let Ok(permit) = core.slots.clone().try_acquire_owned() else { break };
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let fresh = LocalCall {
+            run_id: key.run_id.clone(),
+            call_id: key.call_id.clone(),
+            tool_name: candidate.tool_name.clone(),
+            operation_key: call::operation_key(),
+            state: LocalState::Claiming,
+            assignment: None,
+            next_sequence: 0,
+            reason: None,
+            report: None,
+            created_at: now.clone(),
+            updated_at: now,
+        };
+        // The operation key is durable before the claim is sent.
+        if let Err(e) = core.commit(vec![crate::store::Change::PutCall(fresh.clone())], Some(&fresh)).await {
+            return Err(e.to_string());
+        }
+        fail::fail_point!("after_operation_key_saved", |_| Err("fail point after_operation_key_saved".into()));
+        call::spawn_drive(core.clone(), fresh, false, Some(permit));
+    }
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! Connect, heartbeat, reconnect, disconnect.
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use toolrunner_protocol::wire::{CallRef, Connect, Disconnect, DisconnectMode, Heartbeat, SdkInfo};
+
+use super::{Conn, Core, Shutdown};
+use crate::client::ClientError;
+use crate::context::CommitPointError;
+use crate::error::{Error, Kind};
+
+/// Connects (retrying transient failures until stopped) and resumes the
+/// calls the platform and the store know.
+pub(crate) async fn connect(core: &Arc<Core>) -> Result<(), Error> {
+    let _guard = core.reconnecting.lock().await;
+    let body = Connect {
+        executor_id: core.cfg.executor_id.clone(),
+        instance_id: Some(core.cfg.instance_id.clone()),
+        binding_id: core.cfg.binding_id.clone(),
+        tools: core.tools.keys().cloned().collect(),
+        capacity: core.cfg.capacity,
+        sdk: Some(SdkInfo { name: "toolrunner".into(), version: env!("CARGO_PKG_VERSION").into() }),
+    };
+    let mut attempt = 0;
+    let connected = loop {
+        match core.client.connect(&body).await {
+            Ok(c) => break c,
+            Err(ClientError::Unreachable(m)) if !core.done.is_cancelled() => {
+                tracing::warn!(error = %m, "cannot reach the platform; retrying connect");
+                tokio::time::sleep(super::pause(core, attempt.min(6))).await;
+                attempt += 1;
+            }
+            Err(e) => {
+                let err = Error::from(e);
+                if err.is_configuration() {
+                    core.fail(Error::new(Kind::Configuration, err.to_string()));
+                }
+                return Err(err);
+            }
+        }
+    };
+    tracing::info!(executor_id = %core.cfg.executor_id, connection_id = %connected.connection_id, outstanding = connected.outstanding.len(), "connected");
+    *core.conn.write().await = Some(Conn {
+        connection_id: connected.connection_id.clone(),
+        heartbeat_interval: Duration::from_millis(connected.heartbeat_interval_ms.max(50)),
+        stream_path: connected.stream_path.clone(),
+    });
+    drop(_guard);
+    super::recovery::resume(core, connected.outstanding).await;
+    Ok(())
+}
+
+/// The current connection id, connecting first if there is none.
+pub(crate) async fn connection_id(core: &Arc<Core>) -> Result<String, Error> {
+    if let Some(c) = core.conn.read().await.as_ref() {
+        return Ok(c.connection_id.clone());
+    }
+    connect(core).await?;
+    core.conn.read().await.as_ref().map(|c| c.connection_id.clone()).ok_or_else(|| Error::new(Kind::Unreachable, "not connected"))
+}
+
+/// Reacts to a connection-level refusal: `lease_expired` and an own-instance
+/// supersede reconnect (returns `true`: try again); another instance stops
+/// claiming. Anything else returns `false`.
+pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError) -> bool {
+    match e.code() {
+        Some("lease_expired") => {}
+        Some("connection_superseded") => {
+            let own = matches!(e, ClientError::Api(api) if api.body.message.contains(&core.cfg.instance_id));
+            if !own {
+                core.fail(Error::new(
+                    Kind::Superseded,
+                    format!("another process connected as executor {} ({e}); two live processes share one executor id: give each its own", core.cfg.executor_id),
+                ));
+                return false;
+            }
+        }
+        _ => return false,
+    }
+    {
+        let mut conn = core.conn.write().await;
+        if conn.as_ref().is_some_and(|c| c.connection_id == used) {
+            *conn = None;
+        }
+    }
+    !core.done.is_cancelled() && connection_id(core).await.is_ok()
+}
+
+pub(crate) async fn heartbeat_loop(core: Arc<Core>) {
+    loop {
+        let interval = core.conn.read().await.as_ref().map_or(Duration::from_secs(1), |c| c.heartbeat_interval);
+        tokio::select! {
+            _ = core.done.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        if let Err(e) = heartbeat(&core).await {
+            tracing::debug!(error = %e, "heartbeat failed");
+        }
+    }
+}
+
+async fn heartbeat(core: &Arc<Core>) -> Result<(), ClientError> {
+    let Ok(connection_id) = connection_id(core).await else { return Ok(()) };
+    let in_flight: Vec<CallRef> = core
+        .active
+        .lock()
+        .expect("not poisoned")
+        .keys()
+        .map(|k| CallRef { run_id: k.run_id.clone(), call_id: k.call_id.clone() })
+        .collect();
+    let body = Heartbeat { connection_id: connection_id.clone(), in_flight };
+    match core.client.heartbeat(&core.cfg.executor_id, &body).await {
+        Ok(answer) => {
+            for c in answer.cancel_requested {
+                core.cancel_call(&super::CallKey { run_id: c.run_id, call_id: c.call_id });
+            }
+            Ok(())
+        }
+        Err(e) => {
+            handle_refusal(core, &connection_id, &e).await;
+            Err(e)
+        }
+    }
+}
+
+/// `commit_point()`: a heartbeat right now.
+pub(crate) async fn lease_check(core: &Arc<Core>) -> Result<(), CommitPointError> {
+    let connection_id = core.conn.read().await.as_ref().map(|c| c.connection_id.clone());
+    let Some(connection_id) = connection_id else { return Err(CommitPointError::LeaseLost) };
+    let body = Heartbeat { connection_id: connection_id.clone(), in_flight: Vec::new() };
+    match core.client.heartbeat(&core.cfg.executor_id, &body).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let core = core.clone();
+            tokio::spawn(async move { handle_refusal(&core, &connection_id, &e).await });
+            Err(CommitPointError::LeaseLost)
+        }
+    }
+}
+
+pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<(), Error> {
+    core.claiming.store(false, Ordering::SeqCst);
+    let Some(conn) = core.conn.read().await.clone() else { return Ok(()) };
+    let mode = match how {
+        Shutdown::Drain { .. } => DisconnectMode::Drain,
+        Shutdown::Detach => DisconnectMode::Detach,
+    };
+    let body = Disconnect { connection_id: conn.connection_id, mode };
+    match core.client.disconnect(&core.cfg.executor_id, &body).await {
+        Ok(answer) => {
+            tracing::info!(released = answer.released.len(), retained = answer.retained.len(), "disconnected");
+            Ok(())
+        }
+        Err(e) if e.code() == Some("lease_expired") => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,62 @@
+//! Recovery after a (re)connect: every call the store or the platform
+//! still knows is resumed from where it stopped (protocol crash table).
+use std::sync::Arc;
+
+use toolrunner_protocol::wire::{CallState, Outstanding};
+
+use super::{CallKey, Core, call, outbox};
+use crate::store::{CallFilter, Change, LocalCall, LocalState, PendingReport};
+
+pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
+    let mut unknown = Vec::new();
+    for o in outstanding {
+        match core.store.call(&o.run_id, &o.call_id).await {
+            Ok(Some(_)) => {}
+            Ok(None) => unknown.push(o),
+            Err(e) => tracing::error!(error = %e, "cannot read the store during recovery"),
+        }
+    }
+    // A call the store does not know is never executed.
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let mut changes = Vec::new();
+    for o in unknown {
+        let (state, report, reason) = match o.state {
+            CallState::Claimed => (LocalState::Released, Some(PendingReport::Released), "claimed by this executor id but unknown to its store: released"),
+            CallState::Running => (LocalState::ReconciliationRequired, Some(PendingReport::ReconciliationRequired), "unknown_to_executor"),
+            _ => (LocalState::ReconciliationRequired, None, "unknown_to_executor"),
+        };
+        tracing::warn!(run_id = %o.run_id, call_id = %o.call_id, state = o.state.as_str(), "the platform lists a call this store does not know");
+        changes.push(Change::PutCall(LocalCall {
+            run_id: o.run_id,
+            call_id: o.call_id,
+            tool_name: String::new(),
+            operation_key: String::new(),
+            state,
+            assignment: None,
+            next_sequence: 0,
+            reason: Some(reason.into()),
+            report,
+            created_at: now.clone(),
+            updated_at: now.clone(),
+        }));
+    }
+    if !changes.is_empty() {
+        if let Err(e) = core.commit(changes, None).await {
+            tracing::error!(error = %e, "cannot record unknown calls");
+        }
+    }
+    let filter = CallFilter {
+        states: vec![LocalState::Claiming, LocalState::Assigned, LocalState::Running, LocalState::Settled],
+        ..CallFilter::default()
+    };
+    if let Ok(calls) = core.store.calls(&filter).await {
+        for c in calls {
+            if core.is_active(&CallKey::of(&c)) {
+                continue;
+            }
+            let permit = core.slots.clone().try_acquire_owned().ok();
+            call::spawn_drive(core.clone(), c, true, permit);
+        }
+    }
+    outbox::spawn_flush_reports(core.clone());
+}

@@ -1,0 +1,78 @@
+//! The WebSocket stream wakes the claimer and delivers cancellations.
+//! Polling alone must also work: a platform without a stream (`404`) is
+//! used by polling only.
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use toolrunner_protocol::wire::StreamFrame;
+
+use super::{CallKey, Core};
+
+pub(crate) async fn stream_loop(core: Arc<Core>) {
+    let mut attempt = 0u32;
+    loop {
+        if core.stop.is_cancelled() {
+            return;
+        }
+        match listen(&core).await {
+            Ok(()) => attempt = 0,
+            Err(Stop::NoStream) => {
+                tracing::info!("the platform has no stream; polling only");
+                return;
+            }
+            Err(Stop::Failed(e)) => {
+                tracing::debug!(error = %e, "stream lost; polling continues");
+                attempt += 1;
+            }
+        }
+        // After any reconnect the claimer reads `pending` again.
+        core.wake.notify_one();
+        tokio::select! {
+            _ = core.stop.cancelled() => return,
+            _ = tokio::time::sleep(super::pause(&core, attempt.min(6)).max(Duration::from_millis(100))) => {}
+        }
+    }
+}
+
+enum Stop {
+    NoStream,
+    Failed(String),
+}
+
+async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
+    let conn = core.conn.read().await.clone().ok_or_else(|| Stop::Failed("not connected".into()))?;
+    let base = core.client.base_url();
+    let ws_base = base.replacen("https://", "wss://", 1).replacen("http://", "ws://", 1);
+    let url = format!("{ws_base}{}?connection_id={}", conn.stream_path, conn.connection_id);
+    let mut request = url.into_client_request().map_err(|e| Stop::Failed(e.to_string()))?;
+    let auth = HeaderValue::from_str(&format!("Bearer {}", core.client.token())).map_err(|e| Stop::Failed(e.to_string()))?;
+    request.headers_mut().insert("authorization", auth);
+    let (mut socket, _) = match tokio_tungstenite::connect_async(request).await {
+        Ok(s) => s,
+        Err(WsError::Http(resp)) if resp.status().as_u16() == 404 => return Err(Stop::NoStream),
+        Err(e) => return Err(Stop::Failed(e.to_string())),
+    };
+    core.wake.notify_one();
+    loop {
+        let message = tokio::select! {
+            _ = core.stop.cancelled() => return Ok(()),
+            m = socket.next() => m,
+        };
+        let text = match message {
+            Some(Ok(Message::Text(t))) => t,
+            Some(Ok(Message::Close(_))) | None => return Ok(()),
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(Stop::Failed(e.to_string())),
+        };
+        match serde_json::from_str::<StreamFrame>(&text) {
+            Ok(StreamFrame::CallPending { .. }) => core.wake.notify_one(),
+            Ok(StreamFrame::CancelRequested { run_id, call_id }) => core.cancel_call(&CallKey { run_id, call_id }),
+            Ok(StreamFrame::Ping) => {}
+            Err(_) => tracing::debug!("ignoring an unknown stream frame"),
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! The executor's durable store: calls, the receipt outbox, a timeline.
+//!
+//! Everything the executor must not forget goes through [`Store::commit`]
+//! *before* the matching request is sent. The trait keeps the runner free of
+//! SQL so that a second backend (PostgreSQL) can follow; [`SqliteStore`] is
+//! the one shipped.
+
+mod sqlite;
+
+use serde::{Deserialize, Serialize};
+use toolrunner_protocol::wire::{Assignment, ReceiptKind};
+
+pub use sqlite::SqliteStore;
+
+/// Where a call stands for this executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LocalState {
+    /// The operation key is saved; the claim is not answered yet.
+    Claiming,
+    /// The assignment is saved; `accepted` is not confirmed yet.
+    Assigned,
+    /// `accepted` was confirmed: the handler may have side effects.
+    Running,
+    /// A final receipt is saved and not yet delivered.
+    Settled,
+    /// The final receipt was delivered.
+    Delivered,
+    /// The claim or the acceptance was refused: nothing ran.
+    Abandoned,
+    /// The claim was given back before starting.
+    Released,
+    /// The platform refused a final receipt after the effect may have
+    /// happened: an operator must look (compensation may be due).
+    Rejected,
+    /// The business outcome is unknown: an operator or an automatic check
+    /// must settle it.
+    ReconciliationRequired,
+    /// The platform no longer knows the run.
+    Orphaned,
+}
+
+impl LocalState {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LocalState::Claiming => "claiming",
+            LocalState::Assigned => "assigned",
+            LocalState::Running => "running",
+            LocalState::Settled => "settled",
+            LocalState::Delivered => "delivered",
+            LocalState::Abandoned => "abandoned",
+            LocalState::Released => "released",
+            LocalState::Rejected => "rejected",
+            LocalState::ReconciliationRequired => "reconciliation_required",
+            LocalState::Orphaned => "orphaned",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(s: &str) -> Option<LocalState> {
+        ALL_STATES.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Whether the executor has nothing more to do for the call by itself.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            LocalState::Delivered
+                | LocalState::Abandoned
+                | LocalState::Released
+                | LocalState::Rejected
+                | LocalState::ReconciliationRequired
+                | LocalState::Orphaned
+        )
+    }
+}
+
+/// Every local state.
+pub const ALL_STATES: [LocalState; 10] = [
+    LocalState::Claiming,
+    LocalState::Assigned,
+    LocalState::Running,
+    LocalState::Settled,
+    LocalState::Delivered,
+    LocalState::Abandoned,
+    LocalState::Released,
+    LocalState::Rejected,
+    LocalState::ReconciliationRequired,
+    LocalState::Orphaned,
+];
+
+/// A state still to be reported with `calls/report`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingReport {
+    /// `reconciliation_required`.
+    ReconciliationRequired,
+    /// `pending_delivery`.
+    PendingDelivery,
+    /// `released`.
+    Released,
+}
+
+/// One call as this executor knows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalCall {
+    /// Run.
+    pub run_id: String,
+    /// Call.
+    pub call_id: String,
+    /// Tool.
+    pub tool_name: String,
+    /// Random per claim, saved before the claim is sent; also the
+    /// idempotency key handlers pass downstream.
+    pub operation_key: String,
+    /// Where it stands.
+    pub state: LocalState,
+    /// The platform's assignment (its grant is a secret: never logged).
+    pub assignment: Option<Assignment>,
+    /// The sequence the next receipt gets.
+    pub next_sequence: u64,
+    /// Why it is in its state (errors, refusals).
+    pub reason: Option<String>,
+    /// A state still to report to the platform.
+    pub report: Option<PendingReport>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+}
+
+/// Delivery status of an outbox receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ReceiptStatus {
+    /// Saved, not yet acknowledged.
+    Pending,
+    /// Acknowledged (`200`, new or replayed).
+    Delivered,
+    /// Refused by the platform; kept for the operator.
+    Rejected,
+    /// Never to be sent: its assignment was replaced.
+    Superseded,
+    /// The platform no longer knows the run.
+    Orphaned,
+}
+
+impl ReceiptStatus {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReceiptStatus::Pending => "pending",
+            ReceiptStatus::Delivered => "delivered",
+            ReceiptStatus::Rejected => "rejected",
+            ReceiptStatus::Superseded => "superseded",
+            ReceiptStatus::Orphaned => "orphaned",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(s: &str) -> Option<ReceiptStatus> {
+        [Self::Pending, Self::Delivered, Self::Rejected, Self::Superseded, Self::Orphaned]
+            .into_iter()
+            .find(|x| x.as_str() == s)
+    }
+}
+
+/// A receipt in the outbox: the exact body is kept and re-sent as is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxReceipt {
+    /// Id (a UUIDv7 with `rcp_`).
+    pub receipt_id: String,
+    /// Run.
+    pub run_id: String,
+    /// Call.
+    pub call_id: String,
+    /// Assignment it belongs to.
+    pub assignment_id: String,
+    /// Kind.
+    pub kind: ReceiptKind,
+    /// Sequence.
+    pub sequence: u64,
+    /// The request body, byte for byte.
+    pub body: String,
+    /// Delivery status.
+    pub status: ReceiptStatus,
+    /// Delivery attempts so far.
+    pub attempts: u32,
+    /// The last delivery error.
+    pub last_error: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub delivered_at: Option<String>,
+}
+
+/// One entry of a call's timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// RFC 3339.
+    pub at: String,
+    /// What happened (a state name or an action).
+    pub what: String,
+    /// Details.
+    pub detail: Option<String>,
+}
+
+/// One change; a [`Store::commit`] applies a list in one transaction.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Change {
+    /// Insert or replace a call (its state change goes to the timeline).
+    PutCall(LocalCall),
+    /// Add a receipt to the outbox.
+    AddReceipt(OutboxReceipt),
+    /// Change a receipt's delivery status (counting an attempt if `attempt`).
+    ReceiptStatus {
+        /// Which.
+        receipt_id: String,
+        /// New status.
+        status: ReceiptStatus,
+        /// Error to record.
+        error: Option<String>,
+        /// Whether this was a delivery attempt.
+        attempt: bool,
+    },
+    /// A timeline note.
+    Note {
+        /// Run.
+        run_id: String,
+        /// Call.
+        call_id: String,
+        /// What.
+        what: String,
+        /// Details.
+        detail: Option<String>,
+    },
+}
+
+/// Which calls to list.
+#[derive(Debug, Clone, Default)]
+pub struct CallFilter {
+    /// Only these states (all if empty).
+    pub states: Vec<LocalState>,
+    /// Only this tool.
+    pub tool_name: Option<String>,
+    /// Only calls last changed before this RFC 3339 time.
+    pub updated_before: Option<String>,
+}
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database answered an error.
+    #[error("store database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The migrations failed.
+    #[error("store migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored row does not parse.
+    #[error("store row is corrupt: {0}")]
+    Corrupt(String),
+    /// The writer task is gone (the store was closed).
+    #[error("store writer has stopped")]
+    Closed,
+}
+
+/// The executor's durable store.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Applies `changes` in one transaction; when it returns `Ok`, they are
+    /// durable. After an `Err` the outcome is unknown: re-read.
+    async fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError>;
+    /// One call.
+    async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError>;
+    /// Calls matching `filter`, oldest change first.
+    async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError>;
+    /// A call's receipts in sequence order.
+    async fn receipts(&self, run_id: &str, call_id: &str) -> Result<Vec<OutboxReceipt>, StoreError>;
+    /// One receipt.
+    async fn receipt(&self, receipt_id: &str) -> Result<Option<OutboxReceipt>, StoreError>;
+    /// Every receipt with this status, oldest first.
+    async fn receipts_with(&self, status: ReceiptStatus) -> Result<Vec<OutboxReceipt>, StoreError>;
+    /// A call's timeline.
+    async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError>;
+}

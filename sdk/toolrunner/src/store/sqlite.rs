@@ -1,0 +1,307 @@
+//! [`Store`] on SQLite: WAL, `synchronous=FULL`, one writer connection
+//! using `BEGIN IMMEDIATE` behind a task, and a pool of readers.
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+use tokio::sync::{mpsc, oneshot};
+use toolrunner_protocol::wire::{Assignment, ReceiptKind};
+
+use super::{
+    Change, CallFilter, Event, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus,
+    Store, StoreError,
+};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sdk");
+
+type Job = (Vec<Change>, oneshot::Sender<Result<(), StoreError>>);
+
+/// The SQLite store. Cheap to clone.
+#[derive(Clone)]
+pub struct SqliteStore {
+    readers: SqlitePool,
+    writer: mpsc::Sender<Job>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").finish_non_exhaustive()
+    }
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+impl SqliteStore {
+    /// Opens (creating and migrating) the store at a `sqlite://PATH` URL.
+    ///
+    /// # Errors
+    /// The URL does not parse, the file cannot be opened, or a migration fails.
+    pub async fn open(url: &str) -> Result<SqliteStore, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10));
+        let writer_pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options.clone())
+            .await?;
+        MIGRATOR.run(&writer_pool).await?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.read_only(true))
+            .await?;
+        let (tx, rx) = mpsc::channel::<Job>(256);
+        tokio::spawn(write_loop(writer_pool, rx));
+        Ok(SqliteStore { readers, writer: tx })
+    }
+}
+
+/// The single writer. Each job is one `BEGIN IMMEDIATE` transaction; the
+/// loop is where several jobs can later share one commit (group commit).
+async fn write_loop(pool: SqlitePool, mut rx: mpsc::Receiver<Job>) {
+    while let Some((changes, reply)) = rx.recv().await {
+        let result = write(&pool, changes).await;
+        let _ = reply.send(result);
+    }
+    pool.close().await;
+}
+
+async fn write(pool: &SqlitePool, changes: Vec<Change>) -> Result<(), StoreError> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    for change in changes {
+        apply(&mut tx, change).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn note(tx: &mut Transaction<'_, Sqlite>, run: &str, call: &str, what: &str, detail: Option<&str>) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO events (run_id, call_id, at, what, detail) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .bind(run)
+        .bind(call)
+        .bind(now())
+        .bind(what)
+        .bind(detail)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), StoreError> {
+    match change {
+        Change::PutCall(c) => {
+            let previous: Option<String> = sqlx::query_scalar("SELECT state FROM calls WHERE run_id = ?1 AND call_id = ?2")
+                .bind(&c.run_id)
+                .bind(&c.call_id)
+                .fetch_optional(&mut **tx)
+                .await?;
+            let assignment = c.assignment.as_ref().map(serde_json::to_string).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let report = c.report.map(|r| serde_json::to_value(r).ok().and_then(|v| v.as_str().map(str::to_owned))).flatten();
+            sqlx::query(
+                "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                 ON CONFLICT (run_id, call_id) DO UPDATE SET tool_name = excluded.tool_name,
+                   operation_key = excluded.operation_key, state = excluded.state, assignment = excluded.assignment,
+                   next_sequence = excluded.next_sequence, reason = excluded.reason, report = excluded.report,
+                   updated_at = excluded.updated_at",
+            )
+            .bind(&c.run_id)
+            .bind(&c.call_id)
+            .bind(&c.tool_name)
+            .bind(&c.operation_key)
+            .bind(c.state.as_str())
+            .bind(assignment)
+            .bind(i64::try_from(c.next_sequence).unwrap_or(i64::MAX))
+            .bind(&c.reason)
+            .bind(report)
+            .bind(&c.created_at)
+            .bind(now())
+            .execute(&mut **tx)
+            .await?;
+            if previous.as_deref() != Some(c.state.as_str()) {
+                note(tx, &c.run_id, &c.call_id, c.state.as_str(), c.reason.as_deref()).await?;
+            }
+        }
+        Change::AddReceipt(r) => {
+            sqlx::query(
+                "INSERT INTO receipts (receipt_id, run_id, call_id, assignment_id, kind, sequence, body, status, attempts, last_error, created_at, delivered_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )
+            .bind(&r.receipt_id)
+            .bind(&r.run_id)
+            .bind(&r.call_id)
+            .bind(&r.assignment_id)
+            .bind(r.kind.as_str())
+            .bind(i64::try_from(r.sequence).unwrap_or(i64::MAX))
+            .bind(&r.body)
+            .bind(r.status.as_str())
+            .bind(i64::from(r.attempts))
+            .bind(&r.last_error)
+            .bind(&r.created_at)
+            .bind(&r.delivered_at)
+            .execute(&mut **tx)
+            .await?;
+            let what = format!("receipt {} saved", r.kind.as_str());
+            note(tx, &r.run_id, &r.call_id, &what, Some(&r.receipt_id)).await?;
+        }
+        Change::ReceiptStatus { receipt_id, status, error, attempt } => {
+            let delivered_at = (status == ReceiptStatus::Delivered).then(now);
+            let row = sqlx::query(
+                "UPDATE receipts SET status = ?2, last_error = COALESCE(?3, last_error), attempts = attempts + ?4,
+                   delivered_at = COALESCE(?5, delivered_at)
+                 WHERE receipt_id = ?1 RETURNING run_id, call_id, kind",
+            )
+            .bind(&receipt_id)
+            .bind(status.as_str())
+            .bind(&error)
+            .bind(i64::from(attempt))
+            .bind(delivered_at)
+            .fetch_optional(&mut **tx)
+            .await?;
+            if let Some(row) = row {
+                if status != ReceiptStatus::Pending {
+                    let (run, call, kind): (String, String, String) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+                    let what = format!("receipt {kind} {}", status.as_str());
+                    let detail = match &error {
+                        Some(e) => format!("{receipt_id}: {e}"),
+                        None => receipt_id.clone(),
+                    };
+                    note(tx, &run, &call, &what, Some(&detail)).await?;
+                }
+            }
+        }
+        Change::Note { run_id, call_id, what, detail } => {
+            note(tx, &run_id, &call_id, &what, detail.as_deref()).await?;
+        }
+    }
+    Ok(())
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+fn call_row(row: &SqliteRow) -> Result<LocalCall, StoreError> {
+    let state: String = row.try_get("state")?;
+    let assignment: Option<String> = row.try_get("assignment")?;
+    let report: Option<String> = row.try_get("report")?;
+    let seq: i64 = row.try_get("next_sequence")?;
+    Ok(LocalCall {
+        run_id: row.try_get("run_id")?,
+        call_id: row.try_get("call_id")?,
+        tool_name: row.try_get("tool_name")?,
+        operation_key: row.try_get("operation_key")?,
+        state: LocalState::parse(&state).ok_or_else(|| corrupt(format!("unknown call state {state}")))?,
+        assignment: assignment.map(|a| serde_json::from_str::<Assignment>(&a)).transpose().map_err(corrupt)?,
+        next_sequence: u64::try_from(seq).map_err(corrupt)?,
+        reason: row.try_get("reason")?,
+        report: report
+            .map(|r| serde_json::from_value::<PendingReport>(serde_json::Value::String(r)))
+            .transpose()
+            .map_err(corrupt)?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+fn receipt_row(row: &SqliteRow) -> Result<OutboxReceipt, StoreError> {
+    let kind: String = row.try_get("kind")?;
+    let status: String = row.try_get("status")?;
+    let seq: i64 = row.try_get("sequence")?;
+    let attempts: i64 = row.try_get("attempts")?;
+    Ok(OutboxReceipt {
+        receipt_id: row.try_get("receipt_id")?,
+        run_id: row.try_get("run_id")?,
+        call_id: row.try_get("call_id")?,
+        assignment_id: row.try_get("assignment_id")?,
+        kind: serde_json::from_value::<ReceiptKind>(serde_json::Value::String(kind)).map_err(corrupt)?,
+        sequence: u64::try_from(seq).map_err(corrupt)?,
+        body: row.try_get("body")?,
+        status: ReceiptStatus::parse(&status).ok_or_else(|| corrupt(format!("unknown receipt status {status}")))?,
+        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        last_error: row.try_get("last_error")?,
+        created_at: row.try_get("created_at")?,
+        delivered_at: row.try_get("delivered_at")?,
+    })
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.writer.send((changes, tx)).await.map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {
+        let row = sqlx::query("SELECT * FROM calls WHERE run_id = ?1 AND call_id = ?2")
+            .bind(run_id)
+            .bind(call_id)
+            .fetch_optional(&self.readers)
+            .await?;
+        row.as_ref().map(call_row).transpose()
+    }
+
+    async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM calls ORDER BY updated_at, run_id, call_id")
+            .fetch_all(&self.readers)
+            .await?;
+        let mut out = Vec::new();
+        for row in &rows {
+            let c = call_row(row)?;
+            let state_ok = filter.states.is_empty() || filter.states.contains(&c.state);
+            let tool_ok = filter.tool_name.as_ref().is_none_or(|t| *t == c.tool_name);
+            let age_ok = filter.updated_before.as_ref().is_none_or(|b| c.updated_at < *b);
+            if state_ok && tool_ok && age_ok {
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn receipts(&self, run_id: &str, call_id: &str) -> Result<Vec<OutboxReceipt>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM receipts WHERE run_id = ?1 AND call_id = ?2 ORDER BY sequence, created_at")
+            .bind(run_id)
+            .bind(call_id)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.iter().map(receipt_row).collect()
+    }
+
+    async fn receipt(&self, receipt_id: &str) -> Result<Option<OutboxReceipt>, StoreError> {
+        let row = sqlx::query("SELECT * FROM receipts WHERE receipt_id = ?1")
+            .bind(receipt_id)
+            .fetch_optional(&self.readers)
+            .await?;
+        row.as_ref().map(receipt_row).transpose()
+    }
+
+    async fn receipts_with(&self, status: ReceiptStatus) -> Result<Vec<OutboxReceipt>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM receipts WHERE status = ?1 ORDER BY created_at, sequence")
+            .bind(status.as_str())
+            .fetch_all(&self.readers)
+            .await?;
+        rows.iter().map(receipt_row).collect()
+    }
+
+    async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError> {
+        let rows = sqlx::query("SELECT at, what, detail FROM events WHERE run_id = ?1 AND call_id = ?2 ORDER BY id")
+            .bind(run_id)
+            .bind(call_id)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.iter()
+            .map(|r| Ok(Event { at: r.try_get(0)?, what: r.try_get(1)?, detail: r.try_get(2)? }))
+            .collect()
+    }
+}
