@@ -35,7 +35,9 @@ pub struct Denied {
 impl Denied {
     /// A refusal with a message.
     pub fn new(message: impl Into<String>) -> Denied {
-        Denied { message: message.into() }
+        Denied {
+            message: message.into(),
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! `Executor::builder()`: settings, tools, and the checks made at `build()`.
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::sync::Mutex as StdMutex;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -62,7 +62,11 @@ impl Default for ExecutorBuilder {
             request_timeout: Duration::from_secs(10),
             handler_timeout: Duration::from_secs(300),
             retry_attempts: 3,
-            backoff: Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(5), attempts: 6 },
+            backoff: Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_secs(5),
+                attempts: 6,
+            },
             use_stream: true,
             authorizer: None,
             tools: Vec::new(),
@@ -138,7 +142,11 @@ impl ExecutorBuilder {
     /// Backoff for transient failures: first wait, longest wait, attempts per
     /// request (defaults 100 ms, 5 s, 6).
     pub fn backoff(mut self, initial: Duration, max: Duration, attempts: u32) -> Self {
-        self.backoff = Backoff { initial, max, attempts };
+        self.backoff = Backoff {
+            initial,
+            max,
+            attempts,
+        };
         self
     }
 
@@ -172,33 +180,70 @@ impl ExecutorBuilder {
     /// invalid executor id; capacity 0; no tools; duplicate tool names; a
     /// tool whose schemas fail the protocol's tool-definition checks.
     pub fn build(self) -> Result<Executor> {
-        let missing = |what: &str| Error::new(Kind::Builder, format!("missing {what}: set it on Executor::builder()"));
+        let missing = |what: &str| {
+            Error::new(
+                Kind::Builder,
+                format!("missing {what}: set it on Executor::builder()"),
+            )
+        };
         let base_url = self.base_url.clone().ok_or_else(|| missing("base_url"))?;
-        let token = self.token.clone().ok_or_else(|| missing("token (or the TOOLRUNNER_TOKEN variable)"))?;
-        let executor_id = self.executor_id.clone().ok_or_else(|| missing("executor_id"))?;
-        let binding_id = self.binding_id.clone().ok_or_else(|| missing("binding_id"))?;
-        let authorizer = self.authorizer.clone().ok_or_else(|| missing("authorizer (or allow_all() for development)"))?;
+        let token = self
+            .token
+            .clone()
+            .ok_or_else(|| missing("token (or the TOOLRUNNER_TOKEN variable)"))?;
+        let executor_id = self
+            .executor_id
+            .clone()
+            .ok_or_else(|| missing("executor_id"))?;
+        let binding_id = self
+            .binding_id
+            .clone()
+            .ok_or_else(|| missing("binding_id"))?;
+        let authorizer = self
+            .authorizer
+            .clone()
+            .ok_or_else(|| missing("authorizer (or allow_all() for development)"))?;
         let valid_id = (1..=128).contains(&executor_id.len())
-            && executor_id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+            && executor_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
         if !valid_id {
-            return Err(Error::new(Kind::Builder, "executor_id must be 1-128 characters of [A-Za-z0-9_.:-]"));
+            return Err(Error::new(
+                Kind::Builder,
+                "executor_id must be 1-128 characters of [A-Za-z0-9_.:-]",
+            ));
         }
         if self.capacity == 0 {
             return Err(Error::new(Kind::Builder, "capacity must be at least 1"));
         }
         if self.tools.is_empty() {
-            return Err(Error::new(Kind::Builder, "register at least one tool with .tool(...)"));
+            return Err(Error::new(
+                Kind::Builder,
+                "register at least one tool with .tool(...)",
+            ));
         }
         let mut tools = BTreeMap::new();
         for t in &self.tools {
             if tools.insert(t.name().to_owned(), t.clone()).is_some() {
-                return Err(Error::new(Kind::Builder, format!("tool {} is registered twice", t.name())));
+                return Err(Error::new(
+                    Kind::Builder,
+                    format!("tool {} is registered twice", t.name()),
+                ));
             }
         }
         let definitions = definitions(&self.tools, &binding_id);
         if let Err(problems) = check_version(&definitions, None) {
-            let list: Vec<String> = problems.iter().map(|p| format!("{}: {}", p.param, p.message)).collect();
-            return Err(Error::new(Kind::Builder, format!("tool definitions fail the protocol's checks: {}", list.join("; "))));
+            let list: Vec<String> = problems
+                .iter()
+                .map(|p| format!("{}: {}", p.param, p.message))
+                .collect();
+            return Err(Error::new(
+                Kind::Builder,
+                format!(
+                    "tool definitions fail the protocol's checks: {}",
+                    list.join("; ")
+                ),
+            ));
         }
         let client = Client::new(&base_url, &token, self.request_timeout, self.backoff)
             .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?;

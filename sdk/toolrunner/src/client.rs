@@ -11,7 +11,7 @@ use toolrunner_protocol::ErrorType;
 use toolrunner_protocol::error::{ApiError, ErrorEnvelope};
 use toolrunner_protocol::wire::{
     Claim, Claimed, Connect, Connected, Disconnect, Disconnected, Grant, Heartbeat,
-    HeartbeatAnswer, List, PendingCall, Report, ReportAnswer, ReceiptAnswer,
+    HeartbeatAnswer, List, PendingCall, ReceiptAnswer, Report, ReportAnswer,
 };
 
 /// How a request ended when it did not succeed.
@@ -56,7 +56,9 @@ impl Backoff {
     /// exponentially growing ceiling.
     pub(crate) fn delay(&self, n: u32) -> Duration {
         let ceiling = self.initial.saturating_mul(1u32 << n.min(16)).min(self.max);
-        let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX).max(1);
+        let millis = u64::try_from(ceiling.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
         Duration::from_millis(rand::random_range(millis / 2..=millis))
     }
 }
@@ -72,15 +74,31 @@ pub(crate) struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("base", &self.base).field("token", &"<redacted>").finish()
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("token", &"<redacted>")
+            .finish()
     }
 }
 
 impl Client {
-    pub(crate) fn new(base: &str, token: &str, timeout: Duration, backoff: Backoff) -> Result<Client, reqwest::Error> {
+    pub(crate) fn new(
+        base: &str,
+        token: &str,
+        timeout: Duration,
+        backoff: Backoff,
+    ) -> Result<Client, reqwest::Error> {
         crate::tls::install_provider();
-        let http = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout).build()?;
-        Ok(Client { http, base: base.trim_end_matches('/').to_owned(), token: token.to_owned(), backoff })
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .build()?;
+        Ok(Client {
+            http,
+            base: base.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            backoff,
+        })
     }
 
     pub(crate) fn base_url(&self) -> &str {
@@ -105,9 +123,14 @@ impl Client {
             if attempt > 0 {
                 tokio::time::sleep(self.backoff.delay(attempt - 1)).await;
             }
-            let mut req = self.http.request(method.clone(), &url).bearer_auth(&self.token);
+            let mut req = self
+                .http
+                .request(method.clone(), &url)
+                .bearer_auth(&self.token);
             if let Some(b) = &body {
-                req = req.header("Content-Type", "application/json").body(b.clone());
+                req = req
+                    .header("Content-Type", "application/json")
+                    .body(b.clone());
             }
             if let Some(g) = grant {
                 req = req.header("Tool-Grant", g.expose());
@@ -142,7 +165,9 @@ impl Client {
             }
             if (200..300).contains(&status) {
                 return serde_json::from_slice(&bytes).map_err(|e| {
-                    ClientError::Unreachable(format!("{method} {path}: the answer does not parse: {e}"))
+                    ClientError::Unreachable(format!(
+                        "{method} {path}: the answer does not parse: {e}"
+                    ))
                 });
             }
             return Err(ClientError::Api(api_error(status, &bytes)));
@@ -150,40 +175,85 @@ impl Client {
         Err(ClientError::Unreachable(last))
     }
 
-    async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Unreachable(e.to_string()))?;
-        self.send(reqwest::Method::POST, path, Some(bytes), None).await
+    async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let bytes =
+            serde_json::to_vec(body).map_err(|e| ClientError::Unreachable(e.to_string()))?;
+        self.send(reqwest::Method::POST, path, Some(bytes), None)
+            .await
     }
 
     pub(crate) async fn connect(&self, body: &Connect) -> Result<Connected, ClientError> {
         self.post("/executors/connect", body).await
     }
 
-    pub(crate) async fn heartbeat(&self, executor_id: &str, body: &Heartbeat) -> Result<HeartbeatAnswer, ClientError> {
-        self.post(&format!("/executors/{executor_id}/heartbeat"), body).await
+    pub(crate) async fn heartbeat(
+        &self,
+        executor_id: &str,
+        body: &Heartbeat,
+    ) -> Result<HeartbeatAnswer, ClientError> {
+        self.post(&format!("/executors/{executor_id}/heartbeat"), body)
+            .await
     }
 
-    pub(crate) async fn pending(&self, executor_id: &str, connection_id: &str, limit: usize) -> Result<List<PendingCall>, ClientError> {
-        let path = format!("/executors/{executor_id}/pending?connection_id={connection_id}&limit={limit}");
+    pub(crate) async fn pending(
+        &self,
+        executor_id: &str,
+        connection_id: &str,
+        limit: usize,
+    ) -> Result<List<PendingCall>, ClientError> {
+        let path =
+            format!("/executors/{executor_id}/pending?connection_id={connection_id}&limit={limit}");
         self.send(reqwest::Method::GET, &path, None, None).await
     }
 
-    pub(crate) async fn report(&self, executor_id: &str, body: &Report) -> Result<ReportAnswer, ClientError> {
-        self.post(&format!("/executors/{executor_id}/calls/report"), body).await
+    pub(crate) async fn report(
+        &self,
+        executor_id: &str,
+        body: &Report,
+    ) -> Result<ReportAnswer, ClientError> {
+        self.post(&format!("/executors/{executor_id}/calls/report"), body)
+            .await
     }
 
-    pub(crate) async fn disconnect(&self, executor_id: &str, body: &Disconnect) -> Result<Disconnected, ClientError> {
-        self.post(&format!("/executors/{executor_id}/disconnect"), body).await
+    pub(crate) async fn disconnect(
+        &self,
+        executor_id: &str,
+        body: &Disconnect,
+    ) -> Result<Disconnected, ClientError> {
+        self.post(&format!("/executors/{executor_id}/disconnect"), body)
+            .await
     }
 
-    pub(crate) async fn claim(&self, run_id: &str, call_id: &str, body: &Claim) -> Result<Claimed, ClientError> {
-        self.post(&format!("/runs/{run_id}/tool-calls/{call_id}/claim"), body).await
+    pub(crate) async fn claim(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        body: &Claim,
+    ) -> Result<Claimed, ClientError> {
+        self.post(&format!("/runs/{run_id}/tool-calls/{call_id}/claim"), body)
+            .await
     }
 
     /// Sends a stored receipt body exactly as stored.
-    pub(crate) async fn receipt(&self, run_id: &str, call_id: &str, grant: &Grant, body: &str) -> Result<ReceiptAnswer, ClientError> {
+    pub(crate) async fn receipt(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        grant: &Grant,
+        body: &str,
+    ) -> Result<ReceiptAnswer, ClientError> {
         let path = format!("/runs/{run_id}/tool-calls/{call_id}/receipts");
-        self.send(reqwest::Method::POST, &path, Some(body.as_bytes().to_vec()), Some(grant)).await
+        self.send(
+            reqwest::Method::POST,
+            &path,
+            Some(body.as_bytes().to_vec()),
+            Some(grant),
+        )
+        .await
     }
 }
 
@@ -203,7 +273,15 @@ fn without_url(e: &reqwest::Error) -> String {
 
 fn api_error(status: u16, bytes: &[u8]) -> ApiError {
     match serde_json::from_slice::<ErrorEnvelope>(bytes) {
-        Ok(env) => ApiError { status, body: env.error },
-        Err(_) => ApiError::new(status, ErrorType::ApiError, "unparsable_error", format!("status {status} without an error envelope")),
+        Ok(env) => ApiError {
+            status,
+            body: env.error,
+        },
+        Err(_) => ApiError::new(
+            status,
+            ErrorType::ApiError,
+            "unparsable_error",
+            format!("status {status} without an error envelope"),
+        ),
     }
 }

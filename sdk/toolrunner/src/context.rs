@@ -32,8 +32,12 @@ impl From<CommitPointError> for ToolError {
     /// Stopping at a commit point means nothing irreversible happened.
     fn from(e: CommitPointError) -> Self {
         match e {
-            CommitPointError::Cancelled => ToolError::cancelled("the run was cancelled before the irreversible step"),
-            CommitPointError::LeaseLost => ToolError::retry("the lease was lost before the irreversible step"),
+            CommitPointError::Cancelled => {
+                ToolError::cancelled("the run was cancelled before the irreversible step")
+            }
+            CommitPointError::LeaseLost => {
+                ToolError::retry("the lease was lost before the irreversible step")
+            }
         }
     }
 }
@@ -112,7 +116,12 @@ impl CallContext {
     ///
     /// # Errors
     /// The progress could not be stored (it is then not sent either).
-    pub async fn progress(&self, message: &str, fraction: Option<f64>, data: Value) -> Result<(), ProgressError> {
+    pub async fn progress(
+        &self,
+        message: &str,
+        fraction: Option<f64>,
+        data: Value,
+    ) -> Result<(), ProgressError> {
         crate::runner::progress(&self.core, &self.key, message, fraction, data).await
     }
 

@@ -19,7 +19,10 @@ pub(crate) enum Kind {
 
 impl Error {
     pub(crate) fn new(kind: Kind, message: impl Into<String>) -> Error {
-        Error { kind, message: message.into() }
+        Error {
+            kind,
+            message: message.into(),
+        }
     }
 
     /// A builder setting is missing or invalid (found at `build()`).
@@ -57,7 +60,10 @@ impl Error {
 
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Error").field("kind", &self.kind).field("message", &self.message).finish()
+        f.debug_struct("Error")
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .finish()
     }
 }
 
@@ -88,7 +94,9 @@ fn from_api(api: &ApiError) -> Error {
     if api.status == 401 || api.code() == "missing_scope" {
         return Error::new(
             Kind::Configuration,
-            format!("the platform refused the executor's token ({api}); check TOOLRUNNER_TOKEN and its scopes (executors:connect, tools:execute)"),
+            format!(
+                "the platform refused the executor's token ({api}); check TOOLRUNNER_TOKEN and its scopes (executors:connect, tools:execute)"
+            ),
         );
     }
     Error::new(Kind::Platform, api.to_string())

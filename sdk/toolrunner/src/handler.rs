@@ -54,29 +54,40 @@ pub enum ToolError {
 impl ToolError {
     /// A confirmed business failure.
     pub fn failed(code: impl Into<String>, message: impl Into<String>) -> ToolError {
-        ToolError::Failed { code: code.into(), message: message.into() }
+        ToolError::Failed {
+            code: code.into(),
+            message: message.into(),
+        }
     }
 
     /// A confirmed business cancellation.
     pub fn cancelled(reason: impl Into<String>) -> ToolError {
-        ToolError::Cancelled { reason: reason.into() }
+        ToolError::Cancelled {
+            reason: reason.into(),
+        }
     }
 
     /// "Nothing happened, retry."
     pub fn retry(reason: impl Into<String>) -> ToolError {
-        ToolError::Retry { reason: reason.into() }
+        ToolError::Retry {
+            reason: reason.into(),
+        }
     }
 
     /// An outcome nobody knows.
     pub fn unknown(error: impl std::fmt::Display) -> ToolError {
-        ToolError::Unknown { error: error.to_string() }
+        ToolError::Unknown {
+            error: error.to_string(),
+        }
     }
 }
 
 /// Any ordinary error means the outcome is unknown, so `?` is safe.
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for ToolError {
     fn from(e: E) -> Self {
-        ToolError::Unknown { error: e.to_string() }
+        ToolError::Unknown {
+            error: e.to_string(),
+        }
     }
 }
 
@@ -140,7 +151,8 @@ fn schema_of<S: JsonSchema>() -> Value {
 }
 
 fn to_value<O: Serialize>(output: O) -> Result<Value, ToolError> {
-    serde_json::to_value(output).map_err(|e| ToolError::unknown(format!("the output does not serialize: {e}")))
+    serde_json::to_value(output)
+        .map_err(|e| ToolError::unknown(format!("the output does not serialize: {e}")))
 }
 
 #[async_trait]
@@ -166,14 +178,16 @@ impl<T: Tool> ErasedTool for Erased<T> {
     }
 
     fn check_input(&self, arguments: &Value) -> Result<(), String> {
-        T::Input::deserialize(arguments).map(|_| ()).map_err(|e| e.to_string())
+        T::Input::deserialize(arguments)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<Value, ToolError> {
-        let input = T::Input::deserialize(arguments).map_err(|e| ToolError::unknown(format!("arguments changed shape: {e}")))?;
+        let input = T::Input::deserialize(arguments)
+            .map_err(|e| ToolError::unknown(format!("arguments changed shape: {e}")))?;
         to_value(self.0.call(ctx, input).await?)
     }
-
 }
 
 use serde::Deserialize as _;

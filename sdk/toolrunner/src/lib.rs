@@ -17,9 +17,9 @@ pub use error::{Error, Result};
 pub use handler::{Effect, Reconciled, Tool, ToolError};
 pub use runner::{RunningExecutor, Shutdown};
 
-/// Re-exported so handlers can derive their schemas.
-pub use schemars;
 /// Re-exported for `#[async_trait]` on handlers.
 pub use async_trait::async_trait;
+/// Re-exported so handlers can derive their schemas.
+pub use schemars;
 /// The protocol's types and rules.
 pub use toolrunner_protocol as protocol;

@@ -31,18 +31,41 @@ pub(crate) fn operation_key() -> String {
 
 /// Starts driving a call on its own task. (A plain function with a boxed
 /// future: it breaks the async cycle drive → connect → resume → drive.)
-pub(crate) fn spawn_drive(core: Arc<Core>, call: LocalCall, resumed: bool, permit: Option<OwnedSemaphorePermit>) {
-    let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = Box::pin(drive(core, call, resumed, permit));
+pub(crate) fn spawn_drive(
+    core: Arc<Core>,
+    call: LocalCall,
+    resumed: bool,
+    permit: Option<OwnedSemaphorePermit>,
+) {
+    let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+        Box::pin(drive(core, call, resumed, permit));
     tokio::spawn(fut);
 }
 
 /// Drives one call until it is final or must wait (platform unreachable,
 /// capacity); `resumed` means the process may have died inside a step.
-async fn drive(core: Arc<Core>, call: LocalCall, resumed: bool, permit: Option<OwnedSemaphorePermit>) {
+async fn drive(
+    core: Arc<Core>,
+    call: LocalCall,
+    resumed: bool,
+    permit: Option<OwnedSemaphorePermit>,
+) {
     let key = CallKey::of(&call);
-    let Some(cancel) = core.activate(&key) else { return };
+    let Some(cancel) = core.activate(&key) else {
+        return;
+    };
     let span = tracing::info_span!("call", run_id = %key.run_id, call_id = %key.call_id, tool = %call.tool_name);
-    let result = steps(&core, call, resumed, cancel).instrument(span).await;
+    let result = tokio::select! {
+        // The executor was dropped: stop where we are, as a lost process would.
+        _ = core.done.cancelled() => return,
+        r = steps(&core, call, resumed, cancel).instrument(span) => r,
+    };
+    if matches!(&result, Err(e) if e == super::CRASH) {
+        // A fail point simulates the process dying here: nothing more
+        // happens for this call until the executor is dropped.
+        core.done.cancelled().await;
+        return;
+    }
     if let Err(e) = result {
         tracing::warn!(run_id = %key.run_id, call_id = %key.call_id, error = %e, "call paused; it resumes from the store");
     }
@@ -50,7 +73,12 @@ async fn drive(core: Arc<Core>, call: LocalCall, resumed: bool, permit: Option<O
     drop(permit);
 }
 
-async fn steps(core: &Arc<Core>, mut call: LocalCall, mut resumed: bool, cancel: CancellationToken) -> Result<(), String> {
+async fn steps(
+    core: &Arc<Core>,
+    mut call: LocalCall,
+    mut resumed: bool,
+    cancel: CancellationToken,
+) -> Result<(), String> {
     loop {
         let next = match call.state {
             LocalState::Claiming => claim(core, call).await?,
@@ -75,10 +103,18 @@ async fn steps(core: &Arc<Core>, mut call: LocalCall, mut resumed: bool, cancel:
 async fn put(core: &Core, call: &LocalCall, extra: Vec<Change>) -> Result<(), String> {
     let mut changes = extra;
     changes.push(Change::PutCall(call.clone()));
-    core.commit(changes, Some(call)).await.map_err(|e| e.to_string())
+    core.commit(changes, Some(call))
+        .await
+        .map_err(|e| e.to_string())
 }
 
-async fn settle_local(core: &Core, mut call: LocalCall, state: LocalState, reason: &str, report: Option<PendingReport>) -> Result<LocalCall, String> {
+async fn settle_local(
+    core: &Core,
+    mut call: LocalCall,
+    state: LocalState,
+    reason: &str,
+    report: Option<PendingReport>,
+) -> Result<LocalCall, String> {
     call.state = state;
     call.reason = Some(reason.to_owned());
     call.report = report;
@@ -90,11 +126,19 @@ async fn settle_local(core: &Core, mut call: LocalCall, state: LocalState, reaso
 async fn claim(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, String> {
     let mut tries = 0;
     let claimed = loop {
-        let connection_id = connection::connection_id(core).await.map_err(|e| e.to_string())?;
-        let body = Claim { executor_id: core.cfg.executor_id.clone(), connection_id: connection_id.clone(), operation_key: call.operation_key.clone() };
+        let connection_id = connection::connection_id(core)
+            .await
+            .map_err(|e| e.to_string())?;
+        let body = Claim {
+            executor_id: core.cfg.executor_id.clone(),
+            connection_id: connection_id.clone(),
+            operation_key: call.operation_key.clone(),
+        };
         match core.client.claim(&call.run_id, &call.call_id, &body).await {
             Ok(c) => break c,
-            Err(e) if tries < 3 && connection::handle_refusal(core, &connection_id, &e).await => tries += 1,
+            Err(e) if tries < 3 && connection::handle_refusal(core, &connection_id, &e).await => {
+                tries += 1
+            }
             Err(ClientError::Unreachable(m)) => return Err(m),
             Err(e) => {
                 if e.status() == Some(401) || e.code() == Some("missing_scope") {
@@ -102,22 +146,46 @@ async fn claim(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, Strin
                     return Err(e.to_string());
                 }
                 return match e.code() {
-                    Some("capacity_exhausted" | "executor_draining") => Err(format!("claim deferred: {e}")),
+                    Some("capacity_exhausted" | "executor_draining") => {
+                        Err(format!("claim deferred: {e}"))
+                    }
                     Some("lease_expired" | "connection_superseded") => Err(e.to_string()),
-                    _ => settle_local(core, call, LocalState::Abandoned, &format!("claim refused, nothing ran: {e}"), None).await,
+                    _ => {
+                        settle_local(
+                            core,
+                            call,
+                            LocalState::Abandoned,
+                            &format!("claim refused, nothing ran: {e}"),
+                            None,
+                        )
+                        .await
+                    }
                 };
             }
         }
     };
-    fail::fail_point!("after_claim_answer", |_| Err("fail point after_claim_answer".into()));
-    let replaced = call.assignment.as_ref().is_some_and(|a| a.assignment_id != claimed.assignment.assignment_id);
+    fail::fail_point!("after_claim_answer", |_| Err(super::CRASH.into()));
+    let replaced = call
+        .assignment
+        .as_ref()
+        .is_some_and(|a| a.assignment_id != claimed.assignment.assignment_id);
     let mut extra = Vec::new();
     if replaced {
         // A fresh assignment replaces a released one: the old one's unsent
         // receipts are never sent.
-        for r in core.store.receipts(&call.run_id, &call.call_id).await.map_err(|e| e.to_string())? {
+        for r in core
+            .store
+            .receipts(&call.run_id, &call.call_id)
+            .await
+            .map_err(|e| e.to_string())?
+        {
             if r.status == ReceiptStatus::Pending {
-                extra.push(Change::ReceiptStatus { receipt_id: r.receipt_id, status: ReceiptStatus::Superseded, error: Some("assignment replaced".into()), attempt: false });
+                extra.push(Change::ReceiptStatus {
+                    receipt_id: r.receipt_id,
+                    status: ReceiptStatus::Superseded,
+                    error: Some("assignment replaced".into()),
+                    attempt: false,
+                });
             }
         }
     }
@@ -129,19 +197,33 @@ async fn claim(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, Strin
     if state != CallState::Claimed {
         // Only an accepted receipt of ours moves a call on from `claimed`;
         // the store does not know of one, so nothing here is certain.
-        let why = format!("the claim came back {} but this store never saw it accepted", state.as_str());
-        let report = matches!(state, CallState::Running).then_some(PendingReport::ReconciliationRequired);
-        let local = if state.is_terminal() { LocalState::Abandoned } else { LocalState::ReconciliationRequired };
+        let why = format!(
+            "the claim came back {} but this store never saw it accepted",
+            state.as_str()
+        );
+        let report =
+            matches!(state, CallState::Running).then_some(PendingReport::ReconciliationRequired);
+        let local = if state.is_terminal() {
+            LocalState::Abandoned
+        } else {
+            LocalState::ReconciliationRequired
+        };
         return settle_local(core, call, local, &why, report).await;
     }
     call.state = LocalState::Assigned;
     put(core, &call, extra).await?;
-    fail::fail_point!("after_assignment_saved", |_| Err("fail point after_assignment_saved".into()));
+    fail::fail_point!("after_assignment_saved", |_| Err(super::CRASH.into()));
     Ok(call)
 }
 
 /// A new receipt for the call's current assignment at its next sequence.
-pub(crate) fn new_receipt(executor_id: &str, call: &LocalCall, asg: &Assignment, kind: ReceiptKind, extra: Value) -> OutboxReceipt {
+pub(crate) fn new_receipt(
+    executor_id: &str,
+    call: &LocalCall,
+    asg: &Assignment,
+    kind: ReceiptKind,
+    extra: Value,
+) -> OutboxReceipt {
     let id = receipt_id();
     let mut body = json!({
         "receipt_id": id, "executor_id": executor_id, "assignment_id": asg.assignment_id,
@@ -167,22 +249,39 @@ pub(crate) fn new_receipt(executor_id: &str, call: &LocalCall, asg: &Assignment,
 }
 
 /// Saves a final receipt (the call becomes `settled`).
-pub(crate) async fn save_final(core: &Core, mut call: LocalCall, kind: ReceiptKind, extra: Value) -> Result<LocalCall, String> {
-    let asg = call.assignment.clone().ok_or("a final receipt needs an assignment")?;
+pub(crate) async fn save_final(
+    core: &Core,
+    mut call: LocalCall,
+    kind: ReceiptKind,
+    extra: Value,
+) -> Result<LocalCall, String> {
+    let asg = call
+        .assignment
+        .clone()
+        .ok_or("a final receipt needs an assignment")?;
     let r = new_receipt(&core.cfg.executor_id, &call, &asg, kind, extra);
     call.next_sequence += 1;
     call.state = LocalState::Settled;
     call.report = None;
     put(core, &call, vec![Change::AddReceipt(r)]).await?;
-    fail::fail_point!("after_final_saved", |_| Err("fail point after_final_saved".into()));
+    fail::fail_point!("after_final_saved", |_| Err(super::CRASH.into()));
     Ok(call)
 }
 
 /// Checks, then `accepted`; the handler may start only on `accepted: true`.
 async fn accept(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, String> {
-    let asg = call.assignment.clone().ok_or("an assigned call has its assignment")?;
-    let stored = core.store.receipts(&call.run_id, &call.call_id).await.map_err(|e| e.to_string())?;
-    let accepted = stored.into_iter().find(|r| r.assignment_id == asg.assignment_id && r.kind == ReceiptKind::Accepted);
+    let asg = call
+        .assignment
+        .clone()
+        .ok_or("an assigned call has its assignment")?;
+    let stored = core
+        .store
+        .receipts(&call.run_id, &call.call_id)
+        .await
+        .map_err(|e| e.to_string())?;
+    let accepted = stored
+        .into_iter()
+        .find(|r| r.assignment_id == asg.assignment_id && r.kind == ReceiptKind::Accepted);
     let accepted = match accepted {
         Some(r) => r,
         None => {
@@ -191,58 +290,137 @@ async fn accept(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, Stri
             };
             if let Err((code, message)) = checks::before_start(core, tool.as_ref(), &asg).await {
                 tracing::info!(code, "refused before start; nothing ran");
-                return save_final(core, call, ReceiptKind::Failed, json!({"error": {"code": code, "message": message}})).await;
+                return save_final(
+                    core,
+                    call,
+                    ReceiptKind::Failed,
+                    json!({"error": {"code": code, "message": message}}),
+                )
+                .await;
             }
-            let r = new_receipt(&core.cfg.executor_id, &call, &asg, ReceiptKind::Accepted, json!({}));
+            let r = new_receipt(
+                &core.cfg.executor_id,
+                &call,
+                &asg,
+                ReceiptKind::Accepted,
+                json!({}),
+            );
             call.next_sequence = 1;
             put(core, &call, vec![Change::AddReceipt(r.clone())]).await?;
-            fail::fail_point!("after_accepted_saved", |_| Err("fail point after_accepted_saved".into()));
+            fail::fail_point!("after_accepted_saved", |_| Err(super::CRASH.into()));
             r
         }
     };
     if accepted.status == ReceiptStatus::Superseded {
         return Err("the accepted receipt was superseded".into());
     }
-    match core.client.receipt(&call.run_id, &call.call_id, &asg.grant, &accepted.body).await {
+    match core
+        .client
+        .receipt(&call.run_id, &call.call_id, &asg.grant, &accepted.body)
+        .await
+    {
         Ok(answer) if answer.accepted == Some(true) => {
-            fail::fail_point!("after_accepted_confirmed", |_| Err("fail point after_accepted_confirmed".into()));
+            fail::fail_point!("after_accepted_confirmed", |_| Err(super::CRASH.into()));
             call.state = LocalState::Running;
-            let done = Change::ReceiptStatus { receipt_id: accepted.receipt_id, status: ReceiptStatus::Delivered, error: None, attempt: true };
+            let done = Change::ReceiptStatus {
+                receipt_id: accepted.receipt_id,
+                status: ReceiptStatus::Delivered,
+                error: None,
+                attempt: true,
+            };
             put(core, &call, vec![done]).await?;
             Ok(call)
         }
         Ok(answer) => {
-            let why = format!("accepted answered false (call {})", answer.call_state.as_str());
-            not_started(core, call, &accepted.receipt_id, answer.call_state == CallState::Pending, &why).await
+            let why = format!(
+                "accepted answered false (call {})",
+                answer.call_state.as_str()
+            );
+            not_started(
+                core,
+                call,
+                &accepted.receipt_id,
+                answer.call_state == CallState::Pending,
+                &why,
+            )
+            .await
         }
         Err(ClientError::Unreachable(m)) => Err(m),
         Err(e) => {
             let may_be_pending = e.code() == Some("invalid_grant");
-            not_started(core, call, &accepted.receipt_id, may_be_pending, &format!("accepted refused: {e}")).await
+            not_started(
+                core,
+                call,
+                &accepted.receipt_id,
+                may_be_pending,
+                &format!("accepted refused: {e}"),
+            )
+            .await
         }
     }
 }
 
 /// `accepted` was not confirmed: nothing may start. Claim again with the
 /// same key if the call may be `pending` again, else give up.
-async fn not_started(core: &Core, mut call: LocalCall, accepted_id: &str, may_be_pending: bool, why: &str) -> Result<LocalCall, String> {
-    let status = if may_be_pending { ReceiptStatus::Superseded } else { ReceiptStatus::Rejected };
-    let mark = Change::ReceiptStatus { receipt_id: accepted_id.to_owned(), status, error: Some(why.to_owned()), attempt: true };
-    call.state = if may_be_pending { LocalState::Claiming } else { LocalState::Abandoned };
+async fn not_started(
+    core: &Core,
+    mut call: LocalCall,
+    accepted_id: &str,
+    may_be_pending: bool,
+    why: &str,
+) -> Result<LocalCall, String> {
+    let status = if may_be_pending {
+        ReceiptStatus::Superseded
+    } else {
+        ReceiptStatus::Rejected
+    };
+    let mark = Change::ReceiptStatus {
+        receipt_id: accepted_id.to_owned(),
+        status,
+        error: Some(why.to_owned()),
+        attempt: true,
+    };
+    call.state = if may_be_pending {
+        LocalState::Claiming
+    } else {
+        LocalState::Abandoned
+    };
     call.reason = Some(why.to_owned());
     put(core, &call, vec![mark]).await?;
     Ok(call)
 }
 
 /// Runs the handler (after `accepted: true`) and saves the final receipt.
-async fn run(core: &Arc<Core>, call: LocalCall, resumed: bool, cancel: &CancellationToken) -> Result<LocalCall, String> {
+async fn run(
+    core: &Arc<Core>,
+    call: LocalCall,
+    resumed: bool,
+    cancel: &CancellationToken,
+) -> Result<LocalCall, String> {
     let Some(tool) = core.tools.get(&call.tool_name).cloned() else {
-        return settle_local(core, call, LocalState::ReconciliationRequired, "running call of a tool this executor does not serve", Some(PendingReport::ReconciliationRequired)).await;
+        return settle_local(
+            core,
+            call,
+            LocalState::ReconciliationRequired,
+            "running call of a tool this executor does not serve",
+            Some(PendingReport::ReconciliationRequired),
+        )
+        .await;
     };
     if resumed && tool.effect() == Effect::Write {
-        return settle_local(core, call, LocalState::ReconciliationRequired, "the process stopped after accepted: the outcome is unknown", Some(PendingReport::ReconciliationRequired)).await;
+        return settle_local(
+            core,
+            call,
+            LocalState::ReconciliationRequired,
+            "the process stopped after accepted: the outcome is unknown",
+            Some(PendingReport::ReconciliationRequired),
+        )
+        .await;
     }
-    let asg = call.assignment.clone().ok_or("a running call has its assignment")?;
+    let asg = call
+        .assignment
+        .clone()
+        .ok_or("a running call has its assignment")?;
     let ctx = CallContext {
         core: core.clone(),
         key: CallKey::of(&call),
@@ -254,18 +432,36 @@ async fn run(core: &Arc<Core>, call: LocalCall, resumed: bool, cancel: &Cancella
         cancel: cancel.clone(),
     };
     let outcome = attempt_handler(core, tool.as_ref(), &ctx, &asg).await;
+    fail::fail_point!("after_handler", |_| Err(super::CRASH.into()));
     // Progress receipts may have moved the sequence on: start from the store.
-    let call = core.store.call(&call.run_id, &call.call_id).await.map_err(|e| e.to_string())?.unwrap_or(call);
+    let call = core
+        .store
+        .call(&call.run_id, &call.call_id)
+        .await
+        .map_err(|e| e.to_string())?
+        .unwrap_or(call);
     finish(core, call, tool.effect(), outcome, &asg).await
 }
 
-async fn attempt_handler(core: &Arc<Core>, tool: &dyn ErasedTool, ctx: &CallContext, asg: &Assignment) -> Result<Value, ToolError> {
+async fn attempt_handler(
+    core: &Arc<Core>,
+    tool: &dyn ErasedTool,
+    ctx: &CallContext,
+    asg: &Assignment,
+) -> Result<Value, ToolError> {
     let mut attempt = 0;
     loop {
-        let result = tokio::time::timeout(core.cfg.handler_timeout, guarded(tool, ctx, asg.arguments.clone())).await;
+        let result = tokio::time::timeout(
+            core.cfg.handler_timeout,
+            guarded(tool, ctx, asg.arguments.clone()),
+        )
+        .await;
         let result = match result {
             Ok(r) => r,
-            Err(_) => Err(ToolError::unknown(format!("the handler timed out after {:?}", core.cfg.handler_timeout))),
+            Err(_) => Err(ToolError::unknown(format!(
+                "the handler timed out after {:?}",
+                core.cfg.handler_timeout
+            ))),
         };
         match result {
             Err(ToolError::Retry { reason }) if attempt + 1 < core.cfg.retry_attempts => {
@@ -274,7 +470,11 @@ async fn attempt_handler(core: &Arc<Core>, tool: &dyn ErasedTool, ctx: &CallCont
                 attempt += 1;
             }
             Err(ToolError::Retry { reason }) => {
-                return Err(ToolError::failed("retries_exhausted", format!("the tool could not complete after {} attempts", attempt + 1)).with_log(reason));
+                return Err(ToolError::failed(
+                    "retries_exhausted",
+                    format!("the tool could not complete after {} attempts", attempt + 1),
+                )
+                .with_log(reason));
             }
             other => return other,
         }
@@ -282,9 +482,16 @@ async fn attempt_handler(core: &Arc<Core>, tool: &dyn ErasedTool, ctx: &CallCont
 }
 
 /// Runs the handler so that a panic is an unknown outcome, not a crash.
-async fn guarded(tool: &dyn ErasedTool, ctx: &CallContext, arguments: Value) -> Result<Value, ToolError> {
+async fn guarded(
+    tool: &dyn ErasedTool,
+    ctx: &CallContext,
+    arguments: Value,
+) -> Result<Value, ToolError> {
     use futures_util::FutureExt;
-    match std::panic::AssertUnwindSafe(tool.call(ctx, arguments)).catch_unwind().await {
+    match std::panic::AssertUnwindSafe(tool.call(ctx, arguments))
+        .catch_unwind()
+        .await
+    {
         Ok(r) => r,
         Err(_) => Err(ToolError::unknown("the handler panicked")),
     }
@@ -297,34 +504,79 @@ impl ToolError {
     }
 }
 
-async fn finish(core: &Arc<Core>, call: LocalCall, effect: Effect, outcome: Result<Value, ToolError>, asg: &Assignment) -> Result<LocalCall, String> {
+async fn finish(
+    core: &Arc<Core>,
+    call: LocalCall,
+    effect: Effect,
+    outcome: Result<Value, ToolError>,
+    asg: &Assignment,
+) -> Result<LocalCall, String> {
     let unknown = |why: String| (LocalState::ReconciliationRequired, why);
     let (kind, extra) = match outcome {
         Ok(result) => match checks::check_output(asg, &result) {
             Ok(()) => (ReceiptKind::Completed, json!({"result": result})),
             Err(why) => {
                 let (state, why) = unknown(why);
-                return settle_local(core, call, state, &why, Some(PendingReport::ReconciliationRequired)).await;
+                return settle_local(
+                    core,
+                    call,
+                    state,
+                    &why,
+                    Some(PendingReport::ReconciliationRequired),
+                )
+                .await;
             }
         },
-        Err(ToolError::Failed { code, message }) => (ReceiptKind::Failed, json!({"error": {"code": code, "message": message}})),
+        Err(ToolError::Failed { code, message }) => (
+            ReceiptKind::Failed,
+            json!({"error": {"code": code, "message": message}}),
+        ),
         Err(ToolError::Cancelled { reason }) => (ReceiptKind::Cancelled, json!({"reason": reason})),
         Err(ToolError::Retry { reason } | ToolError::Unknown { error: reason }) => {
             tracing::warn!(error = %reason, ?effect, "the outcome is unknown: reconciliation required");
-            return settle_local(core, call, LocalState::ReconciliationRequired, &reason, Some(PendingReport::ReconciliationRequired)).await;
+            return settle_local(
+                core,
+                call,
+                LocalState::ReconciliationRequired,
+                &reason,
+                Some(PendingReport::ReconciliationRequired),
+            )
+            .await;
         }
     };
     save_final(core, call, kind, extra).await
 }
 
 /// Stores, then sends, a progress receipt (`CallContext::progress`).
-pub(crate) async fn progress(core: &Arc<Core>, key: &CallKey, message: &str, fraction: Option<f64>, data: Value) -> Result<(), ProgressError> {
+pub(crate) async fn progress(
+    core: &Arc<Core>,
+    key: &CallKey,
+    message: &str,
+    fraction: Option<f64>,
+    data: Value,
+) -> Result<(), ProgressError> {
     let err = |e: String| ProgressError(e);
-    let mut call = core.store.call(&key.run_id, &key.call_id).await.map_err(|e| err(e.to_string()))?.ok_or_else(|| err("unknown call".into()))?;
-    let asg = call.assignment.clone().ok_or_else(|| err("no assignment".into()))?;
-    let r = new_receipt(&core.cfg.executor_id, &call, &asg, ReceiptKind::Progress, json!({"progress": {"message": message, "fraction": fraction, "data": data}}));
+    let mut call = core
+        .store
+        .call(&key.run_id, &key.call_id)
+        .await
+        .map_err(|e| err(e.to_string()))?
+        .ok_or_else(|| err("unknown call".into()))?;
+    let asg = call
+        .assignment
+        .clone()
+        .ok_or_else(|| err("no assignment".into()))?;
+    let r = new_receipt(
+        &core.cfg.executor_id,
+        &call,
+        &asg,
+        ReceiptKind::Progress,
+        json!({"progress": {"message": message, "fraction": fraction, "data": data}}),
+    );
     call.next_sequence += 1;
-    put(core, &call, vec![Change::AddReceipt(r.clone())]).await.map_err(err)?;
+    put(core, &call, vec![Change::AddReceipt(r.clone())])
+        .await
+        .map_err(err)?;
     outbox::deliver_one(core, &call, &r).await;
     Ok(())
 }

@@ -12,15 +12,36 @@ use crate::handler::ErasedTool;
 /// A refusal before start: `(code, message)` for the `failed` receipt.
 pub(crate) type Refusal = (&'static str, String);
 
-pub(crate) async fn before_start(core: &Core, tool: &dyn ErasedTool, asg: &Assignment) -> Result<(), Refusal> {
-    let schema = Schema::compile(&asg.input_schema).map_err(|e| ("invalid_arguments", format!("the tool's input schema cannot be used: {e}")))?;
+pub(crate) async fn before_start(
+    core: &Core,
+    tool: &dyn ErasedTool,
+    asg: &Assignment,
+) -> Result<(), Refusal> {
+    let schema = Schema::compile(&asg.input_schema).map_err(|e| {
+        (
+            "invalid_arguments",
+            format!("the tool's input schema cannot be used: {e}"),
+        )
+    })?;
     if let Some(v) = schema.violations(&asg.arguments).first() {
-        let at = if v.path.is_empty() { "the arguments".to_owned() } else { format!("argument {}", v.path) };
+        let at = if v.path.is_empty() {
+            "the arguments".to_owned()
+        } else {
+            format!("argument {}", v.path)
+        };
         return Err(("invalid_arguments", format!("{at}: {}", v.message)));
     }
-    tool.check_input(&asg.arguments).map_err(|e| ("invalid_arguments", format!("the arguments do not fit the tool: {e}")))?;
+    tool.check_input(&asg.arguments).map_err(|e| {
+        (
+            "invalid_arguments",
+            format!("the arguments do not fit the tool: {e}"),
+        )
+    })?;
     if arguments_digest(&asg.arguments) != asg.arguments_digest {
-        return Err(("digest_mismatch", "the arguments do not match their digest".to_owned()));
+        return Err((
+            "digest_mismatch",
+            "the arguments do not match their digest".to_owned(),
+        ));
     }
     let request = AuthorizationRequest {
         subject: asg.subject.clone(),
@@ -32,7 +53,10 @@ pub(crate) async fn before_start(core: &Core, tool: &dyn ErasedTool, asg: &Assig
         run_id: asg.run_id.clone(),
         call_id: asg.call_id.clone(),
     };
-    core.authorizer.authorize(&request).await.map_err(|d| ("forbidden", d.message))
+    core.authorizer
+        .authorize(&request)
+        .await
+        .map_err(|d| ("forbidden", d.message))
 }
 
 /// A final result must match `output_schema`, fit 4 MiB and nest at most
@@ -46,9 +70,13 @@ pub(crate) fn check_output(asg: &Assignment, result: &Value) -> Result<(), Strin
         return Err("the result does not fit in a 4 MiB receipt".to_owned());
     }
     if let Some(schema) = &asg.output_schema {
-        let schema = Schema::compile(schema).map_err(|e| format!("the output schema cannot be used: {e}"))?;
+        let schema = Schema::compile(schema)
+            .map_err(|e| format!("the output schema cannot be used: {e}"))?;
         if let Some(v) = schema.violations(result).first() {
-            return Err(format!("the result does not match output_schema at '{}': {}", v.path, v.message));
+            return Err(format!(
+                "the result does not match output_schema at '{}': {}",
+                v.path, v.message
+            ));
         }
     }
     Ok(())

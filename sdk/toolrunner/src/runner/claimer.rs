@@ -26,13 +26,20 @@ pub(crate) async fn claim_loop(core: Arc<Core>) {
 /// Calls the store holds that no task drives (a claim deferred for
 /// capacity, a step that could not reach the platform).
 async fn resume_waiting(core: &Arc<Core>) {
-    let filter = CallFilter { states: vec![LocalState::Claiming, LocalState::Assigned], ..CallFilter::default() };
-    let Ok(calls) = core.store.calls(&filter).await else { return };
+    let filter = CallFilter {
+        states: vec![LocalState::Claiming, LocalState::Assigned],
+        ..CallFilter::default()
+    };
+    let Ok(calls) = core.store.calls(&filter).await else {
+        return;
+    };
     for c in calls {
         if core.is_active(&CallKey::of(&c)) {
             continue;
         }
-        let Ok(permit) = core.slots.clone().try_acquire_owned() else { return };
+        let Ok(permit) = core.slots.clone().try_acquire_owned() else {
+            return;
+        };
         call::spawn_drive(core.clone(), c, false, Some(permit));
     }
 }
@@ -42,8 +49,14 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
     if free == 0 {
         return Ok(());
     }
-    let connection_id = connection::connection_id(core).await.map_err(|e| e.to_string())?;
-    let page = match core.client.pending(&core.cfg.executor_id, &connection_id, free.min(100)).await {
+    let connection_id = connection::connection_id(core)
+        .await
+        .map_err(|e| e.to_string())?;
+    let page = match core
+        .client
+        .pending(&core.cfg.executor_id, &connection_id, free.min(100))
+        .await
+    {
         Ok(p) => p,
         Err(e) => {
             connection::handle_refusal(core, &connection_id, &e).await;
@@ -54,17 +67,29 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
         if !core.tools.contains_key(&candidate.tool_name) || !core.claiming.load(Ordering::SeqCst) {
             continue;
         }
-        let key = CallKey { run_id: candidate.run_id.clone(), call_id: candidate.call_id.clone() };
+        let key = CallKey {
+            run_id: candidate.run_id.clone(),
+            call_id: candidate.call_id.clone(),
+        };
         if core.is_active(&key) {
             continue;
         }
-        let known = core.store.call(&key.run_id, &key.call_id).await.map_err(|e| e.to_string())?;
+        let known = core
+            .store
+            .call(&key.run_id, &key.call_id)
+            .await
+            .map_err(|e| e.to_string())?;
         // A call settled here before (refused, released) may be pending
         // again: it gets a new attempt with a new key.
-        if known.as_ref().is_some_and(|c| !matches!(c.state, LocalState::Abandoned | LocalState::Released)) {
+        if known
+            .as_ref()
+            .is_some_and(|c| !matches!(c.state, LocalState::Abandoned | LocalState::Released))
+        {
             continue;
         }
-        let Ok(permit) = core.slots.clone().try_acquire_owned() else { break };
+        let Ok(permit) = core.slots.clone().try_acquire_owned() else {
+            break;
+        };
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let fresh = LocalCall {
             run_id: key.run_id.clone(),
@@ -80,10 +105,25 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
             updated_at: now,
         };
         // The operation key is durable before the claim is sent.
-        if let Err(e) = core.commit(vec![crate::store::Change::PutCall(fresh.clone())], Some(&fresh)).await {
+        if let Err(e) = core
+            .commit(
+                vec![crate::store::Change::PutCall(fresh.clone())],
+                Some(&fresh),
+            )
+            .await
+        {
             return Err(e.to_string());
         }
-        fail::fail_point!("after_operation_key_saved", |_| Err("fail point after_operation_key_saved".into()));
+        let crashed = (|| {
+            fail::fail_point!("after_operation_key_saved", |_| true);
+            false
+        })();
+        if crashed {
+            // Simulated process loss: the key is saved, the claim never sent.
+            core.activate(&key);
+            drop(permit);
+            continue;
+        }
         call::spawn_drive(core.clone(), fresh, false, Some(permit));
     }
     Ok(())

@@ -20,7 +20,10 @@ pub(crate) async fn connect(core: &Arc<Core>) -> Result<(), Error> {
         binding_id: core.cfg.binding_id.clone(),
         tools: core.tools.keys().cloned().collect(),
         capacity: core.cfg.capacity,
-        sdk: Some(SdkInfo { name: "toolrunner".into(), version: env!("CARGO_PKG_VERSION").into() }),
+        sdk: Some(SdkInfo {
+            name: "toolrunner".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }),
     };
     let mut attempt = 0;
     let connected = loop {
@@ -57,7 +60,12 @@ pub(crate) async fn connection_id(core: &Arc<Core>) -> Result<String, Error> {
         return Ok(c.connection_id.clone());
     }
     connect(core).await?;
-    core.conn.read().await.as_ref().map(|c| c.connection_id.clone()).ok_or_else(|| Error::new(Kind::Unreachable, "not connected"))
+    core.conn
+        .read()
+        .await
+        .as_ref()
+        .map(|c| c.connection_id.clone())
+        .ok_or_else(|| Error::new(Kind::Unreachable, "not connected"))
 }
 
 /// Reacts to a connection-level refusal: `lease_expired` and an own-instance
@@ -89,7 +97,12 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
 
 pub(crate) async fn heartbeat_loop(core: Arc<Core>) {
     loop {
-        let interval = core.conn.read().await.as_ref().map_or(Duration::from_secs(1), |c| c.heartbeat_interval);
+        let interval = core
+            .conn
+            .read()
+            .await
+            .as_ref()
+            .map_or(Duration::from_secs(1), |c| c.heartbeat_interval);
         tokio::select! {
             _ = core.done.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
@@ -101,19 +114,30 @@ pub(crate) async fn heartbeat_loop(core: Arc<Core>) {
 }
 
 async fn heartbeat(core: &Arc<Core>) -> Result<(), ClientError> {
-    let Ok(connection_id) = connection_id(core).await else { return Ok(()) };
+    let Ok(connection_id) = connection_id(core).await else {
+        return Ok(());
+    };
     let in_flight: Vec<CallRef> = core
         .active
         .lock()
         .expect("not poisoned")
         .keys()
-        .map(|k| CallRef { run_id: k.run_id.clone(), call_id: k.call_id.clone() })
+        .map(|k| CallRef {
+            run_id: k.run_id.clone(),
+            call_id: k.call_id.clone(),
+        })
         .collect();
-    let body = Heartbeat { connection_id: connection_id.clone(), in_flight };
+    let body = Heartbeat {
+        connection_id: connection_id.clone(),
+        in_flight,
+    };
     match core.client.heartbeat(&core.cfg.executor_id, &body).await {
         Ok(answer) => {
             for c in answer.cancel_requested {
-                core.cancel_call(&super::CallKey { run_id: c.run_id, call_id: c.call_id });
+                core.cancel_call(&super::CallKey {
+                    run_id: c.run_id,
+                    call_id: c.call_id,
+                });
             }
             Ok(())
         }
@@ -126,9 +150,19 @@ async fn heartbeat(core: &Arc<Core>) -> Result<(), ClientError> {
 
 /// `commit_point()`: a heartbeat right now.
 pub(crate) async fn lease_check(core: &Arc<Core>) -> Result<(), CommitPointError> {
-    let connection_id = core.conn.read().await.as_ref().map(|c| c.connection_id.clone());
-    let Some(connection_id) = connection_id else { return Err(CommitPointError::LeaseLost) };
-    let body = Heartbeat { connection_id: connection_id.clone(), in_flight: Vec::new() };
+    let connection_id = core
+        .conn
+        .read()
+        .await
+        .as_ref()
+        .map(|c| c.connection_id.clone());
+    let Some(connection_id) = connection_id else {
+        return Err(CommitPointError::LeaseLost);
+    };
+    let body = Heartbeat {
+        connection_id: connection_id.clone(),
+        in_flight: Vec::new(),
+    };
     match core.client.heartbeat(&core.cfg.executor_id, &body).await {
         Ok(_) => Ok(()),
         Err(e) => {
@@ -141,15 +175,24 @@ pub(crate) async fn lease_check(core: &Arc<Core>) -> Result<(), CommitPointError
 
 pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<(), Error> {
     core.claiming.store(false, Ordering::SeqCst);
-    let Some(conn) = core.conn.read().await.clone() else { return Ok(()) };
+    let Some(conn) = core.conn.read().await.clone() else {
+        return Ok(());
+    };
     let mode = match how {
         Shutdown::Drain { .. } => DisconnectMode::Drain,
         Shutdown::Detach => DisconnectMode::Detach,
     };
-    let body = Disconnect { connection_id: conn.connection_id, mode };
+    let body = Disconnect {
+        connection_id: conn.connection_id,
+        mode,
+    };
     match core.client.disconnect(&core.cfg.executor_id, &body).await {
         Ok(answer) => {
-            tracing::info!(released = answer.released.len(), retained = answer.retained.len(), "disconnected");
+            tracing::info!(
+                released = answer.released.len(),
+                retained = answer.retained.len(),
+                "disconnected"
+            );
             Ok(())
         }
         Err(e) if e.code() == Some("lease_expired") => Ok(()),

@@ -50,7 +50,10 @@ pub(crate) struct CallKey {
 
 impl CallKey {
     pub(crate) fn of(c: &LocalCall) -> CallKey {
-        CallKey { run_id: c.run_id.clone(), call_id: c.call_id.clone() }
+        CallKey {
+            run_id: c.run_id.clone(),
+            call_id: c.call_id.clone(),
+        }
     }
 }
 
@@ -86,13 +89,20 @@ pub(crate) struct Core {
 impl Core {
     /// Commits, and after an error re-reads: a commit whose answer was
     /// lost may have happened. `expect` is the call as it should now be.
-    pub(crate) async fn commit(&self, changes: Vec<Change>, expect: Option<&LocalCall>) -> Result<(), StoreError> {
+    pub(crate) async fn commit(
+        &self,
+        changes: Vec<Change>,
+        expect: Option<&LocalCall>,
+    ) -> Result<(), StoreError> {
         match self.store.commit(changes).await {
             Ok(()) => Ok(()),
             Err(e) => {
                 if let Some(want) = expect {
                     if let Ok(Some(have)) = self.store.call(&want.run_id, &want.call_id).await {
-                        if have.state == want.state && have.next_sequence == want.next_sequence && have.assignment == want.assignment {
+                        if have.state == want.state
+                            && have.next_sequence == want.next_sequence
+                            && have.assignment == want.assignment
+                        {
                             tracing::warn!(error = %e, "a commit reported an error but its changes are stored");
                             return Ok(());
                         }
@@ -164,7 +174,9 @@ pub struct RunningExecutor {
 
 impl std::fmt::Debug for RunningExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunningExecutor").field("executor_id", &self.core.cfg.executor_id).finish_non_exhaustive()
+        f.debug_struct("RunningExecutor")
+            .field("executor_id", &self.core.cfg.executor_id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -217,7 +229,9 @@ impl RunningExecutor {
         })
         .await;
         if waited.is_err() {
-            tracing::warn!("in-flight calls did not finish before the deadline; they stay in the store");
+            tracing::warn!(
+                "in-flight calls did not finish before the deadline; they stay in the store"
+            );
         }
         if matches!(how, Shutdown::Drain { .. }) {
             outbox::flush(&self.core).await;
@@ -226,6 +240,19 @@ impl RunningExecutor {
         self.core.done.cancel();
         while self.tasks.join_next().await.is_some() {}
         result
+    }
+}
+
+/// What a fail point returns to simulate the process dying at that step.
+pub(crate) const CRASH: &str = "simulated crash (fail point)";
+
+impl Drop for RunningExecutor {
+    /// Dropping without [`shutdown`](RunningExecutor::shutdown) stops every
+    /// task at once, like a lost process: the store keeps where each call
+    /// was, and the next start resumes from there.
+    fn drop(&mut self) {
+        self.core.stop.cancel();
+        self.core.done.cancel();
     }
 }
 

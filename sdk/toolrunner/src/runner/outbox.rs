@@ -9,7 +9,9 @@ use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportState};
 
 use super::{CallKey, Core, connection};
 use crate::client::ClientError;
-use crate::store::{CallFilter, Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus};
+use crate::store::{
+    CallFilter, Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus,
+};
 
 /// What one delivery attempt found.
 pub(crate) enum Delivery {
@@ -22,9 +24,16 @@ pub(crate) enum Delivery {
 
 /// Delivers a call's pending receipts in sequence order.
 pub(crate) async fn deliver_call(core: &Arc<Core>, key: &CallKey) {
-    let Ok(Some(call)) = core.store.call(&key.run_id, &key.call_id).await else { return };
-    let Ok(receipts) = core.store.receipts(&key.run_id, &key.call_id).await else { return };
-    for r in receipts.iter().filter(|r| r.status == ReceiptStatus::Pending) {
+    let Ok(Some(call)) = core.store.call(&key.run_id, &key.call_id).await else {
+        return;
+    };
+    let Ok(receipts) = core.store.receipts(&key.run_id, &key.call_id).await else {
+        return;
+    };
+    for r in receipts
+        .iter()
+        .filter(|r| r.status == ReceiptStatus::Pending)
+    {
         match deliver_one(core, &call, r).await {
             Delivery::Delivered => {}
             Delivery::Later | Delivery::Settled => return,
@@ -33,23 +42,54 @@ pub(crate) async fn deliver_call(core: &Arc<Core>, key: &CallKey) {
 }
 
 fn status_change(r: &OutboxReceipt, status: ReceiptStatus, error: Option<String>) -> Change {
-    Change::ReceiptStatus { receipt_id: r.receipt_id.clone(), status, error, attempt: true }
+    Change::ReceiptStatus {
+        receipt_id: r.receipt_id.clone(),
+        status,
+        error,
+        attempt: true,
+    }
 }
 
 /// Sends one stored receipt and applies the reaction table.
 pub(crate) async fn deliver_one(core: &Arc<Core>, call: &LocalCall, r: &OutboxReceipt) -> Delivery {
-    let Some(asg) = call.assignment.as_ref().filter(|a| a.assignment_id == r.assignment_id) else {
-        let _ = core.commit(vec![status_change(r, ReceiptStatus::Superseded, Some("assignment replaced".into()))], None).await;
+    let Some(asg) = call
+        .assignment
+        .as_ref()
+        .filter(|a| a.assignment_id == r.assignment_id)
+    else {
+        let _ = core
+            .commit(
+                vec![status_change(
+                    r,
+                    ReceiptStatus::Superseded,
+                    Some("assignment replaced".into()),
+                )],
+                None,
+            )
+            .await;
         return Delivery::Settled;
     };
-    let answer = core.client.receipt(&r.run_id, &r.call_id, &asg.grant, &r.body).await;
+    let answer = core
+        .client
+        .receipt(&r.run_id, &r.call_id, &asg.grant, &r.body)
+        .await;
     let final_kind = r.kind.is_final();
     let mut call = call.clone();
     let (status, error, state, report) = match answer {
-        Ok(_) => (ReceiptStatus::Delivered, None, final_kind.then_some(LocalState::Delivered), None),
+        Ok(_) => (
+            ReceiptStatus::Delivered,
+            None,
+            final_kind.then_some(LocalState::Delivered),
+            None,
+        ),
         Err(ClientError::Unreachable(m)) => {
             let pending = final_kind.then_some(PendingReport::PendingDelivery);
-            let mut changes = vec![Change::ReceiptStatus { receipt_id: r.receipt_id.clone(), status: ReceiptStatus::Pending, error: Some(m), attempt: true }];
+            let mut changes = vec![Change::ReceiptStatus {
+                receipt_id: r.receipt_id.clone(),
+                status: ReceiptStatus::Pending,
+                error: Some(m),
+                attempt: true,
+            }];
             if pending.is_some() && call.report.is_none() {
                 call.report = pending;
                 changes.push(Change::PutCall(call.clone()));
@@ -57,12 +97,22 @@ pub(crate) async fn deliver_one(core: &Arc<Core>, call: &LocalCall, r: &OutboxRe
             let _ = core.commit(changes, None).await;
             return Delivery::Later;
         }
-        Err(e) if !final_kind && r.kind == ReceiptKind::Progress => (ReceiptStatus::Rejected, Some(e.to_string()), None, None),
+        Err(e) if !final_kind && r.kind == ReceiptKind::Progress => {
+            (ReceiptStatus::Rejected, Some(e.to_string()), None, None)
+        }
         Err(e) => match (e.status(), e.code()) {
-            (_, Some("run_terminated" | "call_already_terminal")) => {
-                (ReceiptStatus::Rejected, Some(e.to_string()), Some(LocalState::Rejected), None)
-            }
-            (Some(404), _) => (ReceiptStatus::Orphaned, Some(e.to_string()), Some(LocalState::Orphaned), None),
+            (_, Some("run_terminated" | "call_already_terminal")) => (
+                ReceiptStatus::Rejected,
+                Some(e.to_string()),
+                Some(LocalState::Rejected),
+                None,
+            ),
+            (Some(404), _) => (
+                ReceiptStatus::Orphaned,
+                Some(e.to_string()),
+                Some(LocalState::Orphaned),
+                None,
+            ),
             _ => (
                 ReceiptStatus::Rejected,
                 Some(e.to_string()),
@@ -84,45 +134,68 @@ pub(crate) async fn deliver_one(core: &Arc<Core>, call: &LocalCall, r: &OutboxRe
         tracing::error!(error = %e, "could not record a delivery; it will be sent again");
         return Delivery::Later;
     }
-    if status == ReceiptStatus::Delivered { Delivery::Delivered } else { Delivery::Settled }
+    if status == ReceiptStatus::Delivered {
+        Delivery::Delivered
+    } else {
+        Delivery::Settled
+    }
 }
 
 /// Sends the states still to report on a task of their own (a plain
 /// function with a boxed future: it breaks the cycle through `connect`).
 pub(crate) fn spawn_flush_reports(core: Arc<Core>) {
-    let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = Box::pin(async move { flush_reports(&core).await });
+    let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+        Box::pin(async move { flush_reports(&core).await });
     tokio::spawn(fut);
 }
 
 /// Sends every state still to report.
 pub(crate) async fn flush_reports(core: &Arc<Core>) {
     let filter = CallFilter::default();
-    let Ok(calls) = core.store.calls(&filter).await else { return };
+    let Ok(calls) = core.store.calls(&filter).await else {
+        return;
+    };
     let pending: Vec<LocalCall> = calls.into_iter().filter(|c| c.report.is_some()).collect();
     for chunk in pending.chunks(100) {
-        let Ok(connection_id) = connection::connection_id(core).await else { return };
+        let Ok(connection_id) = connection::connection_id(core).await else {
+            return;
+        };
         let reports = chunk
             .iter()
             .map(|c| CallReport {
                 run_id: c.run_id.clone(),
                 call_id: c.call_id.clone(),
                 state: match c.report {
-                    Some(PendingReport::ReconciliationRequired) => ReportState::ReconciliationRequired,
+                    Some(PendingReport::ReconciliationRequired) => {
+                        ReportState::ReconciliationRequired
+                    }
                     Some(PendingReport::PendingDelivery) => ReportState::PendingDelivery,
                     _ => ReportState::Released,
                 },
-                reason: c.reason.clone().filter(|_| c.report == Some(PendingReport::ReconciliationRequired)).map(|r| short(&r)),
+                reason: c
+                    .reason
+                    .clone()
+                    .filter(|_| c.report == Some(PendingReport::ReconciliationRequired))
+                    .map(|r| short(&r)),
                 receipt_id: None,
             })
             .collect();
-        let body = Report { connection_id: connection_id.clone(), calls: reports };
+        let body = Report {
+            connection_id: connection_id.clone(),
+            calls: reports,
+        };
         match core.client.report(&core.cfg.executor_id, &body).await {
             Ok(answer) => {
                 let mut changes = Vec::new();
                 for (c, result) in chunk.iter().zip(answer.results) {
                     let mut c = c.clone();
                     c.report = None;
-                    changes.push(Change::Note { run_id: c.run_id.clone(), call_id: c.call_id.clone(), what: "reported".into(), detail: Some(format!("{:?}", result.outcome)) });
+                    changes.push(Change::Note {
+                        run_id: c.run_id.clone(),
+                        call_id: c.call_id.clone(),
+                        what: "reported".into(),
+                        detail: Some(format!("{:?}", result.outcome)),
+                    });
                     changes.push(Change::PutCall(c));
                 }
                 let _ = core.commit(changes, None).await;
@@ -144,10 +217,18 @@ fn short(reason: &str) -> String {
 /// Redelivers what no running call is delivering: after a crash, after the
 /// platform was unreachable.
 pub(crate) async fn flush(core: &Arc<Core>) {
-    let Ok(pending) = core.store.receipts_with(ReceiptStatus::Pending).await else { return };
+    let Ok(pending) = core.store.receipts_with(ReceiptStatus::Pending).await else {
+        return;
+    };
     let mut by_call: BTreeMap<CallKey, ()> = BTreeMap::new();
     for r in pending {
-        by_call.insert(CallKey { run_id: r.run_id, call_id: r.call_id }, ());
+        by_call.insert(
+            CallKey {
+                run_id: r.run_id,
+                call_id: r.call_id,
+            },
+            (),
+        );
     }
     for key in by_call.into_keys() {
         if core.activate(&key).is_some() {
@@ -161,13 +242,22 @@ pub(crate) async fn flush(core: &Arc<Core>) {
 pub(crate) async fn outbox_loop(core: Arc<Core>) {
     let mut attempt = 0u32;
     loop {
-        let wait = if attempt == 0 { Duration::from_secs(1) } else { super::pause(&core, attempt.min(6)) };
+        let wait = if attempt == 0 {
+            Duration::from_secs(1)
+        } else {
+            super::pause(&core, attempt.min(6))
+        };
         tokio::select! {
             _ = core.done.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
         flush(&core).await;
-        let left = core.store.receipts_with(ReceiptStatus::Pending).await.map(|v| v.len()).unwrap_or(0);
+        let left = core
+            .store
+            .receipts_with(ReceiptStatus::Pending)
+            .await
+            .map(|v| v.len())
+            .unwrap_or(0);
         attempt = if left == 0 { 0 } else { attempt + 1 };
     }
 }

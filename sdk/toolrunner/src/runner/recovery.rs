@@ -21,9 +21,21 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
     let mut changes = Vec::new();
     for o in unknown {
         let (state, report, reason) = match o.state {
-            CallState::Claimed => (LocalState::Released, Some(PendingReport::Released), "claimed by this executor id but unknown to its store: released"),
-            CallState::Running => (LocalState::ReconciliationRequired, Some(PendingReport::ReconciliationRequired), "unknown_to_executor"),
-            _ => (LocalState::ReconciliationRequired, None, "unknown_to_executor"),
+            CallState::Claimed => (
+                LocalState::Released,
+                Some(PendingReport::Released),
+                "claimed by this executor id but unknown to its store: released",
+            ),
+            CallState::Running => (
+                LocalState::ReconciliationRequired,
+                Some(PendingReport::ReconciliationRequired),
+                "unknown_to_executor",
+            ),
+            _ => (
+                LocalState::ReconciliationRequired,
+                None,
+                "unknown_to_executor",
+            ),
         };
         tracing::warn!(run_id = %o.run_id, call_id = %o.call_id, state = o.state.as_str(), "the platform lists a call this store does not know");
         changes.push(Change::PutCall(LocalCall {
@@ -46,7 +58,12 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
         }
     }
     let filter = CallFilter {
-        states: vec![LocalState::Claiming, LocalState::Assigned, LocalState::Running, LocalState::Settled],
+        states: vec![
+            LocalState::Claiming,
+            LocalState::Assigned,
+            LocalState::Running,
+            LocalState::Settled,
+        ],
         ..CallFilter::default()
     };
     if let Ok(calls) = core.store.calls(&filter).await {

@@ -44,12 +44,25 @@ enum Stop {
 }
 
 async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
-    let conn = core.conn.read().await.clone().ok_or_else(|| Stop::Failed("not connected".into()))?;
+    let conn = core
+        .conn
+        .read()
+        .await
+        .clone()
+        .ok_or_else(|| Stop::Failed("not connected".into()))?;
     let base = core.client.base_url();
-    let ws_base = base.replacen("https://", "wss://", 1).replacen("http://", "ws://", 1);
-    let url = format!("{ws_base}{}?connection_id={}", conn.stream_path, conn.connection_id);
-    let mut request = url.into_client_request().map_err(|e| Stop::Failed(e.to_string()))?;
-    let auth = HeaderValue::from_str(&format!("Bearer {}", core.client.token())).map_err(|e| Stop::Failed(e.to_string()))?;
+    let ws_base = base
+        .replacen("https://", "wss://", 1)
+        .replacen("http://", "ws://", 1);
+    let url = format!(
+        "{ws_base}{}?connection_id={}",
+        conn.stream_path, conn.connection_id
+    );
+    let mut request = url
+        .into_client_request()
+        .map_err(|e| Stop::Failed(e.to_string()))?;
+    let auth = HeaderValue::from_str(&format!("Bearer {}", core.client.token()))
+        .map_err(|e| Stop::Failed(e.to_string()))?;
     request.headers_mut().insert("authorization", auth);
     let (mut socket, _) = match tokio_tungstenite::connect_async(request).await {
         Ok(s) => s,
@@ -70,7 +83,9 @@ async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
         };
         match serde_json::from_str::<StreamFrame>(&text) {
             Ok(StreamFrame::CallPending { .. }) => core.wake.notify_one(),
-            Ok(StreamFrame::CancelRequested { run_id, call_id }) => core.cancel_call(&CallKey { run_id, call_id }),
+            Ok(StreamFrame::CancelRequested { run_id, call_id }) => {
+                core.cancel_call(&CallKey { run_id, call_id })
+            }
             Ok(StreamFrame::Ping) => {}
             Err(_) => tracing::debug!("ignoring an unknown stream frame"),
         }

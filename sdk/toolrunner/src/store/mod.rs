@@ -162,9 +162,15 @@ impl ReceiptStatus {
 
     /// Parses the stored spelling.
     pub fn parse(s: &str) -> Option<ReceiptStatus> {
-        [Self::Pending, Self::Delivered, Self::Rejected, Self::Superseded, Self::Orphaned]
-            .into_iter()
-            .find(|x| x.as_str() == s)
+        [
+            Self::Pending,
+            Self::Delivered,
+            Self::Rejected,
+            Self::Superseded,
+            Self::Orphaned,
+        ]
+        .into_iter()
+        .find(|x| x.as_str() == s)
     }
 }
 
@@ -280,7 +286,8 @@ pub trait Store: Send + Sync + 'static {
     /// Calls matching `filter`, oldest change first.
     async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError>;
     /// A call's receipts in sequence order.
-    async fn receipts(&self, run_id: &str, call_id: &str) -> Result<Vec<OutboxReceipt>, StoreError>;
+    async fn receipts(&self, run_id: &str, call_id: &str)
+    -> Result<Vec<OutboxReceipt>, StoreError>;
     /// One receipt.
     async fn receipt(&self, receipt_id: &str) -> Result<Option<OutboxReceipt>, StoreError>;
     /// Every receipt with this status, oldest first.

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
 use super::{
-    Change, CallFilter, Event, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus,
+    CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus,
     Store, StoreError,
 };
 
@@ -62,7 +62,10 @@ impl SqliteStore {
             .await?;
         let (tx, rx) = mpsc::channel::<Job>(256);
         tokio::spawn(write_loop(writer_pool, rx));
-        Ok(SqliteStore { readers, writer: tx })
+        Ok(SqliteStore {
+            readers,
+            writer: tx,
+        })
     }
 }
 
@@ -85,28 +88,49 @@ async fn write(pool: &SqlitePool, changes: Vec<Change>) -> Result<(), StoreError
     Ok(())
 }
 
-async fn note(tx: &mut Transaction<'_, Sqlite>, run: &str, call: &str, what: &str, detail: Option<&str>) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO events (run_id, call_id, at, what, detail) VALUES (?1, ?2, ?3, ?4, ?5)")
-        .bind(run)
-        .bind(call)
-        .bind(now())
-        .bind(what)
-        .bind(detail)
-        .execute(&mut **tx)
-        .await?;
+async fn note(
+    tx: &mut Transaction<'_, Sqlite>,
+    run: &str,
+    call: &str,
+    what: &str,
+    detail: Option<&str>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO events (run_id, call_id, at, what, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )
+    .bind(run)
+    .bind(call)
+    .bind(now())
+    .bind(what)
+    .bind(detail)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
 async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), StoreError> {
     match change {
         Change::PutCall(c) => {
-            let previous: Option<String> = sqlx::query_scalar("SELECT state FROM calls WHERE run_id = ?1 AND call_id = ?2")
-                .bind(&c.run_id)
-                .bind(&c.call_id)
-                .fetch_optional(&mut **tx)
-                .await?;
-            let assignment = c.assignment.as_ref().map(serde_json::to_string).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let report = c.report.map(|r| serde_json::to_value(r).ok().and_then(|v| v.as_str().map(str::to_owned))).flatten();
+            let previous: Option<String> =
+                sqlx::query_scalar("SELECT state FROM calls WHERE run_id = ?1 AND call_id = ?2")
+                    .bind(&c.run_id)
+                    .bind(&c.call_id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            let assignment = c
+                .assignment
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let report = c
+                .report
+                .map(|r| {
+                    serde_json::to_value(r)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                })
+                .flatten();
             sqlx::query(
                 "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, created_at, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
@@ -129,7 +153,14 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .execute(&mut **tx)
             .await?;
             if previous.as_deref() != Some(c.state.as_str()) {
-                note(tx, &c.run_id, &c.call_id, c.state.as_str(), c.reason.as_deref()).await?;
+                note(
+                    tx,
+                    &c.run_id,
+                    &c.call_id,
+                    c.state.as_str(),
+                    c.reason.as_deref(),
+                )
+                .await?;
             }
         }
         Change::AddReceipt(r) => {
@@ -154,7 +185,12 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             let what = format!("receipt {} saved", r.kind.as_str());
             note(tx, &r.run_id, &r.call_id, &what, Some(&r.receipt_id)).await?;
         }
-        Change::ReceiptStatus { receipt_id, status, error, attempt } => {
+        Change::ReceiptStatus {
+            receipt_id,
+            status,
+            error,
+            attempt,
+        } => {
             let delivered_at = (status == ReceiptStatus::Delivered).then(now);
             let row = sqlx::query(
                 "UPDATE receipts SET status = ?2, last_error = COALESCE(?3, last_error), attempts = attempts + ?4,
@@ -170,7 +206,8 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .await?;
             if let Some(row) = row {
                 if status != ReceiptStatus::Pending {
-                    let (run, call, kind): (String, String, String) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+                    let (run, call, kind): (String, String, String) =
+                        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
                     let what = format!("receipt {kind} {}", status.as_str());
                     let detail = match &error {
                         Some(e) => format!("{receipt_id}: {e}"),
@@ -180,7 +217,12 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
                 }
             }
         }
-        Change::Note { run_id, call_id, what, detail } => {
+        Change::Note {
+            run_id,
+            call_id,
+            what,
+            detail,
+        } => {
             note(tx, &run_id, &call_id, &what, detail.as_deref()).await?;
         }
     }
@@ -201,8 +243,12 @@ fn call_row(row: &SqliteRow) -> Result<LocalCall, StoreError> {
         call_id: row.try_get("call_id")?,
         tool_name: row.try_get("tool_name")?,
         operation_key: row.try_get("operation_key")?,
-        state: LocalState::parse(&state).ok_or_else(|| corrupt(format!("unknown call state {state}")))?,
-        assignment: assignment.map(|a| serde_json::from_str::<Assignment>(&a)).transpose().map_err(corrupt)?,
+        state: LocalState::parse(&state)
+            .ok_or_else(|| corrupt(format!("unknown call state {state}")))?,
+        assignment: assignment
+            .map(|a| serde_json::from_str::<Assignment>(&a))
+            .transpose()
+            .map_err(corrupt)?,
         next_sequence: u64::try_from(seq).map_err(corrupt)?,
         reason: row.try_get("reason")?,
         report: report
@@ -224,10 +270,12 @@ fn receipt_row(row: &SqliteRow) -> Result<OutboxReceipt, StoreError> {
         run_id: row.try_get("run_id")?,
         call_id: row.try_get("call_id")?,
         assignment_id: row.try_get("assignment_id")?,
-        kind: serde_json::from_value::<ReceiptKind>(serde_json::Value::String(kind)).map_err(corrupt)?,
+        kind: serde_json::from_value::<ReceiptKind>(serde_json::Value::String(kind))
+            .map_err(corrupt)?,
         sequence: u64::try_from(seq).map_err(corrupt)?,
         body: row.try_get("body")?,
-        status: ReceiptStatus::parse(&status).ok_or_else(|| corrupt(format!("unknown receipt status {status}")))?,
+        status: ReceiptStatus::parse(&status)
+            .ok_or_else(|| corrupt(format!("unknown receipt status {status}")))?,
         attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
         last_error: row.try_get("last_error")?,
         created_at: row.try_get("created_at")?,
@@ -239,7 +287,10 @@ fn receipt_row(row: &SqliteRow) -> Result<OutboxReceipt, StoreError> {
 impl Store for SqliteStore {
     async fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.writer.send((changes, tx)).await.map_err(|_| StoreError::Closed)?;
+        self.writer
+            .send((changes, tx))
+            .await
+            .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -261,7 +312,10 @@ impl Store for SqliteStore {
             let c = call_row(row)?;
             let state_ok = filter.states.is_empty() || filter.states.contains(&c.state);
             let tool_ok = filter.tool_name.as_ref().is_none_or(|t| *t == c.tool_name);
-            let age_ok = filter.updated_before.as_ref().is_none_or(|b| c.updated_at < *b);
+            let age_ok = filter
+                .updated_before
+                .as_ref()
+                .is_none_or(|b| c.updated_at < *b);
             if state_ok && tool_ok && age_ok {
                 out.push(c);
             }
@@ -269,7 +323,11 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn receipts(&self, run_id: &str, call_id: &str) -> Result<Vec<OutboxReceipt>, StoreError> {
+    async fn receipts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<OutboxReceipt>, StoreError> {
         let rows = sqlx::query("SELECT * FROM receipts WHERE run_id = ?1 AND call_id = ?2 ORDER BY sequence, created_at")
             .bind(run_id)
             .bind(call_id)
@@ -287,21 +345,30 @@ impl Store for SqliteStore {
     }
 
     async fn receipts_with(&self, status: ReceiptStatus) -> Result<Vec<OutboxReceipt>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM receipts WHERE status = ?1 ORDER BY created_at, sequence")
-            .bind(status.as_str())
-            .fetch_all(&self.readers)
-            .await?;
+        let rows =
+            sqlx::query("SELECT * FROM receipts WHERE status = ?1 ORDER BY created_at, sequence")
+                .bind(status.as_str())
+                .fetch_all(&self.readers)
+                .await?;
         rows.iter().map(receipt_row).collect()
     }
 
     async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError> {
-        let rows = sqlx::query("SELECT at, what, detail FROM events WHERE run_id = ?1 AND call_id = ?2 ORDER BY id")
-            .bind(run_id)
-            .bind(call_id)
-            .fetch_all(&self.readers)
-            .await?;
+        let rows = sqlx::query(
+            "SELECT at, what, detail FROM events WHERE run_id = ?1 AND call_id = ?2 ORDER BY id",
+        )
+        .bind(run_id)
+        .bind(call_id)
+        .fetch_all(&self.readers)
+        .await?;
         rows.iter()
-            .map(|r| Ok(Event { at: r.try_get(0)?, what: r.try_get(1)?, detail: r.try_get(2)? }))
+            .map(|r| {
+                Ok(Event {
+                    at: r.try_get(0)?,
+                    what: r.try_get(1)?,
+                    detail: r.try_get(2)?,
+                })
+            })
             .collect()
     }
 }

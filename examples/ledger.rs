@@ -1,0 +1,381 @@
+//! `ledger`: a write tool that appends to a file, run by the toolrunner
+//! executor.
+//!
+//! ```text
+//! cargo run --example ledger                       # self-contained demo
+//! cargo run --example ledger -- --base-url URL --binding-id ID --executor-id ID \
+//!     --token TOKEN --db PATH --ledger PATH --capacity N --effect-delay-ms N
+//! ```
+//!
+//! Without `--base-url` it starts the development platform in-process,
+//! creates an agent, a binding, a version and a run of 20 calls, and exits
+//! 0 once all have settled, printing their outcomes. With `--base-url` it
+//! serves until SIGTERM (then drains and exits 0).
+//!
+//! The tool `ledger.append` takes `{"amount": integer >= 1, "memo": string}`
+//! and returns `{"entry": line number}`. `memo == "fail"` is a confirmed
+//! business failure (nothing written); otherwise one line
+//! `{"operation_key","run_id","call_id","amount"}` is appended with one
+//! write and an fsync, then it sleeps `--effect-delay-ms`; `memo == "boom"`
+//! then returns an ordinary error (the outcome is unknown).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+use toolrunner::{CallContext, Effect, Executor, Shutdown, Tool, ToolError, async_trait};
+
+#[derive(Debug, Parser)]
+#[command(about = "Run the ledger.append tool with the toolrunner executor")]
+struct Args {
+    /// The platform; without it a development platform starts in-process.
+    #[arg(long)]
+    base_url: Option<String>,
+    /// Bearer token (default: TOOLRUNNER_TOKEN, or dev-executor in the demo).
+    #[arg(long)]
+    token: Option<String>,
+    /// Executor id.
+    #[arg(long, default_value = "ledger-01")]
+    executor_id: String,
+    /// Executor binding (required with --base-url).
+    #[arg(long)]
+    binding_id: Option<String>,
+    /// The executor's store (default: ledger-executor.db; the demo uses a
+    /// fresh temporary directory).
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// The ledger file (default: ledger.jsonl; the demo uses a fresh
+    /// temporary directory).
+    #[arg(long)]
+    ledger: Option<PathBuf>,
+    /// Most calls at once.
+    #[arg(long, default_value_t = 4)]
+    capacity: u32,
+    /// Sleep after the write (a slow downstream confirmation).
+    #[arg(long, default_value_t = 0)]
+    effect_delay_ms: u64,
+}
+
+/// `ledger.append` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Append {
+    /// Amount in minor units.
+    #[schemars(range(min = 1))]
+    amount: u64,
+    /// Free text; `fail` and `boom` trigger the example's failure paths.
+    memo: String,
+}
+
+/// `ledger.append` result.
+#[derive(Debug, Serialize, JsonSchema)]
+struct Appended {
+    /// The line number of the new entry.
+    entry: u64,
+}
+
+struct Ledger {
+    path: PathBuf,
+    delay: Duration,
+    /// Serializes appends; holds the number of lines so far.
+    lines: Mutex<u64>,
+}
+
+impl Ledger {
+    fn open(path: PathBuf, delay: Duration) -> Result<Ledger> {
+        let lines = match std::fs::read(&path) {
+            Ok(bytes) => bytes.iter().filter(|b| **b == b'\n').count() as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read the ledger {}", path.display()));
+            }
+        };
+        Ok(Ledger {
+            path,
+            delay,
+            lines: Mutex::new(lines),
+        })
+    }
+}
+
+#[async_trait]
+impl Tool for Ledger {
+    type Input = Append;
+    type Output = Appended;
+
+    fn name(&self) -> &str {
+        "ledger.append"
+    }
+
+    fn description(&self) -> &str {
+        "Append one entry to the ledger"
+    }
+
+    fn effect(&self) -> Effect {
+        Effect::Write
+    }
+
+    async fn call(&self, ctx: &CallContext, input: Append) -> Result<Appended, ToolError> {
+        if input.memo == "fail" {
+            return Err(ToolError::failed(
+                "declined",
+                "the ledger declined this entry",
+            ));
+        }
+        let line = json!({"operation_key": ctx.operation_key(), "run_id": ctx.run_id(), "call_id": ctx.call_id(), "amount": input.amount});
+        let entry = {
+            let mut lines = self.lines.lock().await;
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.path)?;
+            file.write_all(format!("{line}\n").as_bytes())?;
+            file.sync_all()?;
+            *lines += 1;
+            *lines
+        };
+        tokio::time::sleep(self.delay).await;
+        if input.memo == "boom" {
+            return Err(ToolError::unknown("the downstream confirmation failed"));
+        }
+        Ok(Appended { entry })
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let mut args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let scratch = std::env::temp_dir().join(format!("toolrunner-ledger-{}", std::process::id()));
+    let (db, file) = match args.base_url {
+        Some(_) => (
+            PathBuf::from("ledger-executor.db"),
+            PathBuf::from("ledger.jsonl"),
+        ),
+        None => {
+            std::fs::create_dir_all(&scratch)?;
+            (scratch.join("executor.db"), scratch.join("ledger.jsonl"))
+        }
+    };
+    args.db.get_or_insert(db);
+    let ledger = Ledger::open(
+        args.ledger.get_or_insert(file).clone(),
+        Duration::from_millis(args.effect_delay_ms),
+    )?;
+    let result = match args.base_url.clone() {
+        Some(url) => serve(&args, ledger, &url).await,
+        None => demo(&args, ledger).await,
+    };
+    if args.base_url.is_none() {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    result
+}
+
+fn executor(
+    args: &Args,
+    ledger: Ledger,
+    base_url: &str,
+    binding_id: &str,
+    token: &str,
+) -> Result<Executor> {
+    Ok(Executor::builder()
+        .base_url(base_url)
+        .token(token)
+        .executor_id(&args.executor_id)
+        .binding_id(binding_id)
+        .store_url(format!(
+            "sqlite://{}",
+            args.db.as_ref().expect("set in main").display()
+        ))
+        .capacity(args.capacity)
+        .poll_interval(Duration::from_millis(200))
+        .allow_all()
+        .tool(ledger)
+        .build()?)
+}
+
+/// Serves an external platform until SIGTERM, then drains.
+async fn serve(args: &Args, ledger: Ledger, base_url: &str) -> Result<()> {
+    let binding_id = args
+        .binding_id
+        .as_deref()
+        .context("--binding-id is required with --base-url")?;
+    let token = args
+        .token
+        .clone()
+        .or_else(|| std::env::var("TOOLRUNNER_TOKEN").ok())
+        .context("--token or TOOLRUNNER_TOKEN is required with --base-url")?;
+    let running = executor(args, ledger, base_url, binding_id, &token)?
+        .start()
+        .await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+        stopped = running.wait() => stopped?,
+    }
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    Ok(())
+}
+
+/// The self-contained demo against an in-process platform.
+async fn demo(args: &Args, ledger: Ledger) -> Result<()> {
+    let platform = toolrunner_devserver::DevServer::builder()
+        .listen("127.0.0.1:0".parse()?)
+        .start()
+        .await?;
+    let admin = Admin {
+        http: reqwest::Client::new(),
+        base: platform.base_url(),
+    };
+    let agent = admin
+        .post("/agents", json!({"name": "ledger-demo"}))
+        .await?;
+    let agent_id = agent["agent_id"].as_str().context("agent_id")?.to_owned();
+    let binding = admin
+        .post(
+            "/executor-bindings",
+            json!({"agent_id": agent_id, "name": "ledger", "tool_names": ["ledger.append"]}),
+        )
+        .await?;
+    let binding_id = binding["binding_id"]
+        .as_str()
+        .context("binding_id")?
+        .to_owned();
+
+    let token = args
+        .token
+        .clone()
+        .unwrap_or_else(|| "dev-executor".to_owned());
+    let executor = executor(args, ledger, &platform.base_url(), &binding_id, &token)?;
+    let version = admin
+        .post(
+            &format!("/agents/{agent_id}/versions"),
+            json!({"tools": executor.tool_definitions()}),
+        )
+        .await?;
+    let memos: Vec<&str> = (0..20)
+        .map(|i| match i {
+            7 => "fail",
+            13 => "boom",
+            _ => "coffee",
+        })
+        .collect();
+    let calls: Vec<Value> = memos.iter().enumerate().map(|(i, m)| json!({"tool_name": "ledger.append", "arguments": {"amount": 100 + i, "memo": m}})).collect();
+    let run = admin.post("/runs", json!({"agent_version": version["agent_version"], "subject": "user_42", "tool_calls": calls})).await?;
+    let run_id = run["run_id"].as_str().context("run_id")?.to_owned();
+
+    let running = executor.start().await?;
+    let settled = [
+        "completed",
+        "failed",
+        "cancelled",
+        "reconciliation_required",
+        "terminated",
+    ];
+    let mut run = Value::Null;
+    for _ in 0..300 {
+        run = admin.get(&format!("/runs/{run_id}")).await?;
+        let calls = run["tool_calls"].as_array().context("tool_calls")?;
+        if calls
+            .iter()
+            .all(|c| settled.contains(&c["state"].as_str().unwrap_or("")))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    platform.shutdown().await;
+
+    println!(
+        "{:<4} {:<8} {:>6}  {:<24} {}",
+        "#", "memo", "amount", "platform state", "result"
+    );
+    let mut unsettled = 0;
+    for (i, c) in run["tool_calls"]
+        .as_array()
+        .context("tool_calls")?
+        .iter()
+        .enumerate()
+    {
+        let state = c["state"].as_str().unwrap_or("?");
+        unsettled += usize::from(!settled.contains(&state));
+        let result = c["context_projection"]["result"].to_string();
+        let last = c["receipts"]
+            .as_array()
+            .and_then(|r| r.last())
+            .map(|r| r["body"].clone())
+            .unwrap_or(Value::Null);
+        let shown = match state {
+            "completed" => result,
+            "failed" => last["error"]["code"].to_string(),
+            _ => String::new(),
+        };
+        println!(
+            "{:<4} {:<8} {:>6}  {:<24} {}",
+            i + 1,
+            memos[i],
+            c["arguments"]["amount"],
+            state,
+            shown
+        );
+    }
+    if unsettled > 0 {
+        bail!("{unsettled} calls did not settle in time");
+    }
+    Ok(())
+}
+
+struct Admin {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Admin {
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value> {
+        let resp = req.bearer_auth("dev-admin").send().await?;
+        let status = resp.status();
+        let body: Value = resp.json().await?;
+        if !status.is_success() {
+            bail!("platform answered {status}: {body}");
+        }
+        Ok(body)
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value> {
+        self.send(
+            self.http
+                .post(format!("{}/v1{path}", self.base))
+                .json(&body),
+        )
+        .await
+    }
+
+    async fn get(&self, path: &str) -> Result<Value> {
+        self.send(self.http.get(format!("{}/v1{path}", self.base)))
+            .await
+    }
+}
