@@ -93,7 +93,8 @@ impl Ledger {
             Ok(bytes) => bytes.iter().filter(|b| **b == b'\n').count() as u64,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
             Err(e) => {
-                return Err(e).with_context(|| format!("cannot read the ledger {}", path.display()));
+                return Err(e)
+                    .with_context(|| format!("cannot read the ledger {}", path.display()));
             }
         };
         Ok(Ledger {

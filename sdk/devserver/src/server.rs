@@ -51,6 +51,7 @@ pub struct DevServerBuilder {
     heartbeat_interval_ms: u64,
     run_ttl_ms: u64,
     faults: Faults,
+    stream: bool,
 }
 
 impl Default for DevServerBuilder {
@@ -63,6 +64,7 @@ impl Default for DevServerBuilder {
             heartbeat_interval_ms: 5_000,
             run_ttl_ms: 0,
             faults: Faults::default(),
+            stream: true,
         }
     }
 }
@@ -123,6 +125,13 @@ impl DevServerBuilder {
         self
     }
 
+    /// Serves no WebSocket stream (the path answers `404`), to test
+    /// executors that must work by polling alone. Default: served.
+    pub fn without_stream(mut self) -> Self {
+        self.stream = false;
+        self
+    }
+
     /// Opens the database, binds the address and starts serving.
     ///
     /// # Errors
@@ -167,7 +176,7 @@ impl DevServerBuilder {
             shutdown,
         });
         let mut tasks = JoinSet::new();
-        tasks.spawn(accept_loop(listener, shared.clone()));
+        tasks.spawn(accept_loop(listener, shared.clone(), self.stream));
         tasks.spawn(sweeper(shared.clone()));
         tracing::info!(%addr, "development platform started");
         Ok(DevServer {
@@ -247,8 +256,8 @@ impl DevServer {
 #[error("response dropped by fault injection")]
 struct Dropped;
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let router = crate::http::router(shared.clone());
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stream: bool) {
+    let router = crate::http::router(shared.clone(), stream);
     let mut stop = shared.shutdown.subscribe();
     let mut conns = JoinSet::new();
     loop {

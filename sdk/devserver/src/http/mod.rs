@@ -25,27 +25,31 @@ use shared::Shared;
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Every route of the platform.
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
+pub(crate) fn router(shared: Arc<Shared>, stream: bool) -> Router {
     use {admin_routes as a, call_routes as c, config_routes as g, executor_routes as e};
     let executor = Router::new()
         .route("/executors/connect", post(e::connect))
         .route("/executors/{executor_id}/heartbeat", post(e::heartbeat))
         .route("/executors/{executor_id}/pending", get(e::pending))
-        .route(
-            "/executors/{executor_id}/stream",
-            get(crate::stream::stream),
-        )
         .route("/executors/{executor_id}/calls/report", post(e::report))
         .route("/executors/{executor_id}/disconnect", post(e::disconnect))
         .route("/runs/{run_id}/tool-calls/{call_id}/claim", post(c::claim))
         .route(
             "/runs/{run_id}/tool-calls/{call_id}/receipts",
             post(c::receipt),
+        );
+    let executor = if stream {
+        executor.route(
+            "/executors/{executor_id}/stream",
+            get(crate::stream::stream),
         )
-        .route_layer(middleware::from_fn_with_state(
-            shared.clone(),
-            crate::faults::inject,
-        ));
+    } else {
+        executor
+    };
+    let executor = executor.route_layer(middleware::from_fn_with_state(
+        shared.clone(),
+        crate::faults::inject,
+    ));
     let other = Router::new()
         .route("/agents", post(g::create_agent))
         .route(
