@@ -124,6 +124,10 @@ async fn settle_local(
 
 /// Claim with the saved key. A refusal means nothing ran.
 async fn claim(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, String> {
+    if core.stop.is_cancelled() {
+        // The key stays saved: the next start claims with it.
+        return Err("shutting down: the claim waits for the next start".into());
+    }
     let mut tries = 0;
     let claimed = loop {
         let connection_id = connection::connection_id(core)

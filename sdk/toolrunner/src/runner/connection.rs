@@ -14,6 +14,10 @@ use crate::error::{Error, Kind};
 /// calls the platform and the store know.
 pub(crate) async fn connect(core: &Arc<Core>) -> Result<(), Error> {
     let _guard = core.reconnecting.lock().await;
+    if core.conn.read().await.is_some() {
+        // Another task connected while this one waited.
+        return Ok(());
+    }
     let body = Connect {
         executor_id: core.cfg.executor_id.clone(),
         instance_id: Some(core.cfg.instance_id.clone()),

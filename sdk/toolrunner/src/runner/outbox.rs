@@ -16,6 +16,8 @@ use crate::store::{
 /// What one delivery attempt found.
 pub(crate) enum Delivery {
     Delivered,
+    /// A progress receipt the platform refused: dropped, go on.
+    Dropped,
     /// Stop: try again later.
     Later,
     /// The call changed state; stop delivering its receipts.
@@ -30,12 +32,12 @@ pub(crate) async fn deliver_call(core: &Arc<Core>, key: &CallKey) {
     let Ok(receipts) = core.store.receipts(&key.run_id, &key.call_id).await else {
         return;
     };
-    for r in receipts
+    let unsent = receipts
         .iter()
-        .filter(|r| r.status == ReceiptStatus::Pending)
-    {
+        .filter(|r| r.status == ReceiptStatus::Pending && r.kind != ReceiptKind::Accepted);
+    for r in unsent {
         match deliver_one(core, &call, r).await {
-            Delivery::Delivered => {}
+            Delivery::Delivered | Delivery::Dropped => {}
             Delivery::Later | Delivery::Settled => return,
         }
     }
@@ -134,10 +136,10 @@ pub(crate) async fn deliver_one(core: &Arc<Core>, call: &LocalCall, r: &OutboxRe
         tracing::error!(error = %e, "could not record a delivery; it will be sent again");
         return Delivery::Later;
     }
-    if status == ReceiptStatus::Delivered {
-        Delivery::Delivered
-    } else {
-        Delivery::Settled
+    match (status, state) {
+        (ReceiptStatus::Delivered, _) => Delivery::Delivered,
+        (_, None) => Delivery::Dropped,
+        _ => Delivery::Settled,
     }
 }
 
@@ -221,7 +223,11 @@ pub(crate) async fn flush(core: &Arc<Core>) {
         return;
     };
     let mut by_call: BTreeMap<CallKey, ()> = BTreeMap::new();
-    for r in pending {
+    // `accepted` is sent only by the accept step, which acts on its answer.
+    for r in pending
+        .into_iter()
+        .filter(|r| r.kind != ReceiptKind::Accepted)
+    {
         by_call.insert(
             CallKey {
                 run_id: r.run_id,
