@@ -29,7 +29,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
-use toolrunner::{CallContext, Effect, Executor, Shutdown, Tool, ToolError, async_trait};
+use toolrunner::{
+    CallContext, Effect, Executor, Reconciled, Shutdown, Tool, ToolError, async_trait,
+};
 
 #[derive(Debug, Parser)]
 #[command(about = "Run the ledger.append tool with the toolrunner executor")]
@@ -60,6 +62,10 @@ struct Args {
     /// Sleep after the write (a slow downstream confirmation).
     #[arg(long, default_value_t = 0)]
     effect_delay_ms: u64,
+    /// Switch the automatic reconciliation hook off: every ambiguity stays
+    /// for a human.
+    #[arg(long)]
+    no_auto_reconcile: bool,
 }
 
 /// `ledger.append` arguments.
@@ -147,6 +153,26 @@ impl Tool for Ledger {
         }
         Ok(Appended { entry })
     }
+
+    /// Looks the operation key up in the ledger: its line number if the
+    /// entry is there, otherwise it did not happen.
+    async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Appended> {
+        let _lines = self.lines.lock().await;
+        let Ok(text) = std::fs::read_to_string(&self.path) else {
+            return Reconciled::Unknown;
+        };
+        for (i, line) in text.lines().enumerate() {
+            let Ok(entry) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if entry["operation_key"] == ctx.operation_key() {
+                return Reconciled::Happened(Appended {
+                    entry: i as u64 + 1,
+                });
+            }
+        }
+        Reconciled::DidNotHappen
+    }
 }
 
 #[tokio::main]
@@ -203,6 +229,7 @@ fn executor(
             args.db.as_ref().expect("set in main").display()
         ))
         .capacity(args.capacity)
+        .auto_reconcile(!args.no_auto_reconcile)
         .poll_interval(Duration::from_millis(200))
         .allow_all()
         .tool(ledger)

@@ -32,6 +32,8 @@ pub struct ExecutorBuilder {
     retry_attempts: u32,
     backoff: Backoff,
     use_stream: bool,
+    auto_reconcile: bool,
+    reconcile_interval: Duration,
     authorizer: Option<Arc<dyn Authorizer>>,
     tools: Vec<Arc<dyn ErasedTool>>,
 }
@@ -68,6 +70,8 @@ impl Default for ExecutorBuilder {
                 attempts: 6,
             },
             use_stream: true,
+            auto_reconcile: true,
+            reconcile_interval: Duration::from_secs(30),
             authorizer: None,
             tools: Vec::new(),
         }
@@ -153,6 +157,20 @@ impl ExecutorBuilder {
     /// Whether to open the WebSocket stream (default on; polling always runs).
     pub fn stream(mut self, on: bool) -> Self {
         self.use_stream = on;
+        self
+    }
+
+    /// Whether to run the tools' `reconcile` hooks for calls whose outcome
+    /// is unknown (default on). Off, every ambiguity waits for a human.
+    pub fn auto_reconcile(mut self, on: bool) -> Self {
+        self.auto_reconcile = on;
+        self
+    }
+
+    /// First wait before an automatic check is repeated (default 30 s,
+    /// doubling per call up to an hour).
+    pub fn reconcile_interval(mut self, d: Duration) -> Self {
+        self.reconcile_interval = d;
         self
     }
 
@@ -257,6 +275,8 @@ impl ExecutorBuilder {
                 handler_timeout: self.handler_timeout,
                 retry_attempts: self.retry_attempts.max(1),
                 use_stream: self.use_stream,
+                auto_reconcile: self.auto_reconcile,
+                reconcile_interval: self.reconcile_interval,
             },
             client,
             store_url: self.store_url,

@@ -129,6 +129,14 @@ pub trait Tool: Send + Sync + 'static {
         let _ = ctx;
         Reconciled::Unknown
     }
+
+    /// Whether a call that [`reconcile`](Tool::reconcile) found
+    /// [`DidNotHappen`](Reconciled::DidNotHappen) may run again (with the
+    /// same operation key) instead of settling `failed` with code
+    /// `not_performed`. Default `false`.
+    fn rerun_when_not_performed(&self) -> bool {
+        false
+    }
 }
 
 /// A tool with its types erased, as the runner holds it.
@@ -142,6 +150,8 @@ pub(crate) trait ErasedTool: Send + Sync {
     /// Whether the arguments deserialize into the input type.
     fn check_input(&self, arguments: &Value) -> Result<(), String>;
     async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<Value, ToolError>;
+    async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Value>;
+    fn rerun_when_not_performed(&self) -> bool;
 }
 
 pub(crate) struct Erased<T>(pub(crate) T);
@@ -187,6 +197,21 @@ impl<T: Tool> ErasedTool for Erased<T> {
         let input = T::Input::deserialize(arguments)
             .map_err(|e| ToolError::unknown(format!("arguments changed shape: {e}")))?;
         to_value(self.0.call(ctx, input).await?)
+    }
+
+    async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Value> {
+        match self.0.reconcile(ctx).await {
+            Reconciled::Happened(output) => match serde_json::to_value(output) {
+                Ok(v) => Reconciled::Happened(v),
+                Err(_) => Reconciled::Unknown,
+            },
+            Reconciled::DidNotHappen => Reconciled::DidNotHappen,
+            Reconciled::Unknown => Reconciled::Unknown,
+        }
+    }
+
+    fn rerun_when_not_performed(&self) -> bool {
+        self.0.rerun_when_not_performed()
     }
 }
 

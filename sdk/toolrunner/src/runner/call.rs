@@ -79,6 +79,7 @@ async fn steps(
     mut resumed: bool,
     cancel: CancellationToken,
 ) -> Result<(), String> {
+    let mut checked = false;
     loop {
         let next = match call.state {
             LocalState::Claiming => claim(core, call).await?,
@@ -88,6 +89,13 @@ async fn steps(
                 outbox::deliver_call(core, &CallKey::of(&call)).await;
                 outbox::flush_reports(core).await;
                 return Ok(());
+            }
+            LocalState::ReconciliationRequired if !checked => {
+                checked = true;
+                match super::reconcile::check(core, call.clone()).await? {
+                    super::reconcile::Checked::Moved(next) => next,
+                    super::reconcile::Checked::Stays => continue,
+                }
             }
             _ => {
                 outbox::flush_reports(core).await;
@@ -255,9 +263,20 @@ pub(crate) fn new_receipt(
 /// Saves a final receipt (the call becomes `settled`).
 pub(crate) async fn save_final(
     core: &Core,
+    call: LocalCall,
+    kind: ReceiptKind,
+    extra: Value,
+) -> Result<LocalCall, String> {
+    save_final_guarded(core, call, kind, extra, None).await
+}
+
+/// [`save_final`] that commits only if `guard` (a [`Change::Expect`]) holds.
+pub(crate) async fn save_final_guarded(
+    core: &Core,
     mut call: LocalCall,
     kind: ReceiptKind,
     extra: Value,
+    guard: Option<Change>,
 ) -> Result<LocalCall, String> {
     let asg = call
         .assignment
@@ -267,7 +286,9 @@ pub(crate) async fn save_final(
     call.next_sequence += 1;
     call.state = LocalState::Settled;
     call.report = None;
-    put(core, &call, vec![Change::AddReceipt(r)]).await?;
+    let mut changes: Vec<Change> = guard.into_iter().collect();
+    changes.push(Change::AddReceipt(r));
+    put(core, &call, changes).await?;
     fail::fail_point!("after_final_saved", |_| Err(super::CRASH.into()));
     Ok(call)
 }

@@ -8,6 +8,7 @@ mod checks;
 mod claimer;
 mod connection;
 mod outbox;
+mod reconcile;
 mod recovery;
 mod stream;
 
@@ -39,6 +40,8 @@ pub(crate) struct Config {
     pub(crate) handler_timeout: Duration,
     pub(crate) retry_attempts: u32,
     pub(crate) use_stream: bool,
+    pub(crate) auto_reconcile: bool,
+    pub(crate) reconcile_interval: Duration,
 }
 
 /// A run and call id pair.
@@ -186,6 +189,7 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     tasks.spawn(connection::heartbeat_loop(core.clone()));
     tasks.spawn(claimer::claim_loop(core.clone()));
     tasks.spawn(outbox::outbox_loop(core.clone()));
+    tasks.spawn(reconcile::reconcile_loop(core.clone()));
     if core.cfg.use_stream {
         tasks.spawn(stream::stream_loop(core.clone()));
     }

@@ -39,6 +39,8 @@ pub enum LocalState {
     ReconciliationRequired,
     /// The platform no longer knows the run.
     Orphaned,
+    /// An operator recorded that a rejected effect was compensated.
+    Compensated,
 }
 
 impl LocalState {
@@ -55,6 +57,7 @@ impl LocalState {
             LocalState::Rejected => "rejected",
             LocalState::ReconciliationRequired => "reconciliation_required",
             LocalState::Orphaned => "orphaned",
+            LocalState::Compensated => "compensated",
         }
     }
 
@@ -73,12 +76,13 @@ impl LocalState {
                 | LocalState::Rejected
                 | LocalState::ReconciliationRequired
                 | LocalState::Orphaned
+                | LocalState::Compensated
         )
     }
 }
 
 /// Every local state.
-pub const ALL_STATES: [LocalState; 10] = [
+pub const ALL_STATES: [LocalState; 11] = [
     LocalState::Claiming,
     LocalState::Assigned,
     LocalState::Running,
@@ -89,6 +93,7 @@ pub const ALL_STATES: [LocalState; 10] = [
     LocalState::Rejected,
     LocalState::ReconciliationRequired,
     LocalState::Orphaned,
+    LocalState::Compensated,
 ];
 
 /// A state still to be reported with `calls/report`.
@@ -233,6 +238,16 @@ pub enum Change {
         /// Whether this was a delivery attempt.
         attempt: bool,
     },
+    /// Fails the whole commit unless the call is in one of `states` (so two
+    /// writers, e.g. an operator and the executor, cannot both settle it).
+    Expect {
+        /// Run.
+        run_id: String,
+        /// Call.
+        call_id: String,
+        /// Allowed current states.
+        states: Vec<LocalState>,
+    },
     /// A timeline note.
     Note {
         /// Run.
@@ -270,6 +285,9 @@ pub enum StoreError {
     /// A stored row does not parse.
     #[error("store row is corrupt: {0}")]
     Corrupt(String),
+    /// A [`Change::Expect`] did not hold: someone else changed the call.
+    #[error("call {0} is no longer in the expected state: {1}")]
+    Conflict(String, String),
     /// The writer task is gone (the store was closed).
     #[error("store writer has stopped")]
     Closed,

@@ -217,6 +217,22 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
                 }
             }
         }
+        Change::Expect {
+            run_id,
+            call_id,
+            states,
+        } => {
+            let current: Option<String> =
+                sqlx::query_scalar("SELECT state FROM calls WHERE run_id = ?1 AND call_id = ?2")
+                    .bind(&run_id)
+                    .bind(&call_id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            let current = current.unwrap_or_else(|| "unknown".to_owned());
+            if !states.iter().any(|s| s.as_str() == current) {
+                return Err(StoreError::Conflict(format!("{run_id}/{call_id}"), current));
+            }
+        }
         Change::Note {
             run_id,
             call_id,
