@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use toolrunner::store::SqliteStore;
-use toolrunner::{Executor, ExecutorBuilder};
+use toolrunner::{Executor, ExecutorBuilder, Shutdown};
 use toolrunner_devserver::DevServer;
 
 /// Admin token (`*`).
@@ -313,6 +313,16 @@ pub fn receipt_body(call: &Value, kind: &str) -> Value {
         .map(|r| r["body"].clone())
         .unwrap_or(Value::Null)
 }
+
+/// `(kind, sequence)` pairs, to compare with [`kinds`].
+pub fn pairs(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+    list.iter().map(|(k, s)| ((*k).to_owned(), *s)).collect()
+}
+
+/// Drain with a deadline that fits the tests.
+pub const DRAIN: Shutdown = Shutdown::Drain {
+    deadline: Duration::from_secs(5),
+};
 
 /// Awaits `fut`, failing the test if it takes longer than `within`.
 pub async fn bounded<T>(within: Duration, what: &str, fut: impl Future<Output = T>) -> T {

@@ -266,15 +266,17 @@ async fn body_over_4_mib_is_413_payload_too_large() {
         .raw(receipt_of_size(&a, 4 * 1024 * 1024 + 1));
     let agent = Req::post("/agents")
         .token(ADMIN)
-        .raw(format!("{{\"name\":\"{}\"}}", "a".repeat(5 * 1024 * 1024)));
-    // a few times each: the client must actually receive the 413 (an answer
-    // lost to a connection closed mid-upload is no answer)
+        .raw(format!("{{\"name\":\"{}\"}}", "a".repeat(16 * 1024 * 1024)));
+    // a few times each, at the limit and well over it: the client must
+    // actually receive the 413 (an answer lost to a connection closed
+    // mid-upload is no answer, and an SDK would retry it forever)
     for req in [
         receipt.clone(),
         agent.clone(),
         receipt.clone(),
-        agent,
+        agent.clone(),
         receipt,
+        agent,
     ] {
         let what = req.path.clone();
         match fx.srv.try_send(req).await {

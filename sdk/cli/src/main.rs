@@ -1,10 +1,18 @@
 //! `toolrunner`: the operator command line.
-use std::net::SocketAddr;
-use std::path::PathBuf;
+//!
+//! Exit codes: 0 done, 1 refused (nothing changed), 2 usage or setup error.
+
+mod budget;
+mod calls;
+mod devserver;
+mod outbox;
+mod output;
+mod reconcile;
+mod tools;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use toolrunner_devserver::{DevServer, Faults};
 
 /// Operate toolrunner executors and the development platform.
 #[derive(Debug, Parser)]
@@ -17,98 +25,84 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Start the development platform.
-    Devserver(DevserverArgs),
+    Devserver(devserver::DevserverArgs),
+    /// List and inspect the calls in an executor's store.
+    #[command(subcommand)]
+    Calls(calls::CallsCommand),
+    /// Settle calls whose outcome is unknown.
+    #[command(subcommand)]
+    Reconcile(reconcile::ReconcileCommand),
+    /// Inspect and redeliver the receipt outbox.
+    #[command(subcommand)]
+    Outbox(outbox::OutboxCommand),
+    /// Check tool definitions and dry-run them against a platform.
+    #[command(subcommand)]
+    Tools(tools::ToolsCommand),
+    /// Preview what the model sees of a result under a context budget.
+    Budget(budget::BudgetArgs),
 }
 
-/// Flags of `toolrunner devserver` (protocol §7).
-#[derive(Debug, clap::Args)]
-struct DevserverArgs {
-    /// Address to listen on; port 0 picks a free port.
-    #[arg(long, default_value = "127.0.0.1:8700")]
-    listen: SocketAddr,
-    /// SQLite file that keeps all state across restarts (default: in memory).
-    #[arg(long)]
-    db: Option<PathBuf>,
-    /// TOKEN=SCOPES, scopes comma-separated or `*`; repeatable. Default:
-    /// dev-admin=* and dev-executor=executors:connect,tools:execute.
-    #[arg(long = "token", value_name = "TOKEN=SCOPES")]
-    tokens: Vec<String>,
-    /// Executor lease time to live in milliseconds.
-    #[arg(long, default_value_t = 15_000)]
-    lease_ttl_ms: u64,
-    /// Advised heartbeat interval in milliseconds.
-    #[arg(long, default_value_t = 5_000)]
-    heartbeat_interval_ms: u64,
-    /// A run with no call change for this long expires; 0 never.
-    #[arg(long, default_value_t = 0)]
-    run_ttl_ms: u64,
-    /// Fault injection, e.g. error_rate=0.1,drop_response_rate=0.1,latency_ms=5,seed=7.
-    #[arg(long, value_parser = Faults::parse)]
-    faults: Option<Faults>,
+/// How a subcommand ended.
+pub(crate) enum Failure {
+    /// The request was refused; nothing changed (exit 1).
+    Refused(String),
+    /// A usage or setup problem (exit 2).
+    Usage(String),
+}
+
+pub(crate) type Outcome = Result<(), Failure>;
+
+impl From<toolrunner::Error> for Failure {
+    fn from(e: toolrunner::Error) -> Self {
+        if e.is_refused() {
+            Failure::Refused(e.to_string())
+        } else {
+            Failure::Usage(e.to_string())
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(match cli.command {
+                    Command::Devserver(_) => "info",
+                    _ => "warn",
+                })
+            }),
         )
         .init();
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match cli.command {
-        Command::Devserver(args) => runtime.block_on(devserver(args)),
-    }
-}
-
-async fn devserver(args: DevserverArgs) -> ExitCode {
-    let mut builder = DevServer::builder()
-        .listen(args.listen)
-        .lease_ttl_ms(args.lease_ttl_ms)
-        .heartbeat_interval_ms(args.heartbeat_interval_ms)
-        .run_ttl_ms(args.run_ttl_ms)
-        .faults(args.faults.unwrap_or_default());
-    if let Some(db) = args.db {
-        builder = builder.db_path(db);
-    }
-    for spec in &args.tokens {
-        builder = builder.token_spec(spec);
-    }
-    let server = match builder.start().await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    println!("toolrunner devserver listening on {}", server.base_url());
-    server.run_until(shutdown_signal()).await;
-    ExitCode::SUCCESS
-}
-
-/// Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Devserver(args) => devserver::devserver(args).await,
+            Command::Calls(c) => calls::run(c).await,
+            Command::Reconcile(c) => reconcile::run(c).await,
+            Command::Outbox(c) => outbox::run(c).await,
+            Command::Tools(c) => tools::run(c).await,
+            Command::Budget(b) => budget::run(b),
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutting down");
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Refused(m)) => {
+            eprintln!("refused: {m}");
+            ExitCode::from(1)
+        }
+        Err(Failure::Usage(m)) => {
+            eprintln!("error: {m}");
+            ExitCode::from(2)
+        }
+    }
 }

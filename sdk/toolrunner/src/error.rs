@@ -15,6 +15,7 @@ pub(crate) enum Kind {
     Store,
     Platform,
     Unreachable,
+    Refused,
 }
 
 impl Error {
@@ -50,6 +51,12 @@ impl Error {
     /// The platform answered an error the executor cannot act on.
     pub fn is_platform(&self) -> bool {
         self.kind == Kind::Platform
+    }
+
+    /// An operator request was refused (wrong state, bad evidence, unknown
+    /// call); nothing changed.
+    pub fn is_refused(&self) -> bool {
+        self.kind == Kind::Refused
     }
 
     /// The platform could not be reached after retries.

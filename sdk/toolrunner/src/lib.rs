@@ -6,6 +6,7 @@ mod client;
 mod context;
 mod error;
 mod handler;
+mod reconciler;
 mod runner;
 pub mod store;
 mod tls;
@@ -15,6 +16,9 @@ pub use builder::{Executor, ExecutorBuilder};
 pub use context::{CallContext, CommitPointError, ProgressError};
 pub use error::{Error, Result};
 pub use handler::{Effect, Reconciled, Tool, ToolError};
+pub use reconciler::{
+    CallSummary, Evidence, OutboxStatus, Outcome, ReceiptView, Reconciler, Resolved, Timeline,
+};
 pub use runner::{RunningExecutor, Shutdown};
 
 /// Re-exported for `#[async_trait]` on handlers.

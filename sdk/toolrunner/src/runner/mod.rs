@@ -3,11 +3,11 @@
 //! Every step that the crash table names is committed to the store before
 //! the matching request goes out; see `docs/protocol.md` §14.
 
-mod call;
+pub(crate) mod call;
 mod checks;
 mod claimer;
 mod connection;
-mod outbox;
+pub(crate) mod outbox;
 mod reconcile;
 mod recovery;
 mod stream;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportState};
 
 use super::{CallKey, Core, connection};
-use crate::client::ClientError;
+use crate::client::{Client, ClientError};
 use crate::store::{
-    CallFilter, Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus,
+    CallFilter, Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, Store,
 };
 
 /// What one delivery attempt found.
@@ -54,25 +54,31 @@ fn status_change(r: &OutboxReceipt, status: ReceiptStatus, error: Option<String>
 
 /// Sends one stored receipt and applies the reaction table.
 pub(crate) async fn deliver_one(core: &Arc<Core>, call: &LocalCall, r: &OutboxReceipt) -> Delivery {
+    deliver(&core.client, core.store.as_ref(), call, r).await
+}
+
+/// Sends one stored receipt with `client` and records the outcome in
+/// `store` (shared by the executor and the operator's [`crate::Reconciler`]).
+pub(crate) async fn deliver(
+    client: &Client,
+    store: &dyn Store,
+    call: &LocalCall,
+    r: &OutboxReceipt,
+) -> Delivery {
     let Some(asg) = call
         .assignment
         .as_ref()
         .filter(|a| a.assignment_id == r.assignment_id)
     else {
-        let _ = core
-            .commit(
-                vec![status_change(
-                    r,
-                    ReceiptStatus::Superseded,
-                    Some("assignment replaced".into()),
-                )],
-                None,
-            )
-            .await;
+        let superseded = status_change(
+            r,
+            ReceiptStatus::Superseded,
+            Some("assignment replaced".into()),
+        );
+        let _ = store.commit(vec![superseded]).await;
         return Delivery::Settled;
     };
-    let answer = core
-        .client
+    let answer = client
         .receipt(&r.run_id, &r.call_id, &asg.grant, &r.body)
         .await;
     let final_kind = r.kind.is_final();
@@ -96,7 +102,7 @@ pub(crate) async fn deliver_one(core: &Arc<Core>, call: &LocalCall, r: &OutboxRe
                 call.report = pending;
                 changes.push(Change::PutCall(call.clone()));
             }
-            let _ = core.commit(changes, None).await;
+            let _ = store.commit(changes).await;
             return Delivery::Later;
         }
         Err(e) if !final_kind && r.kind == ReceiptKind::Progress => {
@@ -132,7 +138,7 @@ pub(crate) async fn deliver_one(core: &Arc<Core>, call: &LocalCall, r: &OutboxRe
         }
         changes.push(Change::PutCall(call.clone()));
     }
-    if let Err(e) = core.commit(changes, None).await {
+    if let Err(e) = store.commit(changes).await {
         tracing::error!(error = %e, "could not record a delivery; it will be sent again");
         return Delivery::Later;
     }

@@ -1,0 +1,157 @@
+//! `toolrunner calls list|show`.
+use std::time::Duration;
+
+use toolrunner::store::{CallFilter, LocalState};
+
+use crate::output::{self, DbArg};
+use crate::{Failure, Outcome};
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum CallsCommand {
+    /// List calls, oldest change first.
+    List {
+        #[command(flatten)]
+        db: DbArg,
+        /// Only this state (e.g. reconciliation_required, rejected, settled).
+        #[arg(long, value_parser = parse_state)]
+        state: Option<LocalState>,
+        /// Only this tool.
+        #[arg(long)]
+        tool: Option<String>,
+        /// Only calls unchanged for at least this long (e.g. 10m, 2h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Option<Duration>,
+        /// Stable JSON: {"calls": [CallSummary]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one call's whole timeline.
+    Show {
+        /// RUN_ID/CALL_ID.
+        call: String,
+        #[command(flatten)]
+        db: DbArg,
+        /// Stable JSON: Timeline.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(crate) fn parse_state(s: &str) -> Result<LocalState, String> {
+    LocalState::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = toolrunner::store::ALL_STATES
+            .iter()
+            .map(|s| s.as_str())
+            .collect();
+        format!("unknown state {s:?}; one of {}", names.join(", "))
+    })
+}
+
+pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
+    match cmd {
+        CallsCommand::List {
+            db,
+            state,
+            tool,
+            older_than,
+            json,
+        } => {
+            let r = output::open(&db.db).await?;
+            let updated_before = older_than
+                .map(|d| chrono::Utc::now() - chrono::Duration::from_std(d).unwrap_or_default())
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+            let filter = CallFilter {
+                states: state.into_iter().collect(),
+                tool_name: tool,
+                updated_before,
+            };
+            let calls = r.list(&filter).await?;
+            if json {
+                return output::json(&serde_json::json!({"calls": calls}));
+            }
+            let rows = calls
+                .iter()
+                .map(|c| {
+                    vec![
+                        format!("{}/{}", c.run_id, c.call_id),
+                        c.tool_name.clone(),
+                        c.state.as_str().to_owned(),
+                        c.updated_at.clone(),
+                        c.reason.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            println!(
+                "{}",
+                output::table(&["call", "tool", "state", "updated", "reason"], rows)
+            );
+            println!("{} calls", calls.len());
+            Ok(())
+        }
+        CallsCommand::Show { call, db, json } => {
+            let (run_id, call_id) = output::call_ref(&call)?;
+            let r = output::open(&db.db).await?;
+            let t = r.show(&run_id, &call_id).await.map_err(Failure::from)?;
+            if json {
+                return output::json(&t);
+            }
+            let c = &t.call;
+            println!("call          {}/{}", c.run_id, c.call_id);
+            println!("tool          {}", c.tool_name);
+            println!("state         {}", c.state.as_str());
+            println!("operation key {}", c.operation_key);
+            println!(
+                "assignment    {}",
+                c.assignment_id.as_deref().unwrap_or("-")
+            );
+            println!("subject       {}", c.subject.as_deref().unwrap_or("-"));
+            println!("reason        {}", c.reason.as_deref().unwrap_or("-"));
+            let receipts = t
+                .receipts
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.sequence.to_string(),
+                        r.kind.as_str().to_owned(),
+                        r.receipt_id.clone(),
+                        r.status.as_str().to_owned(),
+                        r.attempts.to_string(),
+                        r.last_error.clone().unwrap_or_default(),
+                        r.body.clone(),
+                    ]
+                })
+                .collect();
+            println!(
+                "\nreceipts\n{}",
+                output::table(
+                    &[
+                        "seq",
+                        "kind",
+                        "receipt",
+                        "status",
+                        "attempts",
+                        "last error",
+                        "body"
+                    ],
+                    receipts
+                )
+            );
+            let events = t
+                .events
+                .iter()
+                .map(|e| {
+                    vec![
+                        e.at.clone(),
+                        e.what.clone(),
+                        e.detail.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            println!(
+                "\ntimeline\n{}",
+                output::table(&["at", "what", "detail"], events)
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! `toolrunner tools check|dry-run`.
+use serde::Serialize;
+use serde_json::{Value, json};
+use toolrunner_protocol::tooldef::{ProblemKind, check_version};
+
+use crate::output;
+use crate::{Failure, Outcome};
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum ToolsCommand {
+    /// Check tool definitions (a JSON file holding {"tools": [...]} or the
+    /// array itself): every problem, plus lint warnings.
+    Check {
+        /// The file, or - for stdin.
+        file: String,
+        /// Stable JSON: {"valid", "problems": [...], "warnings": [...]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask a platform to check arguments and preview a result (runs nothing).
+    DryRun {
+        /// The platform.
+        #[arg(long, env = "TOOLRUNNER_BASE_URL")]
+        base_url: String,
+        /// Bearer token (runtime:read, configuration:read or tools:execute).
+        #[arg(long, env = "TOOLRUNNER_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The published agent version.
+        #[arg(long)]
+        agent_version: String,
+        /// The tool.
+        #[arg(long)]
+        tool: String,
+        /// Arguments as JSON text, or @FILE.
+        #[arg(long, default_value = "{}")]
+        arguments: String,
+        /// A result to preview, as JSON text or @FILE.
+        #[arg(long)]
+        mock_result: Option<String>,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct Finding {
+    param: String,
+    code: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    message: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Warning {
+    param: String,
+    message: String,
+}
+
+fn read(source: &str) -> Result<String, Failure> {
+    if source == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|e| Failure::Usage(e.to_string()))?;
+        return Ok(s);
+    }
+    std::fs::read_to_string(source)
+        .map_err(|e| Failure::Usage(format!("cannot read {source}: {e}")))
+}
+
+fn inline_or_file(arg: &str) -> Result<Value, Failure> {
+    let text = match arg.strip_prefix('@') {
+        Some(path) => read(path)?,
+        None => arg.to_owned(),
+    };
+    toolrunner_protocol::json::parse_strict(text.trim().as_bytes())
+        .map_err(|e| Failure::Usage(format!("not acceptable JSON: {e}")))
+}
+
+/// Names that usually hold one of a few values.
+const CATEGORICAL: [&str; 14] = [
+    "status",
+    "state",
+    "type",
+    "kind",
+    "mode",
+    "currency",
+    "country",
+    "language",
+    "unit",
+    "priority",
+    "level",
+    "category",
+    "direction",
+    "role",
+];
+
+fn lint_schema(param: &str, schema: &Value, out: &mut Vec<Warning>) {
+    let Some(obj) = schema.as_object() else {
+        return;
+    };
+    if obj.get("type") == Some(&json!("object")) {
+        if obj.get("additionalProperties") != Some(&json!(false)) {
+            out.push(Warning {
+                param: param.into(),
+                message: "no \"additionalProperties\": false: unknown arguments pass unnoticed"
+                    .into(),
+            });
+        }
+        let props = obj.get("properties").and_then(Value::as_object);
+        if props.is_some_and(|p| !p.is_empty()) && !obj.contains_key("required") {
+            out.push(Warning {
+                param: param.into(),
+                message: "no \"required\": every argument is optional".into(),
+            });
+        }
+        for (name, prop) in props.into_iter().flatten() {
+            let p = format!("{param}.properties.{name}");
+            let free_string = prop.get("type") == Some(&json!("string"))
+                && !["enum", "const", "format", "pattern"]
+                    .iter()
+                    .any(|k| prop.get(k).is_some());
+            let described = prop
+                .get("description")
+                .and_then(Value::as_str)
+                .is_some_and(|d| d.to_lowercase().contains("one of"));
+            if free_string && (CATEGORICAL.contains(&name.to_lowercase().as_str()) || described) {
+                out.push(Warning { param: p.clone(), message: format!("free-form string {name}: an \"enum\" would tell the model the allowed values") });
+            }
+            lint_schema(&p, prop, out);
+        }
+    }
+}
+
+fn check(file: &str, as_json: bool) -> Outcome {
+    let doc = toolrunner_protocol::json::parse_strict(read(file)?.trim().as_bytes())
+        .map_err(|e| Failure::Refused(format!("{file} is not acceptable JSON: {e}")))?;
+    let (tools, tool_search) = match &doc {
+        Value::Array(_) => (doc.clone(), None),
+        Value::Object(o) => (
+            o.get("tools").cloned().unwrap_or(Value::Null),
+            o.get("tool_search").cloned(),
+        ),
+        _ => (Value::Null, None),
+    };
+    let problems: Vec<Finding> = match check_version(&tools, tool_search.as_ref()) {
+        Ok(_) => Vec::new(),
+        Err(list) => list
+            .into_iter()
+            .map(|p| Finding {
+                param: p.param,
+                code: p.code,
+                kind: match p.kind {
+                    ProblemKind::InvalidRequest => "invalid_request_error",
+                    ProblemKind::UnsupportedConfiguration => "unsupported_or_invalid_configuration",
+                },
+                message: p.message,
+            })
+            .collect(),
+    };
+    let mut warnings = Vec::new();
+    for (i, t) in tools.as_array().into_iter().flatten().enumerate() {
+        if let Some(s) = t.get("input_schema") {
+            lint_schema(&format!("tools[{i}].input_schema"), s, &mut warnings);
+        }
+    }
+    if as_json {
+        output::json(
+            &json!({"valid": problems.is_empty(), "problems": problems, "warnings": warnings}),
+        )?;
+    } else {
+        for p in &problems {
+            println!("error   {}: {} ({})", p.param, p.message, p.code);
+        }
+        for w in &warnings {
+            println!("warning {}: {}", w.param, w.message);
+        }
+        println!("{} problems, {} warnings", problems.len(), warnings.len());
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Refused(format!(
+            "{} problems in {file}",
+            problems.len()
+        )))
+    }
+}
+
+async fn dry_run(base_url: &str, token: &str, body: Value) -> Outcome {
+    let url = format!("{}/v1/tools/dry-run", base_url.trim_end_matches('/'));
+    let resp = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| Failure::Usage(format!("cannot reach the platform: {e}")))?;
+    let status = resp.status();
+    let answer: Value = resp
+        .json()
+        .await
+        .map_err(|e| Failure::Usage(format!("the platform's answer does not parse: {e}")))?;
+    output::json(&answer)?;
+    if !status.is_success() {
+        return Err(Failure::Refused(format!("the platform answered {status}")));
+    }
+    if answer["arguments_valid"] != json!(true) {
+        return Err(Failure::Refused(
+            "the arguments do not match the tool's input_schema".into(),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) async fn run(cmd: ToolsCommand) -> Outcome {
+    match cmd {
+        ToolsCommand::Check { file, json } => check(&file, json),
+        ToolsCommand::DryRun {
+            base_url,
+            token,
+            agent_version,
+            tool,
+            arguments,
+            mock_result,
+        } => {
+            let mut body = json!({"agent_version": agent_version, "tool_name": tool, "arguments": inline_or_file(&arguments)?});
+            if let Some(m) = mock_result {
+                body["mock_receipts"] = json!([{"receipt_id": "dry-run-1", "kind": "completed", "result": inline_or_file(&m)?}]);
+            }
+            dry_run(&base_url, &token, body).await
+        }
+    }
+}

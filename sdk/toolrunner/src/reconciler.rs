@@ -1,0 +1,486 @@
+//! The operator's API over the store: list, show a timeline, resolve with
+//! evidence, record a compensation, redeliver, export. Products can build
+//! admin pages on it; the `toolrunner` CLI is one.
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use toolrunner_protocol::tooldef::Schema;
+use toolrunner_protocol::wire::ReceiptKind;
+
+use crate::client::{Backoff, Client};
+use crate::error::{Error, Kind, Result};
+use crate::runner::call::new_receipt;
+use crate::runner::outbox::{Delivery, deliver};
+use crate::store::{
+    CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore,
+    Store,
+};
+
+/// One call as an operator sees it (no secrets).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallSummary {
+    /// Run.
+    pub run_id: String,
+    /// Call.
+    pub call_id: String,
+    /// Tool.
+    pub tool_name: String,
+    /// Local state.
+    pub state: LocalState,
+    /// The operation key (the idempotency key handlers passed downstream).
+    pub operation_key: String,
+    /// The assignment, if any.
+    pub assignment_id: Option<String>,
+    /// Whom the run acts for.
+    pub subject: Option<String>,
+    /// Why it is in its state.
+    pub reason: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339 of the last change.
+    pub updated_at: String,
+}
+
+impl From<&LocalCall> for CallSummary {
+    fn from(c: &LocalCall) -> Self {
+        CallSummary {
+            run_id: c.run_id.clone(),
+            call_id: c.call_id.clone(),
+            tool_name: c.tool_name.clone(),
+            state: c.state,
+            operation_key: c.operation_key.clone(),
+            assignment_id: c.assignment.as_ref().map(|a| a.assignment_id.clone()),
+            subject: c.assignment.as_ref().map(|a| a.subject.clone()),
+            reason: c.reason.clone(),
+            created_at: c.created_at.clone(),
+            updated_at: c.updated_at.clone(),
+        }
+    }
+}
+
+/// A receipt as stored in the outbox, with its exact body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReceiptView {
+    /// Id.
+    pub receipt_id: String,
+    /// Kind.
+    pub kind: ReceiptKind,
+    /// Sequence.
+    pub sequence: u64,
+    /// Assignment.
+    pub assignment_id: String,
+    /// Delivery status.
+    pub status: ReceiptStatus,
+    /// Delivery attempts.
+    pub attempts: u32,
+    /// Last delivery error.
+    pub last_error: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub delivered_at: Option<String>,
+    /// The stored bytes, exactly as sent.
+    pub body: String,
+}
+
+impl From<&OutboxReceipt> for ReceiptView {
+    fn from(r: &OutboxReceipt) -> Self {
+        ReceiptView {
+            receipt_id: r.receipt_id.clone(),
+            kind: r.kind,
+            sequence: r.sequence,
+            assignment_id: r.assignment_id.clone(),
+            status: r.status,
+            attempts: r.attempts,
+            last_error: r.last_error.clone(),
+            created_at: r.created_at.clone(),
+            delivered_at: r.delivered_at.clone(),
+            body: r.body.clone(),
+        }
+    }
+}
+
+/// Everything known about one call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timeline {
+    /// The call.
+    pub call: CallSummary,
+    /// Its receipts in sequence order.
+    pub receipts: Vec<ReceiptView>,
+    /// Every state change and action, oldest first.
+    pub events: Vec<Event>,
+}
+
+/// How an operator settles a call.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The effect happened with this result (checked against `output_schema`).
+    Completed(Value),
+    /// A confirmed business failure.
+    Failed {
+        /// Code.
+        code: String,
+        /// Short message for the model.
+        message: String,
+    },
+    /// A confirmed business cancellation.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Who decided, why, and where the proof is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// Operator.
+    pub who: String,
+    /// Why this outcome is right.
+    pub why: String,
+    /// A reference (ticket, provider transaction id, …).
+    pub reference: Option<String>,
+}
+
+/// What a resolve did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resolved {
+    /// The new final receipt.
+    pub receipt_id: String,
+    /// The call's local state afterwards.
+    pub state: LocalState,
+    /// Whether it was delivered now (otherwise the running executor's
+    /// outbox delivers it).
+    pub delivered: bool,
+}
+
+/// Counts of the outbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxStatus {
+    /// Receipts by delivery status.
+    pub by_status: std::collections::BTreeMap<String, usize>,
+    /// The oldest undelivered receipt's creation time.
+    pub oldest_pending_at: Option<String>,
+    /// The undelivered receipts.
+    pub pending: Vec<ReceiptView>,
+}
+
+/// Why a request was refused (exit code 1 in the CLI).
+fn refused(msg: impl Into<String>) -> Error {
+    Error::new(Kind::Refused, msg)
+}
+
+/// The operator's API over an executor's store.
+pub struct Reconciler {
+    store: Arc<dyn Store>,
+    client: Option<Client>,
+}
+
+impl std::fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("delivers", &self.client.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reconciler {
+    /// Opens the store at a `sqlite://PATH` URL (safe beside a running
+    /// executor: WAL readers, and writes go through guarded transactions).
+    ///
+    /// # Errors
+    /// The store cannot be opened.
+    pub async fn open(store_url: &str) -> Result<Reconciler> {
+        Ok(Reconciler {
+            store: Arc::new(SqliteStore::open(store_url).await?),
+            client: None,
+        })
+    }
+
+    /// Over a store of your own.
+    pub fn new(store: Arc<dyn Store>) -> Reconciler {
+        Reconciler {
+            store,
+            client: None,
+        }
+    }
+
+    /// Lets resolve and redeliver send receipts to the platform themselves.
+    ///
+    /// # Errors
+    /// The HTTP client cannot be built.
+    pub fn with_platform(mut self, base_url: &str, token: &str) -> Result<Reconciler> {
+        let backoff = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+            attempts: 4,
+        };
+        let client = Client::new(base_url, token, Duration::from_secs(10), backoff)
+            .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?;
+        self.client = Some(client);
+        Ok(self)
+    }
+
+    /// Calls matching `filter`.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub async fn list(&self, filter: &CallFilter) -> Result<Vec<CallSummary>> {
+        Ok(self
+            .store
+            .calls(filter)
+            .await?
+            .iter()
+            .map(CallSummary::from)
+            .collect())
+    }
+
+    async fn load(&self, run_id: &str, call_id: &str) -> Result<LocalCall> {
+        self.store
+            .call(run_id, call_id)
+            .await?
+            .ok_or_else(|| refused(format!("this store has no call {run_id}/{call_id}")))
+    }
+
+    /// One call's whole timeline.
+    ///
+    /// # Errors
+    /// Unknown call, or the store failed.
+    pub async fn show(&self, run_id: &str, call_id: &str) -> Result<Timeline> {
+        let call = self.load(run_id, call_id).await?;
+        let receipts = self.store.receipts(run_id, call_id).await?;
+        let events = self.store.events(run_id, call_id).await?;
+        Ok(Timeline {
+            call: CallSummary::from(&call),
+            receipts: receipts.iter().map(ReceiptView::from).collect(),
+            events,
+        })
+    }
+
+    /// Settles a call in `reconciliation_required` or `rejected` with a new
+    /// final receipt (a new `receipt_id`), written through the outbox, and
+    /// delivers it if a platform is set.
+    ///
+    /// # Errors
+    /// Refused: another state, no assignment, a result that fails the
+    /// stored `output_schema`, or someone settled it meanwhile.
+    pub async fn resolve(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        outcome: Outcome,
+        evidence: &Evidence,
+    ) -> Result<Resolved> {
+        let mut call = self.load(run_id, call_id).await?;
+        let allowed = [LocalState::ReconciliationRequired, LocalState::Rejected];
+        if !allowed.contains(&call.state) {
+            return Err(refused(format!(
+                "call {run_id}/{call_id} is {}; only reconciliation_required or rejected calls are resolved",
+                call.state.as_str()
+            )));
+        }
+        let asg = call.assignment.clone().ok_or_else(|| {
+            refused("the call has no assignment in this store: settle it on the platform side")
+        })?;
+        let (kind, extra) = match outcome {
+            Outcome::Completed(result) => {
+                if let Some(schema) = &asg.output_schema {
+                    let schema = Schema::compile(schema).map_err(|e| {
+                        refused(format!("the stored output_schema cannot be used: {e}"))
+                    })?;
+                    if let Some(v) = schema.violations(&result).first() {
+                        return Err(refused(format!(
+                            "the result does not match output_schema at '{}': {}",
+                            v.path, v.message
+                        )));
+                    }
+                }
+                (ReceiptKind::Completed, json!({"result": result}))
+            }
+            Outcome::Failed { code, message } => (
+                ReceiptKind::Failed,
+                json!({"error": {"code": code, "message": message}}),
+            ),
+            Outcome::Cancelled { reason } => (ReceiptKind::Cancelled, json!({"reason": reason})),
+        };
+        let executor_id = self.executor_id_of(run_id, call_id).await?;
+        let receipt = new_receipt(&executor_id, &call, &asg, kind, extra);
+        let guard = Change::Expect {
+            run_id: run_id.into(),
+            call_id: call_id.into(),
+            states: allowed.to_vec(),
+        };
+        let note = evidence_note(&call, "resolved by operator", evidence);
+        call.next_sequence += 1;
+        call.state = LocalState::Settled;
+        call.reason = Some(format!("resolved by {}: {}", evidence.who, evidence.why));
+        call.report = None;
+        self.store
+            .commit(vec![
+                guard,
+                note,
+                Change::AddReceipt(receipt.clone()),
+                Change::PutCall(call.clone()),
+            ])
+            .await
+            .map_err(|e| refused(format!("not resolved: {e}")))?;
+        let mut delivered = false;
+        if let Some(client) = &self.client {
+            delivered = matches!(
+                deliver(client, self.store.as_ref(), &call, &receipt).await,
+                Delivery::Delivered
+            );
+        }
+        let state = self.load(run_id, call_id).await?.state;
+        Ok(Resolved {
+            receipt_id: receipt.receipt_id,
+            state,
+            delivered,
+        })
+    }
+
+    /// Records that the effect of a `rejected` call (the platform had
+    /// already ended the run) was compensated.
+    ///
+    /// # Errors
+    /// Refused if the call is not `rejected`.
+    pub async fn compensated(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        evidence: &Evidence,
+    ) -> Result<()> {
+        let mut call = self.load(run_id, call_id).await?;
+        if call.state != LocalState::Rejected {
+            return Err(refused(format!(
+                "call {run_id}/{call_id} is {}; only rejected calls are marked compensated",
+                call.state.as_str()
+            )));
+        }
+        let guard = Change::Expect {
+            run_id: run_id.into(),
+            call_id: call_id.into(),
+            states: vec![LocalState::Rejected],
+        };
+        let note = evidence_note(&call, "compensated", evidence);
+        call.state = LocalState::Compensated;
+        call.reason = Some(format!(
+            "compensated per {}: {}",
+            evidence.who, evidence.why
+        ));
+        self.store
+            .commit(vec![guard, note, Change::PutCall(call)])
+            .await
+            .map_err(|e| refused(format!("not recorded: {e}")))?;
+        Ok(())
+    }
+
+    /// The outbox: counts by status and the undelivered receipts.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub async fn outbox(&self) -> Result<OutboxStatus> {
+        let mut by_status = std::collections::BTreeMap::new();
+        for s in [
+            ReceiptStatus::Pending,
+            ReceiptStatus::Delivered,
+            ReceiptStatus::Rejected,
+            ReceiptStatus::Superseded,
+            ReceiptStatus::Orphaned,
+        ] {
+            by_status.insert(
+                s.as_str().to_owned(),
+                self.store.receipts_with(s).await?.len(),
+            );
+        }
+        let pending: Vec<ReceiptView> = self
+            .store
+            .receipts_with(ReceiptStatus::Pending)
+            .await?
+            .iter()
+            .map(ReceiptView::from)
+            .collect();
+        let oldest_pending_at = pending.iter().map(|r| r.created_at.clone()).min();
+        Ok(OutboxStatus {
+            by_status,
+            oldest_pending_at,
+            pending,
+        })
+    }
+
+    /// Sends undelivered receipts now (all, or one by id), oldest first.
+    /// Needs [`with_platform`](Self::with_platform).
+    ///
+    /// # Errors
+    /// Refused without a platform or for an unknown or not pending receipt.
+    pub async fn redeliver(
+        &self,
+        receipt_id: Option<&str>,
+    ) -> Result<Vec<(String, ReceiptStatus)>> {
+        let client = self.client.as_ref().ok_or_else(|| refused("redeliver needs --base-url and --token (or a running executor, whose outbox delivers by itself)"))?;
+        let receipts = match receipt_id {
+            Some(id) => {
+                let r = self
+                    .store
+                    .receipt(id)
+                    .await?
+                    .ok_or_else(|| refused(format!("no receipt {id}")))?;
+                if r.status != ReceiptStatus::Pending {
+                    return Err(refused(format!(
+                        "receipt {id} is {}, not pending",
+                        r.status.as_str()
+                    )));
+                }
+                vec![r]
+            }
+            None => self.store.receipts_with(ReceiptStatus::Pending).await?,
+        };
+        let mut out = Vec::new();
+        for r in receipts {
+            let call = self.load(&r.run_id, &r.call_id).await?;
+            deliver(client, self.store.as_ref(), &call, &r).await;
+            let status = self
+                .store
+                .receipt(&r.receipt_id)
+                .await?
+                .map_or(r.status, |x| x.status);
+            out.push((r.receipt_id, status));
+        }
+        Ok(out)
+    }
+
+    /// Every call with its timeline, as JSON.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub async fn export(&self) -> Result<Value> {
+        let mut calls = Vec::new();
+        for c in self.store.calls(&CallFilter::default()).await? {
+            calls.push(self.show(&c.run_id, &c.call_id).await?);
+        }
+        Ok(json!({"calls": calls}))
+    }
+
+    async fn executor_id_of(&self, run_id: &str, call_id: &str) -> Result<String> {
+        for r in self.store.receipts(run_id, call_id).await? {
+            if let Some(id) = serde_json::from_str::<Value>(&r.body)
+                .ok()
+                .and_then(|b| b["executor_id"].as_str().map(str::to_owned))
+            {
+                return Ok(id);
+            }
+        }
+        Err(refused("no receipt of this call names its executor id"))
+    }
+}
+
+fn evidence_note(call: &LocalCall, what: &str, evidence: &Evidence) -> Change {
+    Change::Note {
+        run_id: call.run_id.clone(),
+        call_id: call.call_id.clone(),
+        what: what.into(),
+        detail: Some(serde_json::to_string(evidence).unwrap_or_default()),
+    }
+}

@@ -1,0 +1,979 @@
+//! The crash table of protocol §6, row by row: a fail point stops the call at
+//! one durable step, the executor is dropped (a lost process), and a second
+//! executor with the same store and executor id must do what the table's
+//! "on restart" column says.
+//!
+//! The fail-point registry is global, so every test holds a
+//! `fail::FailScenario` for its whole length (that serializes them) and runs
+//! its own Tokio runtime inside it.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use toolrunner::store::{
+    CallFilter, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store,
+};
+use toolrunner::{CallContext, Effect, Executor, RunningExecutor, Tool, ToolError, async_trait};
+use toolrunner_devserver::DevServer;
+
+const ADMIN: &str = "dev-admin";
+const EXEC_TOKEN: &str = "dev-executor";
+const EXECUTOR_ID: &str = "crash-exec-01";
+const WRITE_TOOL: &str = "crash.write";
+const READ_TOOL: &str = "crash.read";
+/// Long enough for a task to go from the observed durable step to its fail
+/// point (no I/O lies in between).
+const GRACE: Duration = Duration::from_millis(250);
+const LIMIT: Duration = Duration::from_secs(15);
+
+// ------------------------------------------------------------------ tools
+
+/// `crash.*` arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Input {
+    /// Any amount.
+    amount: u64,
+}
+
+/// `crash.*` result.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+struct Output {
+    /// How many times a handler of this log has run so far.
+    invocation: usize,
+}
+
+/// One handler invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Invocation {
+    tool: String,
+    call_id: String,
+    operation_key: String,
+    amount: u64,
+}
+
+/// Every handler invocation of the executors sharing it.
+#[derive(Debug, Clone, Default)]
+struct Log(Arc<Mutex<Vec<Invocation>>>);
+
+impl Log {
+    fn all(&self) -> Vec<Invocation> {
+        self.0.lock().expect("not poisoned").clone()
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().expect("not poisoned").len()
+    }
+}
+
+struct Recorder {
+    name: &'static str,
+    effect: Effect,
+    log: Log,
+}
+
+#[async_trait]
+impl Tool for Recorder {
+    type Input = Input;
+    type Output = Output;
+
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn description(&self) -> &str {
+        "Records every invocation (the side effect under test)"
+    }
+
+    fn effect(&self) -> Effect {
+        self.effect
+    }
+
+    async fn call(&self, ctx: &CallContext, input: Input) -> Result<Output, ToolError> {
+        let mut log = self.log.0.lock().expect("not poisoned");
+        log.push(Invocation {
+            tool: self.name.to_owned(),
+            call_id: ctx.call_id().to_owned(),
+            operation_key: ctx.operation_key().to_owned(),
+            amount: input.amount,
+        });
+        Ok(Output {
+            invocation: log.len(),
+        })
+    }
+}
+
+// --------------------------------------------------------------- harness
+
+/// Runs `body` on a fresh multi-threaded runtime while holding the
+/// fail-point scenario (which also clears every fail point before and after).
+fn with_failpoints<F: Future<Output = ()>>(body: F) {
+    let scenario = fail::FailScenario::setup();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(body);
+    scenario.teardown();
+}
+
+/// Polls `probe` every 25 ms until it yields a value.
+async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+struct Platform {
+    server: DevServer,
+    http: reqwest::Client,
+}
+
+impl Platform {
+    async fn start(lease: Option<(u64, u64)>) -> Platform {
+        let mut builder = DevServer::builder().listen("127.0.0.1:0".parse().expect("addr"));
+        if let Some((ttl, heartbeat)) = lease {
+            builder = builder.lease_ttl_ms(ttl).heartbeat_interval_ms(heartbeat);
+        }
+        Platform {
+            server: builder.start().await.expect("devserver starts"),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/v1{path}", self.server.base_url())
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Value {
+        let resp = req
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .expect("platform answers");
+        let status = resp.status();
+        let body: Value = resp.json().await.expect("JSON answer");
+        assert!(status.is_success(), "platform answered {status}: {body}");
+        body
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        self.send(self.http.post(self.url(path)).json(&body)).await
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.send(self.http.get(self.url(path))).await
+    }
+}
+
+/// One platform, one agent version with both tools, one run of one call.
+struct Row {
+    platform: Platform,
+    binding_id: String,
+    run_id: String,
+    call_id: String,
+    store_url: String,
+    _dir: tempfile::TempDir,
+    /// The handler invocations of every executor started with [`Row::start`].
+    log: Log,
+    local: Option<SqliteStore>,
+}
+
+struct Options {
+    store_url: String,
+    log: Log,
+    poll: Duration,
+    stream: bool,
+}
+
+fn build_executor(binding_id: &str, base_url: &str, o: &Options) -> Executor {
+    Executor::builder()
+        .base_url(base_url)
+        .token(EXEC_TOKEN)
+        .executor_id(EXECUTOR_ID)
+        .binding_id(binding_id)
+        .store_url(o.store_url.clone())
+        .capacity(4)
+        .poll_interval(o.poll)
+        .stream(o.stream)
+        .request_timeout(Duration::from_secs(5))
+        .backoff(Duration::from_millis(50), Duration::from_millis(500), 6)
+        .allow_all()
+        .tool(Recorder {
+            name: WRITE_TOOL,
+            effect: Effect::Write,
+            log: o.log.clone(),
+        })
+        .tool(Recorder {
+            name: READ_TOOL,
+            effect: Effect::Read,
+            log: o.log.clone(),
+        })
+        .build()
+        .expect("executor builds")
+}
+
+impl Row {
+    async fn new(tool: &str, lease: Option<(u64, u64)>) -> Row {
+        let platform = Platform::start(lease).await;
+        let agent = platform
+            .post("/agents", json!({"name": "crash-table"}))
+            .await;
+        let agent_id = agent["agent_id"].as_str().expect("agent_id").to_owned();
+        let binding = platform
+            .post(
+                "/executor-bindings",
+                json!({"agent_id": agent_id, "name": "crash",
+                       "tool_names": [WRITE_TOOL, READ_TOOL]}),
+            )
+            .await;
+        let binding_id = binding["binding_id"]
+            .as_str()
+            .expect("binding_id")
+            .to_owned();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store_url = format!("sqlite://{}", dir.path().join("exec.db").display());
+        let definitions = build_executor(
+            &binding_id,
+            &platform.server.base_url(),
+            &Options {
+                store_url: store_url.clone(),
+                log: Log::default(),
+                poll: Duration::from_millis(100),
+                stream: true,
+            },
+        )
+        .tool_definitions()
+        .clone();
+        let version = platform
+            .post(
+                &format!("/agents/{agent_id}/versions"),
+                json!({"tools": definitions}),
+            )
+            .await;
+        let run = platform
+            .post(
+                "/runs",
+                json!({"agent_version": version["agent_version"], "subject": "user_42",
+                       "tool_calls": [{"tool_name": tool, "arguments": {"amount": 1200}}]}),
+            )
+            .await;
+        let run_id = run["run_id"].as_str().expect("run_id").to_owned();
+        let call_id = run["tool_calls"][0]["call_id"]
+            .as_str()
+            .expect("call_id")
+            .to_owned();
+        Row {
+            platform,
+            binding_id,
+            run_id,
+            call_id,
+            store_url,
+            _dir: dir,
+            log: Log::default(),
+            local: None,
+        }
+    }
+
+    /// Starts an executor on the row's store, recording into the row's log.
+    async fn start(&mut self) -> RunningExecutor {
+        let o = Options {
+            store_url: self.store_url.clone(),
+            log: self.log.clone(),
+            poll: Duration::from_millis(100),
+            stream: true,
+        };
+        let running = self.start_with(&o).await;
+        if self.local.is_none() {
+            self.local = Some(
+                SqliteStore::open(&self.store_url)
+                    .await
+                    .expect("the executor's store opens for inspection"),
+            );
+        }
+        running
+    }
+
+    async fn start_with(&self, o: &Options) -> RunningExecutor {
+        build_executor(&self.binding_id, &self.platform.server.base_url(), o)
+            .start()
+            .await
+            .expect("executor starts")
+    }
+
+    fn store(&self) -> &SqliteStore {
+        self.local.as_ref().expect("an executor was started")
+    }
+
+    async fn local_call(&self) -> Option<LocalCall> {
+        self.store()
+            .call(&self.run_id, &self.call_id)
+            .await
+            .expect("store readable")
+    }
+
+    async fn local_receipts(&self) -> Vec<OutboxReceipt> {
+        self.store()
+            .receipts(&self.run_id, &self.call_id)
+            .await
+            .expect("store readable")
+    }
+
+    /// Waits until the local call is in `state` (and `extra` holds).
+    async fn wait_local(&self, state: LocalState) -> LocalCall {
+        eventually(
+            &format!("local state {}", state.as_str()),
+            LIMIT,
+            || async { self.local_call().await.filter(|c| c.state == state) },
+        )
+        .await
+    }
+
+    /// The run's one call as the platform shows it.
+    async fn platform_call(&self) -> Value {
+        let run = self.platform.get(&format!("/runs/{}", self.run_id)).await;
+        run["tool_calls"][0].clone()
+    }
+
+    async fn wait_platform(&self, state: &str) -> Value {
+        eventually(&format!("platform state {state}"), LIMIT, || async {
+            let c = self.platform_call().await;
+            (c["state"] == state).then_some(c)
+        })
+        .await
+    }
+}
+
+fn receipts_of_kind<'a>(call: &'a Value, kind: &str) -> Vec<&'a Value> {
+    call["receipts"]
+        .as_array()
+        .expect("receipts")
+        .iter()
+        .filter(|r| r["kind"] == kind)
+        .collect()
+}
+
+fn receipt_kinds(call: &Value) -> Vec<String> {
+    call["receipts"]
+        .as_array()
+        .expect("receipts")
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+fn local_of_kind<'a>(receipts: &'a [OutboxReceipt], kind: &str) -> Vec<&'a OutboxReceipt> {
+    receipts
+        .iter()
+        .filter(|r| r.kind.as_str() == kind)
+        .collect()
+}
+
+/// The common end of every row that completes: the platform holds exactly
+/// one `accepted` and one `completed` receipt, each the very receipt (id and
+/// body) of the local outbox, all of one assignment; the local call is
+/// `delivered`; the platform never stored a late receipt.
+async fn assert_completed_once(row: &Row) -> Value {
+    let call = row.wait_platform("completed").await;
+    let local = row.wait_local(LocalState::Delivered).await;
+    assert_eq!(
+        receipt_kinds(&call),
+        ["accepted", "completed"],
+        "platform receipts: {call}"
+    );
+    assert_eq!(call["late_receipts"], json!([]), "{call}");
+    let asg = local
+        .assignment
+        .as_ref()
+        .expect("assignment")
+        .assignment_id
+        .clone();
+    assert_eq!(call["assignment_id"], asg.as_str());
+    let outbox = row.local_receipts().await;
+    for stored in call["receipts"].as_array().expect("receipts") {
+        assert_eq!(stored["body"]["assignment_id"], asg.as_str(), "{stored}");
+        let id = stored["receipt_id"].as_str().expect("receipt_id");
+        let mine = outbox
+            .iter()
+            .find(|r| r.receipt_id == id)
+            .unwrap_or_else(|| panic!("platform receipt {id} is not in the local outbox"));
+        assert_eq!(mine.status, ReceiptStatus::Delivered, "{mine:?}");
+        let body: Value = serde_json::from_str(&mine.body).expect("outbox body is JSON");
+        assert_eq!(
+            stored["body"], body,
+            "stored body differs from the outbox body"
+        );
+    }
+    call
+}
+
+// ------------------------------------------------------------------- rows
+
+/// Row "operation key saved, claim not answered" (here: not even sent) →
+/// claim again with the same key; the call completes; the handler ran once,
+/// with the key stored before the crash.
+#[test]
+fn after_operation_key_saved_claims_again_with_the_same_key() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_operation_key_saved", "return").unwrap();
+        let first = row.start().await;
+        let saved = row.wait_local(LocalState::Claiming).await;
+        tokio::time::sleep(GRACE).await;
+        assert_eq!(
+            row.platform_call().await["state"],
+            "pending",
+            "the claim must not have been sent"
+        );
+        drop(first);
+        fail::remove("after_operation_key_saved");
+
+        let second = row.start().await;
+        assert_completed_once(&row).await;
+        let local = row.local_call().await.expect("known");
+        assert_eq!(local.operation_key, saved.operation_key);
+        let log = row.log.all();
+        assert_eq!(log.len(), 1, "handler invocations: {log:?}");
+        assert_eq!(log[0].operation_key, saved.operation_key);
+        assert_eq!(log[0].call_id, row.call_id);
+        assert_eq!(log[0].amount, 1200);
+        drop(second);
+    });
+}
+
+/// Row "operation key saved, claim answered, assignment not saved" → the
+/// same key gets `replayed: true`: the platform keeps the one assignment of
+/// the first claim; completes; the handler ran once.
+#[test]
+fn after_claim_answer_replays_the_claim() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_claim_answer", "return").unwrap();
+        let first = row.start().await;
+        let claimed = row.wait_platform("claimed").await;
+        let first_asg = claimed["assignment_id"]
+            .as_str()
+            .expect("assignment_id")
+            .to_owned();
+        tokio::time::sleep(GRACE).await;
+        let saved = row.local_call().await.expect("operation key saved");
+        assert_eq!(saved.state, LocalState::Claiming);
+        assert!(
+            saved.assignment.is_none(),
+            "the fail point sits before the assignment is saved"
+        );
+        drop(first);
+        fail::remove("after_claim_answer");
+
+        let second = row.start().await;
+        let call = assert_completed_once(&row).await;
+        assert_eq!(
+            call["assignment_id"], first_asg,
+            "a replayed claim returns the first assignment; a new one means the key changed"
+        );
+        let local = row.local_call().await.expect("known");
+        assert_eq!(local.operation_key, saved.operation_key);
+        let log = row.log.all();
+        assert_eq!(log.len(), 1, "handler invocations: {log:?}");
+        assert_eq!(log[0].operation_key, saved.operation_key);
+        drop(second);
+    });
+}
+
+/// Row "assignment saved, `accepted` not confirmed" (crash right after the
+/// assignment is saved, before any receipt exists) → `accepted` is sent on
+/// restart; exactly one `accepted` on the platform, the local one; the
+/// handler ran once.
+#[test]
+fn after_assignment_saved_accepts_on_restart() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_assignment_saved", "return").unwrap();
+        let first = row.start().await;
+        let saved = row.wait_local(LocalState::Assigned).await;
+        tokio::time::sleep(GRACE).await;
+        assert!(row.local_receipts().await.is_empty());
+        let before = row.platform_call().await;
+        assert_eq!(before["state"], "claimed");
+        assert_eq!(receipt_kinds(&before), Vec::<String>::new());
+        drop(first);
+        fail::remove("after_assignment_saved");
+
+        let second = row.start().await;
+        let call = assert_completed_once(&row).await;
+        let asg = saved.assignment.expect("assignment saved").assignment_id;
+        assert_eq!(call["assignment_id"], asg.as_str());
+        let accepted = receipts_of_kind(&call, "accepted");
+        let local = row.local_receipts().await;
+        let local_accepted = local_of_kind(&local, "accepted");
+        assert_eq!(local_accepted.len(), 1, "{local:?}");
+        assert_eq!(
+            accepted[0]["receipt_id"],
+            local_accepted[0].receipt_id.as_str()
+        );
+        assert_eq!(row.log.len(), 1, "{:?}", row.log.all());
+        assert_eq!(row.log.all()[0].operation_key, saved.operation_key);
+        drop(second);
+    });
+}
+
+/// Row "assignment saved, `accepted` not confirmed" (crash right after the
+/// `accepted` receipt is saved, before it is sent) → the saved receipt is
+/// sent with the same `receipt_id` and body; the handler ran once.
+#[test]
+fn after_accepted_saved_resends_the_saved_accepted() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_accepted_saved", "return").unwrap();
+        let first = row.start().await;
+        let saved = eventually("a saved accepted receipt", LIMIT, || async {
+            local_of_kind(&row.local_receipts().await, "accepted")
+                .first()
+                .map(|r| (*r).clone())
+        })
+        .await;
+        tokio::time::sleep(GRACE).await;
+        assert_eq!(saved.status, ReceiptStatus::Pending);
+        assert_eq!(
+            row.local_call().await.expect("known").state,
+            LocalState::Assigned
+        );
+        let before = row.platform_call().await;
+        assert_eq!(
+            before["state"], "claimed",
+            "accepted must not have been sent"
+        );
+        drop(first);
+        fail::remove("after_accepted_saved");
+
+        let second = row.start().await;
+        let call = assert_completed_once(&row).await;
+        let accepted = receipts_of_kind(&call, "accepted");
+        assert_eq!(accepted[0]["receipt_id"], saved.receipt_id.as_str());
+        let body: Value = serde_json::from_str(&saved.body).expect("JSON");
+        assert_eq!(accepted[0]["body"], body);
+        assert_eq!(
+            local_of_kind(&row.local_receipts().await, "accepted").len(),
+            1,
+            "no second accepted receipt may be made"
+        );
+        assert_eq!(row.log.len(), 1, "{:?}", row.log.all());
+        drop(second);
+    });
+}
+
+/// Row "`accepted` confirmed" with the handler not started yet (local state
+/// still `assigned`) → the saved `accepted` is replayed, answered
+/// `accepted: true` again, and the handler runs once.
+#[test]
+fn after_accepted_confirmed_replays_accepted_and_runs_once() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_accepted_confirmed", "return").unwrap();
+        let first = row.start().await;
+        let running = row.wait_platform("running").await;
+        tokio::time::sleep(GRACE).await;
+        assert_eq!(row.log.len(), 0, "the handler must not have started");
+        let local = row.local_call().await.expect("known");
+        assert_eq!(local.state, LocalState::Assigned);
+        let saved = row.local_receipts().await;
+        let saved_accepted = local_of_kind(&saved, "accepted")[0].clone();
+        assert_eq!(
+            receipts_of_kind(&running, "accepted")[0]["receipt_id"],
+            saved_accepted.receipt_id.as_str()
+        );
+        drop(first);
+        fail::remove("after_accepted_confirmed");
+
+        let second = row.start().await;
+        let call = assert_completed_once(&row).await;
+        assert_eq!(
+            receipts_of_kind(&call, "accepted")[0]["receipt_id"],
+            saved_accepted.receipt_id.as_str()
+        );
+        assert_eq!(row.log.len(), 1, "{:?}", row.log.all());
+        assert_eq!(row.log.all()[0].operation_key, local.operation_key);
+        drop(second);
+    });
+}
+
+/// Row "`accepted` confirmed, no final receipt saved", write tool: the side
+/// effect happened and its outcome is unknown → not run again; the call is
+/// `reconciliation_required` locally and on the platform.
+#[test]
+fn after_handler_write_tool_goes_to_reconciliation() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_handler", "return").unwrap();
+        let first = row.start().await;
+        eventually("the handler ran", LIMIT, || async {
+            (row.log.len() == 1).then_some(())
+        })
+        .await;
+        tokio::time::sleep(GRACE).await;
+        assert_eq!(
+            row.local_call().await.expect("known").state,
+            LocalState::Running
+        );
+        assert!(
+            row.local_receipts()
+                .await
+                .iter()
+                .all(|r| !r.kind.is_final()),
+            "no final receipt may be saved"
+        );
+        drop(first);
+        fail::remove("after_handler");
+
+        let second = row.start().await;
+        let call = row.wait_platform("reconciliation_required").await;
+        let local = row.wait_local(LocalState::ReconciliationRequired).await;
+        assert!(local.report.is_none(), "reported: {local:?}");
+        // Give a wrong re-run every chance to show up.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            row.log.len(),
+            1,
+            "a write handler ran again: {:?}",
+            row.log.all()
+        );
+        let after = row.platform_call().await;
+        assert_eq!(after["state"], "reconciliation_required");
+        assert_eq!(receipt_kinds(&after), ["accepted"], "{after}");
+        assert_eq!(after["receipts"], call["receipts"]);
+        assert_eq!(
+            row.local_call().await.expect("known").state,
+            LocalState::ReconciliationRequired
+        );
+        drop(second);
+    });
+}
+
+/// Row "`accepted` confirmed, no final receipt saved", read tool → run
+/// again (same assignment and key); the call completes.
+#[test]
+fn after_handler_read_tool_runs_again() {
+    with_failpoints(async {
+        let mut row = Row::new(READ_TOOL, None).await;
+        fail::cfg("after_handler", "return").unwrap();
+        let first = row.start().await;
+        eventually("the handler ran", LIMIT, || async {
+            (row.log.len() == 1).then_some(())
+        })
+        .await;
+        tokio::time::sleep(GRACE).await;
+        let before = row.local_call().await.expect("known");
+        assert_eq!(before.state, LocalState::Running);
+        drop(first);
+        fail::remove("after_handler");
+
+        let second = row.start().await;
+        let call = assert_completed_once(&row).await;
+        let log = row.log.all();
+        assert_eq!(log.len(), 2, "the read tool runs again once: {log:?}");
+        assert!(
+            log.iter()
+                .all(|i| i.tool == READ_TOOL && i.operation_key == before.operation_key)
+        );
+        assert_eq!(
+            call["assignment_id"],
+            before
+                .assignment
+                .expect("assignment")
+                .assignment_id
+                .as_str()
+        );
+        drop(second);
+    });
+}
+
+/// Row "final receipt saved, not delivered" → delivered on restart with
+/// the same `receipt_id` and body; the handler ran once.
+#[test]
+fn after_final_saved_delivers_the_saved_receipt() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_final_saved", "return").unwrap();
+        let first = row.start().await;
+        row.wait_local(LocalState::Settled).await;
+        tokio::time::sleep(GRACE).await;
+        let outbox = row.local_receipts().await;
+        let saved = local_of_kind(&outbox, "completed")[0].clone();
+        assert_eq!(saved.status, ReceiptStatus::Pending);
+        let before = row.platform_call().await;
+        assert_eq!(before["state"], "running");
+        assert_eq!(receipt_kinds(&before), ["accepted"]);
+        drop(first);
+        fail::remove("after_final_saved");
+
+        let second = row.start().await;
+        let call = assert_completed_once(&row).await;
+        let completed = receipts_of_kind(&call, "completed")[0];
+        assert_eq!(completed["receipt_id"], saved.receipt_id.as_str());
+        let body: Value = serde_json::from_str(&saved.body).expect("JSON");
+        assert_eq!(completed["body"], body);
+        assert_eq!(row.log.len(), 1, "{:?}", row.log.all());
+        drop(second);
+    });
+}
+
+/// Row "final receipt delivered" → nothing: no request changes the
+/// platform's call, the handler is not called again.
+#[test]
+fn delivered_call_is_left_alone() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        let first = row.start().await;
+        let done = assert_completed_once(&row).await;
+        drop(first);
+        let outbox = row.local_receipts().await;
+
+        let second = row.start().await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            row.platform_call().await,
+            done,
+            "the platform's call changed"
+        );
+        assert_eq!(row.log.len(), 1, "{:?}", row.log.all());
+        assert_eq!(
+            row.local_call().await.expect("known").state,
+            LocalState::Delivered
+        );
+        assert_eq!(row.local_receipts().await, outbox, "the outbox changed");
+        drop(second);
+    });
+}
+
+/// A claim that expired while the process was down: the platform released
+/// the assignment (the call is `pending` again, the old grant is refused).
+/// On restart the executor claims again with the same key and gets a new
+/// assignment; nothing of the old assignment reaches the platform.
+#[test]
+fn expired_claim_is_claimed_again_with_a_new_assignment() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, Some((300, 100))).await;
+        fail::cfg("after_assignment_saved", "return").unwrap();
+        let first = row.start().await;
+        let saved = row.wait_local(LocalState::Assigned).await;
+        tokio::time::sleep(GRACE).await;
+        drop(first);
+        fail::remove("after_assignment_saved");
+        let old = saved.assignment.clone().expect("assignment");
+
+        // The lease expires; the claimed call returns to pending.
+        let pending = row.wait_platform("pending").await;
+        assert_eq!(pending["assignment_id"], Value::Null);
+        assert_eq!(receipt_kinds(&pending), Vec::<String>::new());
+        // The old grant no longer works (probe with a receipt of our own
+        // that would be valid for a live assignment).
+        let probe = row
+            .platform
+            .http
+            .post(row.platform.url(&format!(
+                "/runs/{}/tool-calls/{}/receipts",
+                row.run_id, row.call_id
+            )))
+            .bearer_auth(EXEC_TOKEN)
+            .header("Tool-Grant", old.grant.expose())
+            .json(
+                &json!({"receipt_id": "rcp_probe_old_grant", "executor_id": EXECUTOR_ID,
+                          "assignment_id": old.assignment_id, "sequence": 0,
+                          "kind": "accepted"}),
+            )
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(
+            probe.status().as_u16(),
+            403,
+            "the released grant must be refused"
+        );
+
+        let second = row.start().await;
+        let call = assert_completed_once(&row).await;
+        let new_asg = call["assignment_id"]
+            .as_str()
+            .expect("assignment")
+            .to_owned();
+        assert_ne!(
+            new_asg, old.assignment_id,
+            "a released assignment is never returned"
+        );
+        for r in call["receipts"].as_array().expect("receipts") {
+            assert_eq!(r["body"]["assignment_id"], new_asg.as_str(), "{r}");
+        }
+        let local = row.local_call().await.expect("known");
+        assert_eq!(
+            local.operation_key, saved.operation_key,
+            "the claim is made again with the saved key"
+        );
+        let outbox = row.local_receipts().await;
+        let old_receipts: Vec<&OutboxReceipt> = outbox
+            .iter()
+            .filter(|r| r.assignment_id == old.assignment_id)
+            .collect();
+        for r in &old_receipts {
+            assert_eq!(r.status, ReceiptStatus::Superseded, "{r:?}");
+            assert_eq!(r.kind.as_str(), "accepted", "{r:?}");
+        }
+        println!(
+            "old assignment's receipts in the outbox: {:?}",
+            old_receipts
+                .iter()
+                .map(|r| (
+                    r.kind.as_str(),
+                    r.status.as_str(),
+                    r.attempts,
+                    r.last_error.clone()
+                ))
+                .collect::<Vec<_>>()
+        );
+        let log = row.log.all();
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert_eq!(log[0].operation_key, saved.operation_key);
+        drop(second);
+    });
+}
+
+/// `outstanding` lists a `claimed` call the (new, empty) store does not
+/// know → never executed, reported `released`: the call is `pending` again.
+/// (The second executor polls only once an hour and has no stream, so any
+/// handler run could only come from recovery.) A later normal executor then
+/// claims it afresh: new key, new assignment, the old one never used.
+#[test]
+fn outstanding_claim_unknown_to_the_store_is_released() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_assignment_saved", "return").unwrap();
+        let a = row.start().await;
+        let saved = row.wait_local(LocalState::Assigned).await;
+        tokio::time::sleep(GRACE).await;
+        drop(a);
+        fail::remove("after_assignment_saved");
+        let old = saved.assignment.expect("assignment").assignment_id;
+        assert_eq!(row.platform_call().await["state"], "claimed");
+
+        let dir_b = tempfile::tempdir().expect("tempdir");
+        let store_b = format!("sqlite://{}", dir_b.path().join("exec.db").display());
+        let log_b = Log::default();
+        let b = row
+            .start_with(&Options {
+                store_url: store_b.clone(),
+                log: log_b.clone(),
+                poll: Duration::from_secs(3600),
+                stream: false,
+            })
+            .await;
+        let pending = row.wait_platform("pending").await;
+        assert_eq!(pending["assignment_id"], Value::Null);
+        let inspect_b = SqliteStore::open(&store_b).await.expect("store B");
+        let known = eventually("B records the call released", LIMIT, || async {
+            inspect_b
+                .call(&row.run_id, &row.call_id)
+                .await
+                .expect("readable")
+                .filter(|c| c.state == LocalState::Released && c.report.is_none())
+        })
+        .await;
+        assert!(known.assignment.is_none(), "{known:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            log_b.len(),
+            0,
+            "B executed a call it did not know: {:?}",
+            log_b.all()
+        );
+        assert_eq!(row.log.len(), 0, "A never got to the handler");
+        assert_eq!(row.platform_call().await["state"], "pending");
+        drop(b);
+
+        // A normal executor on store B claims the pending call afresh.
+        let b2 = row
+            .start_with(&Options {
+                store_url: store_b.clone(),
+                log: log_b.clone(),
+                poll: Duration::from_millis(100),
+                stream: true,
+            })
+            .await;
+        let call = row.wait_platform("completed").await;
+        assert_ne!(call["assignment_id"], old.as_str());
+        for r in call["receipts"].as_array().expect("receipts") {
+            assert_ne!(r["body"]["assignment_id"], old.as_str(), "{r}");
+        }
+        let log = log_b.all();
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert_ne!(log[0].operation_key, saved.operation_key);
+        assert_eq!(row.log.len(), 0);
+        drop(b2);
+    });
+}
+
+/// `outstanding` lists a `running` call the (new, empty) store does not
+/// know → never executed, reported `reconciliation_required`.
+#[test]
+fn outstanding_running_call_unknown_to_the_store_needs_reconciliation() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_accepted_confirmed", "return").unwrap();
+        let a = row.start().await;
+        row.wait_platform("running").await;
+        tokio::time::sleep(GRACE).await;
+        drop(a);
+        fail::remove("after_accepted_confirmed");
+
+        let dir_b = tempfile::tempdir().expect("tempdir");
+        let store_b = format!("sqlite://{}", dir_b.path().join("exec.db").display());
+        let log_b = Log::default();
+        let b = row
+            .start_with(&Options {
+                store_url: store_b.clone(),
+                log: log_b.clone(),
+                poll: Duration::from_millis(100),
+                stream: true,
+            })
+            .await;
+        let call = row.wait_platform("reconciliation_required").await;
+        assert_eq!(receipt_kinds(&call), ["accepted"]);
+        let inspect_b = SqliteStore::open(&store_b).await.expect("store B");
+        let known = eventually("B records reconciliation_required", LIMIT, || async {
+            inspect_b
+                .call(&row.run_id, &row.call_id)
+                .await
+                .expect("readable")
+                .filter(|c| c.state == LocalState::ReconciliationRequired && c.report.is_none())
+        })
+        .await;
+        assert_eq!(known.reason.as_deref(), Some("unknown_to_executor"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(log_b.len(), 0, "{:?}", log_b.all());
+        assert_eq!(row.log.len(), 0);
+        assert_eq!(
+            inspect_b
+                .calls(&CallFilter::default())
+                .await
+                .expect("readable")
+                .len(),
+            1
+        );
+        drop(b);
+    });
+}

@@ -1,0 +1,488 @@
+//! A real process, killed again and again: the `ledger` example is started
+//! against an in-process development platform that loses and refuses
+//! requests, and SIGKILLed after a random moment, at least 30 times, on the
+//! same store and ledger file. A last start without faults settles
+//! everything; then the ledger, the platform and the local store must agree
+//! that no entry was written twice, none without `accepted` first, and no
+//! receipt ever conflicted.
+//!
+//! `cargo test --test kill_loop -- --nocapture` prints the figures.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Value, json};
+use toolrunner::store::{CallFilter, LocalState, ReceiptStatus, SqliteStore, Store};
+use toolrunner_devserver::{DevServer, Faults};
+
+const ADMIN: &str = "dev-admin";
+const EXEC_TOKEN: &str = "dev-executor";
+const EXECUTOR_ID: &str = "ledger-kill-01";
+const CALLS: usize = 40;
+const MIN_KILLS: usize = 30;
+const SEED: u64 = 0x5eed_1ed6_e4c0_ffee;
+
+/// xorshift64*: reproducible waits without another dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next() % (high - low + 1)
+    }
+}
+
+fn modified(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// `<target>/<profile>/examples/ledger`, built first if it is missing or
+/// older than this test binary (`cargo test --test kill_loop` alone does not
+/// build examples).
+fn ledger_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("<target>/<profile>/deps/<test>");
+    let bin = profile_dir.join("examples").join("ledger");
+    let stale = match (modified(&bin), modified(&exe)) {
+        (Some(b), Some(e)) => b < e,
+        _ => true,
+    };
+    if stale {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--example", "ledger"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        if let Some(target) = profile_dir.parent() {
+            cmd.arg("--target-dir").arg(target);
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(status.success(), "cargo build --example ledger failed");
+    }
+    assert!(bin.exists(), "no ledger example at {}", bin.display());
+    bin
+}
+
+struct Admin {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Admin {
+    async fn send(&self, req: reqwest::RequestBuilder) -> Value {
+        let resp = req
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .expect("platform answers");
+        let status = resp.status();
+        let body: Value = resp.json().await.expect("JSON");
+        assert!(status.is_success(), "platform answered {status}: {body}");
+        body
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        self.send(
+            self.http
+                .post(format!("{}/v1{path}", self.base))
+                .json(&body),
+        )
+        .await
+    }
+
+    async fn put(&self, path: &str, body: Value) -> Value {
+        self.send(self.http.put(format!("{}/v1{path}", self.base)).json(&body))
+            .await
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.send(self.http.get(format!("{}/v1{path}", self.base)))
+            .await
+    }
+}
+
+struct LedgerProcess {
+    bin: PathBuf,
+    args: Vec<String>,
+    stderr: PathBuf,
+}
+
+impl LedgerProcess {
+    fn spawn(&self) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stderr)
+            .expect("stderr log");
+        Command::new(&self.bin)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("ledger starts")
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+const SETTLED: [&str; 3] = ["completed", "failed", "reconciliation_required"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_survives_repeated_sigkill() {
+    let started = Instant::now();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let bin = ledger_binary();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let db = tmp.path().join("exec.db");
+    let ledger = tmp.path().join("ledger.jsonl");
+    let stderr = tmp.path().join("ledger-stderr.log");
+
+    let platform = DevServer::builder()
+        .listen("127.0.0.1:0".parse().expect("addr"))
+        .faults(Faults {
+            error_rate: 0.1,
+            drop_response_rate: 0.15,
+            latency_ms: 0,
+            seed: 7,
+        })
+        .lease_ttl_ms(1000)
+        .heartbeat_interval_ms(200)
+        .start()
+        .await
+        .expect("devserver starts");
+    let admin = Admin {
+        http: reqwest::Client::new(),
+        base: platform.base_url(),
+    };
+    let agent = admin.post("/agents", json!({"name": "kill-loop"})).await;
+    let agent_id = agent["agent_id"].as_str().expect("agent_id").to_owned();
+    let binding = admin
+        .post(
+            "/executor-bindings",
+            json!({"agent_id": agent_id, "name": "ledger", "tool_names": ["ledger.append"]}),
+        )
+        .await;
+    let binding_id = binding["binding_id"]
+        .as_str()
+        .expect("binding_id")
+        .to_owned();
+    let tool = json!({
+        "name": "ledger.append", "description": "Append one entry to the ledger",
+        "binding_id": binding_id,
+        "input_schema": {"type": "object",
+            "properties": {"amount": {"type": "integer", "minimum": 1},
+                           "memo": {"type": "string"}},
+            "required": ["amount", "memo"], "additionalProperties": false},
+        "output_schema": {"type": "object",
+            "properties": {"entry": {"type": "integer"}}, "required": ["entry"]}
+    });
+    let version = admin
+        .post(
+            &format!("/agents/{agent_id}/versions"),
+            json!({"tools": [tool]}),
+        )
+        .await;
+    let memos: Vec<&str> = (0..CALLS)
+        .map(|i| if i == 11 || i == 29 { "fail" } else { "coffee" })
+        .collect();
+    let calls: Vec<Value> = memos
+        .iter()
+        .enumerate()
+        .map(|(i, m)| json!({"tool_name": "ledger.append", "arguments": {"amount": 100 + i, "memo": m}}))
+        .collect();
+    let run = admin
+        .post(
+            "/runs",
+            json!({"agent_version": version["agent_version"], "subject": "user_42",
+                   "tool_calls": calls}),
+        )
+        .await;
+    let run_id = run["run_id"].as_str().expect("run_id").to_owned();
+
+    let child = LedgerProcess {
+        bin,
+        args: [
+            "--base-url",
+            &platform.base_url(),
+            "--token",
+            EXEC_TOKEN,
+            "--executor-id",
+            EXECUTOR_ID,
+            "--binding-id",
+            &binding_id,
+            "--db",
+            &db.display().to_string(),
+            "--ledger",
+            &ledger.display().to_string(),
+            "--capacity",
+            "4",
+            "--effect-delay-ms",
+            "20",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect(),
+        stderr: stderr.clone(),
+    };
+
+    // ---------------------------------------------------------- the loop
+    let mut rng = Rng(SEED);
+    let mut kills = 0;
+    while kills < MIN_KILLS {
+        let mut c = child.spawn();
+        tokio::time::sleep(Duration::from_millis(rng.between(50, 400))).await;
+        if let Some(status) = c.try_wait().expect("try_wait") {
+            // It stopped by itself: that is a failure of its own.
+            panic!(
+                "the ledger exited by itself ({status}) after {kills} kills:\n{}",
+                tail(&stderr, 30)
+            );
+        }
+        c.kill().expect("SIGKILL");
+        c.wait().expect("wait");
+        kills += 1;
+    }
+    let loop_time = started.elapsed();
+
+    // ------------------------------------------------- the settling start
+    admin
+        .put(
+            "/dev/faults",
+            json!({"error_rate": 0.0, "drop_response_rate": 0.0, "latency_ms": 0, "seed": 7}),
+        )
+        .await;
+    let mut last = child.spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        let run = admin.get(&format!("/runs/{run_id}")).await;
+        let all_settled = run["tool_calls"]
+            .as_array()
+            .expect("tool_calls")
+            .iter()
+            .all(|c| SETTLED.contains(&c["state"].as_str().unwrap_or("")));
+        if all_settled {
+            break run;
+        }
+        if Instant::now() > deadline || last.try_wait().expect("try_wait").is_some() {
+            let _ = last.kill();
+            let _ = last.wait();
+            let states: Vec<(Value, Value)> = run["tool_calls"]
+                .as_array()
+                .expect("tool_calls")
+                .iter()
+                .filter(|c| !SETTLED.contains(&c["state"].as_str().unwrap_or("")))
+                .map(|c| (c["call_id"].clone(), c["state"].clone()))
+                .collect();
+            panic!(
+                "calls did not settle within 60 s of the last start: {states:?}\n{}",
+                tail(&stderr, 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let term = Command::new("kill")
+        .args(["-TERM", &last.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    let exit = loop {
+        if let Some(s) = last.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(15),
+            "the ledger did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        exit.success(),
+        "SIGTERM must drain and exit 0, got {exit}:\n{}",
+        tail(&stderr, 30)
+    );
+
+    // ------------------------------------------------------- the checks
+    let calls = run["tool_calls"].as_array().expect("tool_calls").clone();
+    let by_id: HashMap<String, &Value> = calls
+        .iter()
+        .map(|c| (c["call_id"].as_str().expect("call_id").to_owned(), c))
+        .collect();
+    let text = std::fs::read_to_string(&ledger).unwrap_or_default();
+    let mut lines_by_call: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let mut all_lines = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("ledger line {} is not JSON ({e}): {line:?}", n + 1));
+        lines_by_call
+            .entry(v["call_id"].as_str().expect("call_id").to_owned())
+            .or_default()
+            .push(v.clone());
+        all_lines.push(v);
+    }
+    let store = SqliteStore::open(&format!("sqlite://{}", db.display()))
+        .await
+        .expect("store opens");
+
+    // (1) No call has two ledger lines.
+    let duplicates: Vec<(&String, usize)> = lines_by_call
+        .iter()
+        .filter(|(_, l)| l.len() > 1)
+        .map(|(c, l)| (c, l.len()))
+        .collect();
+
+    // (2) Every line belongs to a call the platform accepted, under the key
+    // and assignment the executor claimed it with.
+    for line in &all_lines {
+        assert_eq!(line["run_id"], run_id.as_str(), "{line}");
+        let call_id = line["call_id"].as_str().expect("call_id");
+        let call = by_id
+            .get(call_id)
+            .unwrap_or_else(|| panic!("ledger line for an unknown call: {line}"));
+        let accepted: Vec<&Value> = call["receipts"]
+            .as_array()
+            .expect("receipts")
+            .iter()
+            .filter(|r| r["kind"] == "accepted")
+            .collect();
+        assert_eq!(
+            accepted.len(),
+            1,
+            "a ledger line without exactly one accepted receipt: {line}\n{call}"
+        );
+        let local = store
+            .call(&run_id, call_id)
+            .await
+            .expect("store readable")
+            .unwrap_or_else(|| panic!("the store does not know {call_id}"));
+        assert_eq!(
+            line["operation_key"],
+            local.operation_key.as_str(),
+            "the line's key is not the key the call was claimed and accepted with"
+        );
+        let asg = local
+            .assignment
+            .as_ref()
+            .expect("an accepted call has its assignment");
+        assert_eq!(
+            accepted[0]["body"]["assignment_id"],
+            asg.assignment_id.as_str()
+        );
+        assert_eq!(call["assignment_id"], asg.assignment_id.as_str());
+        assert_eq!(line["amount"], call["arguments"]["amount"]);
+    }
+
+    // (3) No receipt conflict anywhere.
+    let mut outbox = Vec::new();
+    for c in &calls {
+        let call_id = c["call_id"].as_str().expect("call_id");
+        assert_eq!(c["late_receipts"], json!([]), "late receipt: {c}");
+        outbox.extend(store.receipts(&run_id, call_id).await.expect("readable"));
+    }
+    let conflicts: Vec<_> = outbox
+        .iter()
+        .filter(|r| {
+            r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("receipt_conflict") || e.contains("sequence_conflict"))
+        })
+        .collect();
+    let mut receipt_status: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &outbox {
+        *receipt_status.entry(r.status.as_str()).or_default() += 1;
+    }
+    let local_calls = store.calls(&CallFilter::default()).await.expect("readable");
+    let mut local_states: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &local_calls {
+        *local_states.entry(c.state.as_str()).or_default() += 1;
+    }
+
+    // (4) Every call settled, consistently with the ledger.
+    let mut platform_states: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, c) in calls.iter().enumerate() {
+        let state = c["state"].as_str().unwrap_or("?");
+        *platform_states.entry(state.to_owned()).or_default() += 1;
+        let call_id = c["call_id"].as_str().expect("call_id");
+        let lines = lines_by_call.get(call_id).map_or(0, Vec::len);
+        match state {
+            "completed" => {
+                assert_eq!(
+                    lines, 1,
+                    "completed call {call_id} has {lines} ledger lines"
+                );
+                let entry = c["context_projection"]["result"]["entry"]
+                    .as_u64()
+                    .expect("entry");
+                let at = usize::try_from(entry).expect("fits") - 1;
+                assert_eq!(
+                    all_lines.get(at).map(|l| l["call_id"].clone()),
+                    Some(json!(call_id)),
+                    "completed call {call_id} reports entry {entry}, which is another call's line"
+                );
+            }
+            "failed" => {
+                assert_eq!(memos[i], "fail", "only a declined entry fails: {c}");
+                assert_eq!(lines, 0, "failed call {call_id} wrote a line");
+            }
+            "reconciliation_required" => assert!(lines <= 1),
+            other => panic!("call {call_id} ended {other}"),
+        }
+    }
+    let reconciliation = platform_states
+        .get("reconciliation_required")
+        .copied()
+        .unwrap_or(0);
+
+    println!("kill loop: {kills} SIGKILLs in {loop_time:.1?}");
+    println!(
+        "calls: {}, platform states: {platform_states:?}",
+        calls.len()
+    );
+    println!(
+        "ledger lines: {}, calls with a line: {}, duplicates: {}",
+        all_lines.len(),
+        lines_by_call.len(),
+        duplicates.len()
+    );
+    println!("reconciliation_required: {reconciliation}");
+    println!("local states: {local_states:?}; outbox receipts: {receipt_status:?}");
+    println!(
+        "receipt conflicts: {}; total time {:.1?}",
+        conflicts.len(),
+        started.elapsed()
+    );
+
+    assert!(
+        duplicates.is_empty(),
+        "calls with two ledger lines: {duplicates:?}"
+    );
+    assert!(conflicts.is_empty(), "conflicting receipts: {conflicts:#?}");
+    assert!(kills >= MIN_KILLS);
+    assert!(
+        local_calls.iter().all(|c| c.state != LocalState::Rejected),
+        "a final receipt was refused: {local_states:?}"
+    );
+    assert!(
+        outbox.iter().all(|r| r.status != ReceiptStatus::Pending),
+        "receipts still pending after the drain"
+    );
+    platform.shutdown().await;
+}
