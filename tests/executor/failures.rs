@@ -27,7 +27,11 @@ async fn commit_point_passes_while_the_lease_is_live() -> Result<()> {
         .build()?;
     let agv = env.publish_for(&exec).await?;
     let run_id = env
-        .run(&agv, "user_42", &[(WRITE, json!({"amount": 5, "memo": "ok"}))])
+        .run(
+            &agv,
+            "user_42",
+            &[(WRITE, json!({"amount": 5, "memo": "ok"}))],
+        )
         .await?;
     let running = exec.start().await?;
     let run = env.wait_settled(&run_id, Duration::from_secs(8)).await?;
@@ -126,12 +130,12 @@ async fn bad_arguments_fail_before_the_handler() -> Result<()> {
         json!({"amount": 3, "memo": "extra", "admin": true}),
         json!({"memo": "no amount"}),
     ];
-    let mut calls: Vec<serde_json::Value> = bad
+    let mut new_calls: Vec<serde_json::Value> = bad
         .iter()
         .map(|a| json!({"tool_name": WRITE, "arguments": a, "unchecked": true}))
         .collect();
-    calls.push(json!({"tool_name": WRITE, "arguments": {"amount": 4, "memo": "good"}}));
-    let run_id = env.run_with(&agv, "user_42", calls).await?;
+    new_calls.push(json!({"tool_name": WRITE, "arguments": {"amount": 4, "memo": "good"}}));
+    let run_id = env.run_with(&agv, "user_42", new_calls).await?;
     let running = exec.start().await?;
     let run = env.wait_settled(&run_id, Duration::from_secs(8)).await?;
     bounded(Duration::from_secs(10), "drain", running.shutdown(DRAIN)).await?;
@@ -161,7 +165,6 @@ async fn bad_arguments_fail_before_the_handler() -> Result<()> {
     env.shutdown().await;
     Ok(())
 }
-
 
 /// A handler whose result breaks the tool's own output schema: the outcome
 /// is unknown, so the platform shows `reconciliation_required` (reported by

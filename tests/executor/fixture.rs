@@ -89,7 +89,9 @@ impl Env {
             binding_id: String::new(),
             dir,
         };
-        let agent = env.post("/agents", json!({"name": "executor-tests"})).await?;
+        let agent = env
+            .post("/agents", json!({"name": "executor-tests"}))
+            .await?;
         env.agent_id = str_of(&agent, "agent_id")?;
         let binding = env
             .post(
@@ -164,7 +166,8 @@ impl Env {
 
     /// `POST /v1/runs/{id}/cancel`.
     pub async fn cancel(&self, run_id: &str) -> Result<Value> {
-        self.post(&format!("/runs/{run_id}/cancel"), json!({})).await
+        self.post(&format!("/runs/{run_id}/cancel"), json!({}))
+            .await
     }
 
     /// The binding's diagnostics.

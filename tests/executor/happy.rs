@@ -81,7 +81,8 @@ async fn happy_path_read_and_write_complete_exactly_once() -> Result<()> {
     assert_eq!(seen.agent_version, agv);
     assert_eq!(seen.tool_name, WRITE);
     assert_eq!(
-        writes.effects()[0]["operation_key"], seen.operation_key,
+        writes.effects()[0]["operation_key"],
+        seen.operation_key,
         "the effect used the call's operation key"
     );
 
@@ -125,7 +126,11 @@ async fn progress_receipts_arrive_in_sequence() -> Result<()> {
         .build()?;
     let agv = env.publish_for(&exec).await?;
     let run_id = env
-        .run(&agv, "user_42", &[(WRITE, json!({"amount": 7, "memo": "long"}))])
+        .run(
+            &agv,
+            "user_42",
+            &[(WRITE, json!({"amount": 7, "memo": "long"}))],
+        )
         .await?;
     let running = exec.start().await?;
     let run = env.wait_settled(&run_id, Duration::from_secs(8)).await?;

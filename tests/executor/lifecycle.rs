@@ -152,7 +152,11 @@ async fn another_instance_supersedes_and_the_old_one_stops() -> Result<()> {
 
     let a = exec_a.start().await?;
     let first = env
-        .run(&agv, "user_42", &[(WRITE, json!({"amount": 1, "memo": "a"}))])
+        .run(
+            &agv,
+            "user_42",
+            &[(WRITE, json!({"amount": 1, "memo": "a"}))],
+        )
         .await?;
     env.wait_settled(&first, Duration::from_secs(8)).await?;
     assert_eq!(probe_a.calls(), 1, "A served while alone");

@@ -261,7 +261,10 @@ impl Tool for WriteTool {
 
 /// Whether a note reports `commit_point` refusing for a lost lease.
 pub fn is_lease_lost_note(n: &str) -> bool {
-    n == format!("commit_point: {:?}", Err::<(), _>(CommitPointError::LeaseLost))
+    n == format!(
+        "commit_point: {:?}",
+        Err::<(), _>(CommitPointError::LeaseLost)
+    )
 }
 
 // ------------------------------------------------------- bad output
@@ -311,7 +314,8 @@ impl Tool for BadOutputTool {
     }
     async fn call(&self, ctx: &CallContext, input: Append) -> Result<Bogus, ToolError> {
         self.probe.enter(ctx);
-        self.probe.effect(json!({"call_id": ctx.call_id(), "amount": input.amount}));
+        self.probe
+            .effect(json!({"call_id": ctx.call_id(), "amount": input.amount}));
         Ok(Bogus)
     }
 }

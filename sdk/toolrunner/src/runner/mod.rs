@@ -7,6 +7,7 @@ pub(crate) mod call;
 mod checks;
 mod claimer;
 mod connection;
+mod gauges;
 pub(crate) mod outbox;
 mod reconcile;
 mod recovery;
@@ -97,7 +98,16 @@ impl Core {
         changes: Vec<Change>,
         expect: Option<&LocalCall>,
     ) -> Result<(), StoreError> {
-        match self.store.commit(changes).await {
+        let started = std::time::Instant::now();
+        for c in &changes {
+            if let Change::PutCall(call) = c {
+                metrics::counter!("toolrunner_call_transitions_total", "state" => call.state.as_str()).increment(1);
+            }
+        }
+        let result = self.store.commit(changes).await;
+        metrics::histogram!("toolrunner_store_commit_seconds")
+            .record(started.elapsed().as_secs_f64());
+        match result {
             Ok(()) => Ok(()),
             Err(e) => {
                 if let Some(want) = expect {

@@ -81,6 +81,18 @@ pub(crate) async fn deliver(
     let answer = client
         .receipt(&r.run_id, &r.call_id, &asg.grant, &r.body)
         .await;
+    let outcome = match &answer {
+        Ok(_) => "delivered",
+        Err(ClientError::Unreachable(_)) => "unreachable",
+        Err(ClientError::Api(e)) => {
+            if e.status == 404 {
+                "not_found"
+            } else {
+                "refused"
+            }
+        }
+    };
+    metrics::counter!("toolrunner_receipt_deliveries_total", "kind" => r.kind.as_str(), "outcome" => outcome).increment(1);
     let final_kind = r.kind.is_final();
     let mut call = call.clone();
     let (status, error, state, report) = match answer {
@@ -264,6 +276,7 @@ pub(crate) async fn outbox_loop(core: Arc<Core>) {
             _ = tokio::time::sleep(wait) => {}
         }
         flush(&core).await;
+        super::gauges::publish(&core).await;
         let left = core
             .store
             .receipts_with(ReceiptStatus::Pending)

@@ -1,0 +1,12 @@
+//! Integration tests of the `toolrunner` executor against the development
+//! platform: each test starts its own platform on `127.0.0.1:0`, creates an
+//! agent, a binding and a version from the executor's own tool definitions,
+//! starts runs through the admin API and checks what the platform stored,
+//! what the handlers did and what the local store holds.
+
+mod failures;
+mod fixture;
+mod happy;
+mod lifecycle;
+mod secrets;
+mod tools;
