@@ -270,14 +270,6 @@ pub fn calls(run: &Value) -> Vec<Value> {
     run["tool_calls"].as_array().cloned().unwrap_or_default()
 }
 
-/// The run's call with this id.
-pub fn call_by_id(run: &Value, call_id: &str) -> Value {
-    calls(run)
-        .into_iter()
-        .find(|c| c["call_id"] == call_id)
-        .unwrap_or_else(|| panic!("no call {call_id} in {run}"))
-}
-
 /// The run's first call of this tool.
 pub fn call_of(run: &Value, tool: &str) -> Value {
     calls(run)

@@ -4,6 +4,8 @@
 //! starts runs through the admin API and checks what the platform stored,
 //! what the handlers did and what the local store holds.
 
+#![allow(missing_docs, unreachable_pub)]
+
 mod failures;
 mod fixture;
 mod happy;

@@ -31,12 +31,21 @@ pub(crate) async fn add_calls(
     ok(sh.apply(|s, now| s.add_calls(&run_id, req, now)).await)
 }
 
+/// `POST /runs/{id}/cancel` takes no fields: an empty body or `{}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoFields {}
+
 pub(crate) async fn cancel_run(
     State(sh): S,
     auth: Auth,
     Path(run_id): Path<String>,
+    body: Body,
 ) -> Answer<Run> {
     auth.require(&[Scope::RunsWrite])?;
+    if !body.bytes()?.is_empty() {
+        let _: NoFields = body.json()?;
+    }
     ok(sh.apply(|s, now| s.cancel_run(&run_id, now)).await)
 }
 

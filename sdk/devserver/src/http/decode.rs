@@ -2,7 +2,6 @@
 //! judged as JSON whatever `Content-Type` says.
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::header::CONTENT_LENGTH;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use toolrunner_protocol::ApiError;
@@ -21,20 +20,38 @@ fn too_large() -> ApiError {
     )
 }
 
+/// Beyond this much, an oversized body is no longer read to its end: the
+/// connection is closed instead.
+const DRAIN_LIMIT: usize = 64 * 1024 * 1024;
+
 impl<S: Send + Sync> FromRequest<S> for Body {
     type Rejection = std::convert::Infallible;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
-        let declared = req
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        use futures_util::StreamExt;
+        let mut stream = req.into_body().into_data_stream();
+        let mut kept = Vec::new();
+        let mut seen = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else {
+                return Ok(Body(Err(ApiError::invalid(
+                    "invalid_body",
+                    "the request body could not be read",
+                ))));
+            };
+            seen += chunk.len();
+            if seen <= MAX_BODY_BYTES {
+                kept.extend_from_slice(&chunk);
+            } else if seen > DRAIN_LIMIT {
+                break;
+            }
+        }
+        // An oversized body is read to its end (up to a limit) so that the
+        // client gets the 413 instead of a reset connection.
+        if seen > MAX_BODY_BYTES {
             return Ok(Body(Err(too_large())));
         }
-        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES).await;
-        Ok(Body(bytes.map_err(|_| too_large())))
+        Ok(Body(Ok(Bytes::from(kept))))
     }
 }
 
@@ -95,6 +112,8 @@ pub(crate) fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
             ("unknown_field", join(&named))
         } else if message.starts_with("missing field") {
             ("missing_field", join(&named))
+        } else if message.starts_with("unknown variant") && path.ends_with("state") {
+            ("invalid_state", path.clone())
         } else {
             ("invalid_type", path.clone())
         };

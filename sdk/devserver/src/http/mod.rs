@@ -75,6 +75,7 @@ pub(crate) fn router(shared: Arc<Shared>, stream: bool) -> Router {
         .nest("/v1", executor.merge(other))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn(envelope_guard))
         .layer(middleware::from_fn(request_id))
         .with_state(shared)
 }
@@ -92,6 +93,47 @@ async fn wrong_method() -> Response {
     ))
     .into_response();
     *r.status_mut() = axum::http::StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+/// Gives every error the envelope, also those axum answers by itself
+/// (an undecodable path or query, a refused WebSocket upgrade).
+async fn envelope_guard(req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    let message = String::from_utf8_lossy(&text).trim().to_owned();
+    let kind = match status.as_u16() {
+        401 => toolrunner_protocol::ErrorType::AuthenticationError,
+        403 => toolrunner_protocol::ErrorType::PermissionError,
+        404 => toolrunner_protocol::ErrorType::NotFoundError,
+        409 => toolrunner_protocol::ErrorType::ConflictError,
+        429 => toolrunner_protocol::ErrorType::RateLimitError,
+        s if s >= 500 => toolrunner_protocol::ErrorType::ApiError,
+        _ => toolrunner_protocol::ErrorType::InvalidRequestError,
+    };
+    let message = if message.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        message
+    };
+    let mut r = Failure(ApiError::new(
+        status.as_u16(),
+        kind,
+        "invalid_request",
+        message,
+    ))
+    .into_response();
+    *r.status_mut() = status;
     r
 }
 
