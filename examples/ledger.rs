@@ -339,8 +339,8 @@ async fn demo(args: &Args, ledger: Ledger) -> Result<()> {
     platform.shutdown().await;
 
     println!(
-        "{:<4} {:<8} {:>6}  {:<24} {}",
-        "#", "memo", "amount", "platform state", "result"
+        "{:<4} {:<8} {:>6}  {:<24} result",
+        "#", "memo", "amount", "platform state"
     );
     let mut unsettled = 0;
     for (i, c) in run["tool_calls"]

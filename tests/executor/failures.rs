@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::json;
+use toolrunner::protocol::wire::ReceiptKind;
 use toolrunner::store::{LocalState, Store};
 
 use crate::fixture::*;
@@ -202,12 +203,9 @@ async fn output_violating_its_schema_needs_reconciliation() -> Result<()> {
     assert_eq!(kinds(&call), pairs(&[("accepted", 0)]), "{call:#}");
     assert!(call["context_projection"].is_null(), "{call:#}");
     assert_eq!(probe.calls(), 1);
-    let local = env
-        .open_store()
-        .await?
-        .call(&run_id, call["call_id"].as_str().unwrap())
-        .await?
-        .expect("known locally");
+    let store = env.open_store().await?;
+    let call_id = call["call_id"].as_str().unwrap();
+    let local = store.call(&run_id, call_id).await?.expect("known locally");
     assert_eq!(local.state, LocalState::ReconciliationRequired, "{local:?}");
     assert!(
         local
@@ -215,6 +213,12 @@ async fn output_violating_its_schema_needs_reconciliation() -> Result<()> {
             .as_deref()
             .is_some_and(|r| r.contains("output_schema")),
         "{local:?}"
+    );
+    // Checked before it was saved: no `completed` receipt was ever made.
+    let outbox = store.receipts(&run_id, call_id).await?;
+    assert!(
+        outbox.iter().all(|r| r.kind != ReceiptKind::Completed),
+        "{outbox:?}"
     );
     env.shutdown().await;
     Ok(())

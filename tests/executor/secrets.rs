@@ -143,6 +143,16 @@ async fn secrets_never_reach_logs_or_debug_output() -> Result<()> {
     assert_eq!(grants.len(), 4, "one assignment per call: {stored:?}");
     assert!(grants.iter().all(|g| g.len() > 8), "{}", grants.len());
 
+    // The store keeps grants (it must, to deliver receipts) but never the token.
+    for entry in std::fs::read_dir(env.dir.path())? {
+        let path = entry?.path();
+        let bytes = std::fs::read(&path)?;
+        assert!(
+            !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+            "the token is stored in {}",
+            path.display()
+        );
+    }
     env.shutdown().await;
     let logs = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
     // The capture works, also for the executor's spawned tasks.

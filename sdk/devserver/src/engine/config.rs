@@ -202,10 +202,10 @@ impl State {
                 format!("no agent {agent_id}"),
             ));
         }
-        if !self
+        if self
             .bindings
             .get(binding_id)
-            .is_some_and(|b| b.agent_id == agent_id)
+            .is_none_or(|b| b.agent_id != agent_id)
         {
             return Err(ApiError::not_found(
                 "unknown_binding",

@@ -28,14 +28,14 @@ impl State {
             )
             .with_param("executor_id"));
         }
-        if let Some(instance) = &body.instance_id {
-            if !is_token_id(instance) {
-                return Err(ApiError::invalid(
-                    "invalid_instance_id",
-                    "instance_id must be 1-128 characters of [A-Za-z0-9_.:-]",
-                )
-                .with_param("instance_id"));
-            }
+        if let Some(instance) = &body.instance_id
+            && !is_token_id(instance)
+        {
+            return Err(ApiError::invalid(
+                "invalid_instance_id",
+                "instance_id must be 1-128 characters of [A-Za-z0-9_.:-]",
+            )
+            .with_param("instance_id"));
         }
         if !(1..=MAX_CAPACITY).contains(&body.capacity) {
             return Err(ApiError::invalid(

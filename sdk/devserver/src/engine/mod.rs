@@ -277,11 +277,11 @@ impl State {
 
     /// Changes an assignment's status.
     pub(crate) fn set_assignment(&mut self, assignment_id: &str, status: AssignmentStatus) {
-        if let Some(a) = self.assignments.get_mut(assignment_id) {
-            if a.status != status {
-                a.status = status;
-                self.touch(Table::Assignments, assignment_id);
-            }
+        if let Some(a) = self.assignments.get_mut(assignment_id)
+            && a.status != status
+        {
+            a.status = status;
+            self.touch(Table::Assignments, assignment_id);
         }
     }
 

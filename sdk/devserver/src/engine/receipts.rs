@@ -235,18 +235,18 @@ fn decode(value: Value) -> Result<Receipt, ApiError> {
     if receipt.kind == ReceiptKind::Accepted && receipt.sequence != 0 {
         return bad("an accepted receipt has sequence 0", "sequence");
     }
-    if let Some(p) = &receipt.progress {
-        if p.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
-            return bad(
-                "progress.fraction must be between 0 and 1, or null",
-                "progress.fraction",
-            );
-        }
+    if let Some(p) = &receipt.progress
+        && p.fraction.is_some_and(|f| !(0.0..=1.0).contains(&f))
+    {
+        return bad(
+            "progress.fraction must be between 0 and 1, or null",
+            "progress.fraction",
+        );
     }
-    if let Some(e) = &receipt.error {
-        if e.code.trim().is_empty() || e.message.trim().is_empty() {
-            return bad("error.code and error.message must not be blank", "error");
-        }
+    if let Some(e) = &receipt.error
+        && (e.code.trim().is_empty() || e.message.trim().is_empty())
+    {
+        return bad("error.code and error.message must not be blank", "error");
     }
     Ok(receipt)
 }

@@ -110,16 +110,14 @@ impl Core {
         match result {
             Ok(()) => Ok(()),
             Err(e) => {
-                if let Some(want) = expect {
-                    if let Ok(Some(have)) = self.store.call(&want.run_id, &want.call_id).await {
-                        if have.state == want.state
-                            && have.next_sequence == want.next_sequence
-                            && have.assignment == want.assignment
-                        {
-                            tracing::warn!(error = %e, "a commit reported an error but its changes are stored");
-                            return Ok(());
-                        }
-                    }
+                if let Some(want) = expect
+                    && let Ok(Some(have)) = self.store.call(&want.run_id, &want.call_id).await
+                    && have.state == want.state
+                    && have.next_sequence == want.next_sequence
+                    && have.assignment == want.assignment
+                {
+                    tracing::warn!(error = %e, "a commit reported an error but its changes are stored");
+                    return Ok(());
                 }
                 Err(e)
             }

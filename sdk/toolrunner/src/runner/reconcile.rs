@@ -15,6 +15,7 @@ use crate::handler::Reconciled;
 use crate::store::{CallFilter, Change, LocalCall, LocalState};
 
 /// What an automatic check did.
+#[allow(clippy::large_enum_variant)] // returned once per check
 pub(crate) enum Checked {
     /// The call moved on (settled, or back to running for a re-run).
     Moved(LocalCall),

@@ -52,10 +52,10 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
             updated_at: now.clone(),
         }));
     }
-    if !changes.is_empty() {
-        if let Err(e) = core.commit(changes, None).await {
-            tracing::error!(error = %e, "cannot record unknown calls");
-        }
+    if !changes.is_empty()
+        && let Err(e) = core.commit(changes, None).await
+    {
+        tracing::error!(error = %e, "cannot record unknown calls");
     }
     let filter = CallFilter {
         states: vec![

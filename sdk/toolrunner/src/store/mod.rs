@@ -222,6 +222,7 @@ pub struct Event {
 /// One change; a [`Store::commit`] applies a list in one transaction.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+#[allow(clippy::large_enum_variant)] // short-lived values handed to the writer; boxing buys nothing
 pub enum Change {
     /// Insert or replace a call (its state change goes to the timeline).
     PutCall(LocalCall),

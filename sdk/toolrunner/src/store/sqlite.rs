@@ -123,14 +123,11 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
                 .map(serde_json::to_string)
                 .transpose()
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let report = c
-                .report
-                .map(|r| {
-                    serde_json::to_value(r)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                })
-                .flatten();
+            let report = c.report.and_then(|r| {
+                serde_json::to_value(r)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+            });
             sqlx::query(
                 "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, created_at, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
@@ -204,17 +201,17 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .bind(delivered_at)
             .fetch_optional(&mut **tx)
             .await?;
-            if let Some(row) = row {
-                if status != ReceiptStatus::Pending {
-                    let (run, call, kind): (String, String, String) =
-                        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-                    let what = format!("receipt {kind} {}", status.as_str());
-                    let detail = match &error {
-                        Some(e) => format!("{receipt_id}: {e}"),
-                        None => receipt_id.clone(),
-                    };
-                    note(tx, &run, &call, &what, Some(&detail)).await?;
-                }
+            if let Some(row) = row
+                && status != ReceiptStatus::Pending
+            {
+                let (run, call, kind): (String, String, String) =
+                    (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+                let what = format!("receipt {kind} {}", status.as_str());
+                let detail = match &error {
+                    Some(e) => format!("{receipt_id}: {e}"),
+                    None => receipt_id.clone(),
+                };
+                note(tx, &run, &call, &what, Some(&detail)).await?;
             }
         }
         Change::Expect {
