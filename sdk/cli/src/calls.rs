@@ -21,7 +21,7 @@ pub(crate) enum CallsCommand {
         /// Only calls unchanged for at least this long (e.g. 10m, 2h).
         #[arg(long, value_parser = humantime::parse_duration)]
         older_than: Option<Duration>,
-        /// Stable JSON: {"calls": [CallSummary]}.
+        /// Stable JSON: `{"calls": [CallSummary, ...]}`.
         #[arg(long)]
         json: bool,
     },
