@@ -16,7 +16,9 @@ use serde_json::{Value, json};
 use toolrunner::store::{
     CallFilter, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store,
 };
-use toolrunner::{CallContext, Effect, Executor, RunningExecutor, Tool, ToolError, async_trait};
+use toolrunner::{
+    CallContext, Effect, Executor, Reconciled, RunningExecutor, Tool, ToolError, async_trait,
+};
 use toolrunner_devserver::DevServer;
 
 const ADMIN: &str = "dev-admin";
@@ -57,9 +59,14 @@ struct Invocation {
 
 /// Every handler invocation of the executors sharing it.
 #[derive(Debug, Clone, Default)]
-struct Log(Arc<Mutex<Vec<Invocation>>>);
+struct Log(Arc<Mutex<Vec<Invocation>>>, Arc<Mutex<Vec<String>>>);
 
 impl Log {
+    /// The operation keys the `reconcile` hook was asked about.
+    fn checks(&self) -> Vec<String> {
+        self.1.lock().expect("not poisoned").clone()
+    }
+
     fn all(&self) -> Vec<Invocation> {
         self.0.lock().expect("not poisoned").clone()
     }
@@ -73,6 +80,9 @@ struct Recorder {
     name: &'static str,
     effect: Effect,
     log: Log,
+    /// With a delay, `reconcile` looks the key up in the log (after that
+    /// delay); without, it cannot tell.
+    hook: Option<Duration>,
 }
 
 #[async_trait]
@@ -103,6 +113,27 @@ impl Tool for Recorder {
         Ok(Output {
             invocation: log.len(),
         })
+    }
+
+    async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Output> {
+        let Some(delay) = self.hook else {
+            return Reconciled::Unknown;
+        };
+        self.log
+            .1
+            .lock()
+            .expect("not poisoned")
+            .push(ctx.operation_key().to_owned());
+        tokio::time::sleep(delay).await;
+        let found = self
+            .log
+            .all()
+            .iter()
+            .position(|i| i.operation_key == ctx.operation_key());
+        match found {
+            Some(n) => Reconciled::Happened(Output { invocation: n + 1 }),
+            None => Reconciled::DidNotHappen,
+        }
     }
 }
 
@@ -201,11 +232,28 @@ struct Options {
     log: Log,
     poll: Duration,
     stream: bool,
+    /// Another way to the platform (a proxy).
+    base_url: Option<String>,
+    /// The `reconcile` hook's delay; `None`: the hook cannot tell.
+    hook: Option<Duration>,
+}
+
+impl Options {
+    fn new(store_url: &str, log: &Log) -> Options {
+        Options {
+            store_url: store_url.to_owned(),
+            log: log.clone(),
+            poll: Duration::from_millis(100),
+            stream: true,
+            base_url: None,
+            hook: None,
+        }
+    }
 }
 
 fn build_executor(binding_id: &str, base_url: &str, o: &Options) -> Executor {
     Executor::builder()
-        .base_url(base_url)
+        .base_url(o.base_url.as_deref().unwrap_or(base_url))
         .token(EXEC_TOKEN)
         .executor_id(EXECUTOR_ID)
         .binding_id(binding_id)
@@ -215,16 +263,19 @@ fn build_executor(binding_id: &str, base_url: &str, o: &Options) -> Executor {
         .stream(o.stream)
         .request_timeout(Duration::from_secs(5))
         .backoff(Duration::from_millis(50), Duration::from_millis(500), 6)
+        .reconcile_interval(Duration::from_millis(200))
         .allow_all()
         .tool(Recorder {
             name: WRITE_TOOL,
             effect: Effect::Write,
             log: o.log.clone(),
+            hook: o.hook,
         })
         .tool(Recorder {
             name: READ_TOOL,
             effect: Effect::Read,
             log: o.log.clone(),
+            hook: o.hook,
         })
         .build()
         .expect("executor builds")
@@ -253,12 +304,7 @@ impl Row {
         let definitions = build_executor(
             &binding_id,
             &platform.server.base_url(),
-            &Options {
-                store_url: store_url.clone(),
-                log: Log::default(),
-                poll: Duration::from_millis(100),
-                stream: true,
-            },
+            &Options::new(&store_url, &Log::default()),
         )
         .tool_definitions()
         .clone();
@@ -294,13 +340,13 @@ impl Row {
 
     /// Starts an executor on the row's store, recording into the row's log.
     async fn start(&mut self) -> RunningExecutor {
-        let o = Options {
-            store_url: self.store_url.clone(),
-            log: self.log.clone(),
-            poll: Duration::from_millis(100),
-            stream: true,
-        };
-        let running = self.start_with(&o).await;
+        let o = Options::new(&self.store_url, &self.log);
+        self.start_custom(&o).await
+    }
+
+    /// Starts an executor on the row's store with settings of its own.
+    async fn start_custom(&mut self, o: &Options) -> RunningExecutor {
+        let running = self.start_with(o).await;
         if self.local.is_none() {
             self.local = Some(
                 SqliteStore::open(&self.store_url)
@@ -422,6 +468,114 @@ async fn assert_completed_once(row: &Row) -> Value {
         );
     }
     call
+}
+
+// ---------------------------------------------------------------- proxy
+
+/// A minimal HTTP/1.1 reverse proxy in front of the platform that holds the
+/// answer to every `calls/report` for `delay` *after* the platform has
+/// processed it: a report whose answer is slow to come back (as after a
+/// retried, dropped answer). Everything else passes straight through. No
+/// WebSocket: executors behind it run with the stream off.
+async fn slow_report_proxy(upstream: String, delay: Duration) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("proxy binds");
+    let addr = listener.local_addr().expect("proxy address");
+    let http = reqwest::Client::new();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(proxy_connection(
+                sock,
+                http.clone(),
+                upstream.clone(),
+                delay,
+            ));
+        }
+    });
+    format!("http://{addr}")
+}
+
+async fn proxy_connection(
+    sock: tokio::net::TcpStream,
+    http: reqwest::Client,
+    upstream: String,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::io::BufReader::new(sock);
+    loop {
+        let mut line = String::new();
+        if conn.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = line.split_whitespace();
+        let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
+            return;
+        };
+        let (method, path) = (method.to_owned(), path.to_owned());
+        let mut headers = Vec::new();
+        let mut length = 0usize;
+        loop {
+            let mut h = String::new();
+            if conn.read_line(&mut h).await.unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                let (k, v) = (k.trim(), v.trim());
+                if k.eq_ignore_ascii_case("content-length") {
+                    length = v.parse().unwrap_or(0);
+                } else if !["host", "connection"]
+                    .iter()
+                    .any(|x| k.eq_ignore_ascii_case(x))
+                {
+                    headers.push((k.to_owned(), v.to_owned()));
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        if conn.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
+            return;
+        };
+        let mut req = http.request(method, format!("{upstream}{path}")).body(body);
+        for (k, v) in &headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let Ok(resp) = req.send().await else {
+            return;
+        };
+        let status = resp.status();
+        let answer_headers = resp.headers().clone();
+        let Ok(bytes) = resp.bytes().await else {
+            return;
+        };
+        if path.ends_with("/calls/report") {
+            tokio::time::sleep(delay).await;
+        }
+        let mut head = format!(
+            "HTTP/1.1 {} {}\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        );
+        for (k, v) in &answer_headers {
+            if ["content-length", "connection", "transfer-encoding"].contains(&k.as_str()) {
+                continue;
+            }
+            head.push_str(&format!("{k}: {}\r\n", v.to_str().unwrap_or("")));
+        }
+        head.push_str(&format!("content-length: {}\r\n\r\n", bytes.len()));
+        let sock = conn.get_mut();
+        if sock.write_all(head.as_bytes()).await.is_err() || sock.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
 }
 
 // ------------------------------------------------------------------- rows
@@ -876,10 +1030,9 @@ fn outstanding_claim_unknown_to_the_store_is_released() {
         let log_b = Log::default();
         let b = row
             .start_with(&Options {
-                store_url: store_b.clone(),
-                log: log_b.clone(),
                 poll: Duration::from_secs(3600),
                 stream: false,
+                ..Options::new(&store_b, &log_b)
             })
             .await;
         let pending = row.wait_platform("pending").await;
@@ -906,14 +1059,7 @@ fn outstanding_claim_unknown_to_the_store_is_released() {
         drop(b);
 
         // A normal executor on store B claims the pending call afresh.
-        let b2 = row
-            .start_with(&Options {
-                store_url: store_b.clone(),
-                log: log_b.clone(),
-                poll: Duration::from_millis(100),
-                stream: true,
-            })
-            .await;
+        let b2 = row.start_with(&Options::new(&store_b, &log_b)).await;
         let call = row.wait_platform("completed").await;
         assert_ne!(call["assignment_id"], old.as_str());
         for r in call["receipts"].as_array().expect("receipts") {
@@ -943,14 +1089,7 @@ fn outstanding_running_call_unknown_to_the_store_needs_reconciliation() {
         let dir_b = tempfile::tempdir().expect("tempdir");
         let store_b = format!("sqlite://{}", dir_b.path().join("exec.db").display());
         let log_b = Log::default();
-        let b = row
-            .start_with(&Options {
-                store_url: store_b.clone(),
-                log: log_b.clone(),
-                poll: Duration::from_millis(100),
-                stream: true,
-            })
-            .await;
+        let b = row.start_with(&Options::new(&store_b, &log_b)).await;
         let call = row.wait_platform("reconciliation_required").await;
         assert_eq!(receipt_kinds(&call), ["accepted"]);
         let inspect_b = SqliteStore::open(&store_b).await.expect("store B");
@@ -975,5 +1114,100 @@ fn outstanding_running_call_unknown_to_the_store_needs_reconciliation() {
             1
         );
         drop(b);
+    });
+}
+
+/// Row "`accepted` confirmed, no final receipt saved", write tool whose
+/// `reconcile` hook can look the operation key up → the automatic check
+/// settles the call `completed` once: one hook call, one final receipt,
+/// local state `delivered`. The `calls/report` of the
+/// `reconciliation_required` state is answered late (a proxy holds the
+/// answer 2 s; the hook takes 1.5 s), so the report's answer arrives after
+/// the check settled and delivered the call, as it does when a report's
+/// answer is dropped and retried.
+#[test]
+fn after_handler_write_tool_with_reconcile_hook_settles_once() {
+    with_failpoints(async {
+        let mut row = Row::new(WRITE_TOOL, None).await;
+        fail::cfg("after_handler", "return").unwrap();
+        let first = row.start().await;
+        eventually("the handler ran", LIMIT, || async {
+            (row.log.len() == 1).then_some(())
+        })
+        .await;
+        tokio::time::sleep(GRACE).await;
+        assert_eq!(
+            row.local_call().await.expect("known").state,
+            LocalState::Running
+        );
+        drop(first);
+        fail::remove("after_handler");
+
+        let proxy = slow_report_proxy(row.platform.server.base_url(), Duration::from_secs(2)).await;
+        let o = Options {
+            stream: false,
+            base_url: Some(proxy),
+            hook: Some(Duration::from_millis(1500)),
+            ..Options::new(&row.store_url, &row.log)
+        };
+        let second = row.start_custom(&o).await;
+        let call = row.wait_platform("completed").await;
+        // Watch for a while: the late report answer arrives ~2 s after it
+        // was sent, a second check would take another 1.5 s.
+        let watch = Instant::now();
+        while watch.elapsed() < Duration::from_secs(6) {
+            let local = row.local_call().await.expect("known");
+            if local.state == LocalState::Rejected {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let local = row.local_call().await.expect("known");
+        let outbox = row.local_receipts().await;
+        let summary: Vec<String> = outbox
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {:?}",
+                    r.kind.as_str(),
+                    r.status.as_str(),
+                    r.last_error
+                )
+            })
+            .collect();
+        let timeline: Vec<String> = row
+            .store()
+            .events(&row.run_id, &row.call_id)
+            .await
+            .expect("readable")
+            .into_iter()
+            .map(|e| format!("{} {} {:?}", e.at, e.what, e.detail))
+            .collect();
+        let context = format!(
+            "local state {} (reason {:?}); outbox {summary:#?}; timeline {timeline:#?}",
+            local.state.as_str(),
+            local.reason
+        );
+        assert_eq!(row.log.len(), 1, "the write handler ran again; {context}");
+        assert_eq!(
+            row.log.checks().len(),
+            1,
+            "the hook was asked again about a call it had settled; {context}"
+        );
+        assert_eq!(local.state, LocalState::Delivered, "{context}");
+        assert_eq!(
+            local_of_kind(&outbox, "completed").len(),
+            1,
+            "a second final receipt was made; {context}"
+        );
+        assert!(
+            outbox.iter().all(|r| r.status == ReceiptStatus::Delivered),
+            "{context}"
+        );
+        let after = row.platform_call().await;
+        assert_eq!(after["state"], "completed");
+        assert_eq!(after["receipts"], call["receipts"]);
+        assert_eq!(receipt_kinds(&after), ["accepted", "completed"]);
+        drop(second);
     });
 }

@@ -103,6 +103,11 @@ struct Admin {
 
 impl Admin {
     async fn send(&self, req: reqwest::RequestBuilder) -> Value {
+        let what = req
+            .try_clone()
+            .and_then(|r| r.build().ok())
+            .map(|r| format!("{} {}", r.method(), r.url().path()))
+            .unwrap_or_default();
         let resp = req
             .bearer_auth(ADMIN)
             .send()
@@ -110,7 +115,10 @@ impl Admin {
             .expect("platform answers");
         let status = resp.status();
         let body: Value = resp.json().await.expect("JSON");
-        assert!(status.is_success(), "platform answered {status}: {body}");
+        assert!(
+            status.is_success(),
+            "platform answered {status} to {what}: {body}"
+        );
         body
     }
 
@@ -167,9 +175,17 @@ const SETTLED: [&str; 3] = ["completed", "failed", "reconciliation_required"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_survives_repeated_sigkill() {
-    let started = Instant::now();
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // The in-process platform's errors show in the test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "toolrunner_devserver=error".into()),
+        )
+        .with_test_writer()
+        .try_init();
     let bin = ledger_binary();
+    let started = Instant::now();
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = tmp.path().join("exec.db");
     let ledger = tmp.path().join("ledger.jsonl");
@@ -559,6 +575,32 @@ async fn ledger_survives_repeated_sigkill() {
     );
     assert!(conflicts.is_empty(), "conflicting receipts: {conflicts:#?}");
     assert!(kills >= MIN_KILLS);
+    for c in local_calls
+        .iter()
+        .filter(|c| c.state == LocalState::Rejected)
+    {
+        println!("REJECTED call {} reason {:?}", c.call_id, c.reason);
+        for r in store
+            .receipts(&c.run_id, &c.call_id)
+            .await
+            .expect("readable")
+        {
+            println!(
+                "  receipt {} {} seq {} {} attempts {} error {:?} body {}",
+                r.receipt_id,
+                r.kind.as_str(),
+                r.sequence,
+                r.status.as_str(),
+                r.attempts,
+                r.last_error,
+                r.body
+            );
+        }
+        for e in store.events(&c.run_id, &c.call_id).await.expect("readable") {
+            println!("  {} {} {:?}", e.at, e.what, e.detail);
+        }
+        println!("  platform: {}", by_id[c.call_id.as_str()]);
+    }
     assert!(
         local_calls.iter().all(|c| c.state != LocalState::Rejected),
         "a final receipt was refused: {local_states:?}"

@@ -57,9 +57,16 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
             json,
         } => {
             let r = output::open(&db.db).await?;
-            let updated_before = older_than
-                .map(|d| chrono::Utc::now() - chrono::Duration::from_std(d).unwrap_or_default())
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+            // An age beyond the calendar means "older than anything": none.
+            let updated_before = older_than.map(|d| {
+                chrono::Duration::from_std(d)
+                    .ok()
+                    .and_then(|d| chrono::Utc::now().checked_sub_signed(d))
+                    .map_or_else(
+                        || "0000-01-01T00:00:00Z".to_owned(),
+                        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    )
+            });
             let filter = CallFilter {
                 states: state.into_iter().collect(),
                 tool_name: tool,

@@ -81,6 +81,15 @@ pub(crate) async fn run(cmd: OutboxCommand) -> Outcome {
                 println!("{id}: {}", status.as_str());
             }
             println!("{} receipts sent", done.len());
+            let stuck = done
+                .iter()
+                .filter(|(_, s)| *s == toolrunner::store::ReceiptStatus::Pending)
+                .count();
+            if stuck > 0 {
+                return Err(Failure::Refused(format!(
+                    "{stuck} receipts are still undelivered (see `toolrunner outbox status` for the last error)"
+                )));
+            }
             Ok(())
         }
     }

@@ -22,15 +22,6 @@ pub(crate) fn json<T: Serialize>(value: &T) -> crate::Outcome {
     Ok(())
 }
 
-/// `sqlite://PATH` for a path or URL given on the command line.
-pub(crate) fn store_url(db: &str) -> String {
-    if db.starts_with("sqlite:") {
-        db.to_owned()
-    } else {
-        format!("sqlite://{db}")
-    }
-}
-
 /// Splits `RUN_ID/CALL_ID`.
 pub(crate) fn call_ref(s: &str) -> Result<(String, String), Failure> {
     match s.split_once('/') {
@@ -47,7 +38,10 @@ pub(crate) async fn open(db: &str) -> Result<toolrunner::Reconciler, Failure> {
             "no executor store at {path}: pass --db PATH (or set TOOLRUNNER_DB)"
         )));
     }
-    Ok(toolrunner::Reconciler::open(&store_url(db)).await?)
+    if db.starts_with("sqlite:") {
+        return Ok(toolrunner::Reconciler::open(db).await?);
+    }
+    Ok(toolrunner::Reconciler::open_path(std::path::Path::new(path)).await?)
 }
 
 /// The `--db` flag shared by the store commands.

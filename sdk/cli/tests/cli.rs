@@ -911,6 +911,120 @@ fn calls_list_older_than_compares_with_the_last_change() {
 }
 
 #[test]
+fn calls_list_is_ordered_oldest_change_first() {
+    let f = Fixture::seeded();
+    f.run(&[
+        "reconcile",
+        "resolve",
+        RECON,
+        "--cancelled",
+        "--reason",
+        "withdrawn",
+        "--evidence",
+        "ticket 3",
+    ])
+    .code(0);
+    let out = f.run(&["calls", "list", "--json"]);
+    out.code(0);
+    let v = out.json();
+    let calls = v["calls"].as_array().expect("calls");
+    let updated: Vec<&str> = calls
+        .iter()
+        .map(|c| c["updated_at"].as_str().expect("updated_at"))
+        .collect();
+    let mut sorted = updated.clone();
+    sorted.sort_unstable();
+    assert_eq!(updated, sorted, "oldest change first: {v}");
+    assert_eq!(
+        calls.last().expect("a call")["call_id"],
+        json!("call_recon"),
+        "the call just resolved changed last: {v}"
+    );
+}
+
+#[test]
+fn calls_list_older_than_a_huge_age_lists_nothing_and_does_not_crash() {
+    // An age beyond the calendar cannot match any call: the answer is an
+    // empty list (or a usage error), never a panic and never every call.
+    let f = Fixture::seeded();
+    let mut wrong = Vec::new();
+    // 300000 years: `now - age` leaves chrono's calendar; 5e9 years: the age
+    // does not fit a chrono duration at all.
+    for age in ["300000years", "5000000000years"] {
+        let out = f.run(&["calls", "list", "--older-than", age, "--json"]);
+        match out.code {
+            0 => {
+                let listed = out.json()["calls"].as_array().map_or(0, Vec::len);
+                if listed != 0 {
+                    wrong.push(format!("--older-than {age}: exit 0 listing {listed} calls"));
+                }
+            }
+            2 => {}
+            code => wrong.push(format!(
+                "--older-than {age}: exit {code}: {}",
+                out.stderr.lines().take(2).collect::<Vec<_>>().join(" | ")
+            )),
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+#[test]
+fn a_not_a_store_file_is_a_setup_error_and_stays_untouched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("notes.db");
+    std::fs::write(&file, "hello, not a database").expect("write");
+    let out = run(&["calls", "list", "--db", file.to_str().expect("utf-8")]);
+    out.code(2);
+    assert!(out.stdout.is_empty());
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        "hello, not a database"
+    );
+    run(&[
+        "outbox",
+        "status",
+        "--db",
+        dir.path().to_str().expect("utf-8"),
+    ])
+    .code(2);
+}
+
+#[test]
+fn a_store_path_with_a_percent_sign_opens_that_very_file() {
+    // `--db` takes a path; the CLI checks that this path exists and then
+    // opens `sqlite://PATH`, whose path part sqlx percent-decodes. The
+    // operator must see the store they named, not a new empty one.
+    let f = Fixture::seeded();
+    let odd = f.path("exec%41.db");
+    std::fs::copy(&f.db, &odd).expect("copy the store");
+    for suffix in ["-wal", "-shm"] {
+        let side = PathBuf::from(format!("{}{suffix}", f.db.display()));
+        if side.exists() {
+            std::fs::copy(&side, format!("{}{suffix}", odd.display())).expect("copy");
+        }
+    }
+    let out = run(&[
+        "calls",
+        "list",
+        "--json",
+        "--db",
+        odd.to_str().expect("utf-8"),
+    ]);
+    out.code(0);
+    assert_eq!(
+        out.json()["calls"].as_array().expect("calls").len(),
+        5,
+        "the CLI read another store than {}",
+        odd.display()
+    );
+    assert!(
+        !f.path("execA.db").exists(),
+        "the CLI created a new store at the percent-decoded path execA.db"
+    );
+}
+
+#[test]
 fn every_store_command_without_a_store_is_a_setup_error_and_creates_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let missing = dir.path().join("nope.db");
@@ -1655,6 +1769,54 @@ fn resolve_refuses_calls_in_other_states_and_unknown_calls() {
 }
 
 #[test]
+fn resolve_refuses_a_call_without_assignment_or_executor_id() {
+    let f = Fixture::seeded();
+    // reconciliation_required, but no receipt names the executor.
+    let orphan = local_call(
+        Some(assignment(
+            "run_4",
+            "call_quiet",
+            TOOL,
+            Some(entry_schema()),
+        )),
+        "run_4",
+        "call_quiet",
+        TOOL,
+        LocalState::ReconciliationRequired,
+        1,
+    );
+    // reconciliation_required without an assignment in this store.
+    let bare = local_call(
+        None,
+        "run_4",
+        "call_bare",
+        TOOL,
+        LocalState::ReconciliationRequired,
+        0,
+    );
+    f.commit(vec![Change::PutCall(orphan), Change::PutCall(bare)]);
+    let result = f.write("r.json", r#"{"entry": 1}"#);
+    for (call, why) in [
+        ("run_4/call_quiet", "executor id"),
+        ("run_4/call_bare", "no assignment"),
+    ] {
+        let before = f.snapshot(call);
+        let out = f.run(&[
+            "reconcile",
+            "resolve",
+            call,
+            "--completed",
+            &result,
+            "--evidence",
+            "checked",
+        ]);
+        out.code(1);
+        assert!(out.stderr.contains(why), "{call}: {}", out.stderr);
+        assert_eq!(f.snapshot(call), before, "{call} changed");
+    }
+}
+
+#[test]
 fn a_second_resolve_of_the_same_call_is_refused() {
     let f = Fixture::seeded();
     let first = f.run(&[
@@ -2199,6 +2361,66 @@ fn outbox_redeliver_sends_pending_receipts_to_the_platform() {
         EXEC,
     ])
     .code(1);
+}
+
+#[test]
+fn outbox_redeliver_with_a_wrong_token_leaves_the_receipt_pending() {
+    // A mistyped --token says nothing about the receipt: the platform never
+    // judged it. The receipt must stay pending and the call settled, so
+    // that a second try with the right token (or the executor) delivers it.
+    let p = Platform::start();
+    let f = Fixture::empty();
+    let (asg, accepted) = p.running_call(EXECUTOR);
+    let call = import_running_call(&f, &asg, &accepted, LocalState::Settled);
+    let mut local = f.call(&call);
+    let completed = receipt(
+        &local,
+        ReceiptKind::Completed,
+        1,
+        ReceiptStatus::Pending,
+        json!({"result": {"entry": 5}}),
+    );
+    let rcp = completed.receipt_id.clone();
+    local.next_sequence = 2;
+    f.commit(vec![Change::PutCall(local), Change::AddReceipt(completed)]);
+
+    let out = f.run(&[
+        "outbox",
+        "redeliver",
+        "--all",
+        "--base-url",
+        &p.base,
+        "--token",
+        "not-a-token",
+    ]);
+    let after = f.call(&call);
+    let stored = f
+        .receipts(&call)
+        .into_iter()
+        .find(|r| r.receipt_id == rcp)
+        .expect("the receipt");
+    assert!(
+        after.state == LocalState::Settled && stored.status == ReceiptStatus::Pending,
+        "after a 401 the call is {} and its final receipt {} (exit {}, stdout {:?})",
+        after.state.as_str(),
+        stored.status.as_str(),
+        out.code,
+        out.stdout
+    );
+    assert_ne!(out.code, 0, "a refused token is not a success");
+
+    // The right token still delivers it.
+    f.run(&[
+        "outbox",
+        "redeliver",
+        &rcp,
+        "--base-url",
+        &p.base,
+        "--token",
+        EXEC,
+    ])
+    .code(0);
+    assert_eq!(f.call(&call).state, LocalState::Delivered);
 }
 
 #[test]

@@ -101,14 +101,6 @@ impl Client {
         })
     }
 
-    pub(crate) fn base_url(&self) -> &str {
-        &self.base
-    }
-
-    pub(crate) fn token(&self) -> &str {
-        &self.token
-    }
-
     /// Sends one request, retrying transient failures with the same bytes.
     async fn send<T: DeserializeOwned>(
         &self,
@@ -254,6 +246,57 @@ impl Client {
             Some(grant),
         )
         .await
+    }
+}
+
+/// How a WebSocket upgrade ended when it did not succeed.
+#[derive(Debug)]
+pub(crate) enum UpgradeError {
+    /// The platform serves no stream here (`404`).
+    NotFound,
+    /// Anything else.
+    Failed(String),
+}
+
+impl Client {
+    /// Opens the WebSocket stream at `path` (under the base URL, not `/v1`).
+    ///
+    /// The handshake goes through reqwest rather than tungstenite's client,
+    /// whose trace log prints the whole request, bearer token included.
+    pub(crate) async fn websocket(&self, path: &str) -> Result<reqwest::Upgraded, UpgradeError> {
+        use tokio_tungstenite::tungstenite::handshake::client::generate_key;
+        use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+        let key = generate_key();
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .header("Connection", "Upgrade")
+            .header("Upgrade", "websocket")
+            .header("Sec-WebSocket-Version", "13")
+            .header("Sec-WebSocket-Key", &key)
+            .timeout(Duration::from_secs(3600 * 24 * 365))
+            .send()
+            .await
+            .map_err(|e| UpgradeError::Failed(without_url(&e)))?;
+        match resp.status().as_u16() {
+            101 => {}
+            404 => return Err(UpgradeError::NotFound),
+            s => return Err(UpgradeError::Failed(format!("stream refused with {s}"))),
+        }
+        let accept = resp
+            .headers()
+            .get("sec-websocket-accept")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if accept != derive_accept_key(key.as_bytes()) {
+            return Err(UpgradeError::Failed(
+                "the stream's handshake answer does not match".into(),
+            ));
+        }
+        resp.upgrade()
+            .await
+            .map_err(|e| UpgradeError::Failed(without_url(&e)))
     }
 }
 

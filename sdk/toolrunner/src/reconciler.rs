@@ -199,6 +199,17 @@ impl Reconciler {
         })
     }
 
+    /// Opens the store in the file at `path` (taken literally).
+    ///
+    /// # Errors
+    /// The store cannot be opened.
+    pub async fn open_path(path: &std::path::Path) -> Result<Reconciler> {
+        Ok(Reconciler {
+            store: Arc::new(SqliteStore::open_path(path).await?),
+            client: None,
+        })
+    }
+
     /// Over a store of your own.
     pub fn new(store: Arc<dyn Store>) -> Reconciler {
         Reconciler {

@@ -114,11 +114,7 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
         {
             return Err(e.to_string());
         }
-        let crashed = (|| {
-            fail::fail_point!("after_operation_key_saved", |_| true);
-            false
-        })();
-        if crashed {
+        if crash_after_key_saved() {
             // Simulated process loss: the key is saved, the claim never sent.
             core.activate(&key);
             drop(permit);
@@ -127,4 +123,11 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
         call::spawn_drive(core.clone(), fresh, false, Some(permit));
     }
     Ok(())
+}
+
+/// The fail point after the operation key is saved (inert unless tests
+/// configure it).
+fn crash_after_key_saved() -> bool {
+    fail::fail_point!("after_operation_key_saved", |_| true);
+    false
 }

@@ -199,7 +199,8 @@ pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<(), Er
             );
             Ok(())
         }
-        Err(e) if e.code() == Some("lease_expired") => Ok(()),
+        // Already over (expired, or superseded by a newer connection).
+        Err(e) if matches!(e.code(), Some("lease_expired" | "connection_superseded")) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }

@@ -231,7 +231,7 @@ impl RunningExecutor {
                 for t in self.core.active.lock().expect("not poisoned").values() {
                     t.cancel();
                 }
-                Duration::from_secs(5)
+                Duration::from_millis(250)
             }
         };
         let waited = tokio::time::timeout(deadline, async {

@@ -102,6 +102,18 @@ pub(crate) async fn deliver(
             final_kind.then_some(LocalState::Delivered),
             None,
         ),
+        // Not a verdict on the receipt: the credentials are wrong. Keep it
+        // pending and say so; a configuration error is surfaced elsewhere.
+        Err(ClientError::Api(e)) if e.status == 401 || e.code() == "missing_scope" => {
+            let change = Change::ReceiptStatus {
+                receipt_id: r.receipt_id.clone(),
+                status: ReceiptStatus::Pending,
+                error: Some(e.to_string()),
+                attempt: true,
+            };
+            let _ = store.commit(vec![change]).await;
+            return Delivery::Later;
+        }
         Err(ClientError::Unreachable(m)) => {
             let pending = final_kind.then_some(PendingReport::PendingDelivery);
             let mut changes = vec![Change::ReceiptStatus {

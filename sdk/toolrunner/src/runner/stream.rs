@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::Role;
 use toolrunner_protocol::wire::StreamFrame;
 
 use super::{CallKey, Core};
+use crate::client::UpgradeError;
 
 pub(crate) async fn stream_loop(core: Arc<Core>) {
     let mut attempt = 0u32;
@@ -50,25 +51,13 @@ async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
         .await
         .clone()
         .ok_or_else(|| Stop::Failed("not connected".into()))?;
-    let base = core.client.base_url();
-    let ws_base = base
-        .replacen("https://", "wss://", 1)
-        .replacen("http://", "ws://", 1);
-    let url = format!(
-        "{ws_base}{}?connection_id={}",
-        conn.stream_path, conn.connection_id
-    );
-    let mut request = url
-        .into_client_request()
-        .map_err(|e| Stop::Failed(e.to_string()))?;
-    let auth = HeaderValue::from_str(&format!("Bearer {}", core.client.token()))
-        .map_err(|e| Stop::Failed(e.to_string()))?;
-    request.headers_mut().insert("authorization", auth);
-    let (mut socket, _) = match tokio_tungstenite::connect_async(request).await {
-        Ok(s) => s,
-        Err(WsError::Http(resp)) if resp.status().as_u16() == 404 => return Err(Stop::NoStream),
-        Err(e) => return Err(Stop::Failed(e.to_string())),
+    let path = format!("{}?connection_id={}", conn.stream_path, conn.connection_id);
+    let upgraded = match core.client.websocket(&path).await {
+        Ok(u) => u,
+        Err(UpgradeError::NotFound) => return Err(Stop::NoStream),
+        Err(UpgradeError::Failed(e)) => return Err(Stop::Failed(e)),
     };
+    let mut socket = WebSocketStream::from_raw_socket(upgraded, Role::Client, None).await;
     core.wake.notify_one();
     loop {
         let message = tokio::select! {

@@ -43,7 +43,20 @@ impl SqliteStore {
     /// # Errors
     /// The URL does not parse, the file cannot be opened, or a migration fails.
     pub async fn open(url: &str) -> Result<SqliteStore, StoreError> {
-        let options = SqliteConnectOptions::from_str(url)?
+        Self::open_with(SqliteConnectOptions::from_str(url)?).await
+    }
+
+    /// Opens (creating and migrating) the store in the file at `path`,
+    /// taken literally (no URL decoding).
+    ///
+    /// # Errors
+    /// The file cannot be opened, or a migration fails.
+    pub async fn open_path(path: &std::path::Path) -> Result<SqliteStore, StoreError> {
+        Self::open_with(SqliteConnectOptions::new().filename(path)).await
+    }
+
+    async fn open_with(options: SqliteConnectOptions) -> Result<SqliteStore, StoreError> {
+        let options = options
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
