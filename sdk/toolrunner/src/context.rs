@@ -70,6 +70,24 @@ impl std::fmt::Debug for CallContext {
 }
 
 impl CallContext {
+    pub(crate) fn new(
+        core: &Arc<Core>,
+        call: &crate::store::LocalCall,
+        asg: &toolrunner_protocol::wire::Assignment,
+        cancel: CancellationToken,
+    ) -> CallContext {
+        CallContext {
+            core: core.clone(),
+            key: crate::runner::CallKey::of(call),
+            operation_key: call.operation_key.clone(),
+            subject: asg.subject.clone(),
+            agent_id: asg.agent_id.clone(),
+            agent_version: asg.agent_version.clone(),
+            tool_name: asg.tool_name.clone(),
+            cancel,
+        }
+    }
+
     /// The stable operation key: pass it downstream as the idempotency key
     /// of the side effect (e.g. a payment provider's `Idempotency-Key`).
     pub fn operation_key(&self) -> &str {

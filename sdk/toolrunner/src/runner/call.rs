@@ -446,16 +446,7 @@ async fn run(
         .assignment
         .clone()
         .ok_or("a running call has its assignment")?;
-    let ctx = CallContext {
-        core: core.clone(),
-        key: CallKey::of(&call),
-        operation_key: call.operation_key.clone(),
-        subject: asg.subject.clone(),
-        agent_id: asg.agent_id.clone(),
-        agent_version: asg.agent_version.clone(),
-        tool_name: asg.tool_name.clone(),
-        cancel: cancel.clone(),
-    };
+    let ctx = CallContext::new(core, &call, &asg, cancel.clone());
     let outcome = attempt_handler(core, tool.as_ref(), &ctx, &asg).await;
     fail::fail_point!("after_handler", |_| Err(super::CRASH.into()));
     // Progress receipts may have moved the sequence on: start from the store.

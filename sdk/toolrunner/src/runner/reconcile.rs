@@ -35,16 +35,7 @@ pub(crate) async fn check(core: &Arc<Core>, mut call: LocalCall) -> Result<Check
     if !core.cfg.auto_reconcile {
         return Ok(Checked::Stays);
     }
-    let ctx = CallContext {
-        core: core.clone(),
-        key: CallKey::of(&call),
-        operation_key: call.operation_key.clone(),
-        subject: asg.subject.clone(),
-        agent_id: asg.agent_id.clone(),
-        agent_version: asg.agent_version.clone(),
-        tool_name: asg.tool_name.clone(),
-        cancel: CancellationToken::new(),
-    };
+    let ctx = CallContext::new(core, &call, &asg, CancellationToken::new());
     let found = tool.reconcile(&ctx).await;
     let guard = Change::Expect {
         run_id: call.run_id.clone(),
