@@ -247,10 +247,12 @@ async fn serve(args: &Args, ledger: Ledger, base_url: &str) -> Result<()> {
         .clone()
         .or_else(|| std::env::var("TOOLRUNNER_TOKEN").ok())
         .context("--token or TOOLRUNNER_TOKEN is required with --base-url")?;
+    // Registered before the start, so a SIGTERM during connect or recovery
+    // still drains instead of killing the process.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let running = executor(args, ledger, base_url, binding_id, &token)?
         .start()
         .await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -178,8 +178,13 @@ struct Platform {
 }
 
 impl Platform {
-    async fn start(lease: Option<(u64, u64)>) -> Platform {
-        let mut builder = DevServer::builder().listen("127.0.0.1:0".parse().expect("addr"));
+    /// A platform on a file database in `dir` (the in-memory one loses its
+    /// tables when a request is abandoned mid-write, as dropping an
+    /// executor does).
+    async fn start(dir: &std::path::Path, lease: Option<(u64, u64)>) -> Platform {
+        let mut builder = DevServer::builder()
+            .listen("127.0.0.1:0".parse().expect("addr"))
+            .db_path(dir.join("platform.db"));
         if let Some((ttl, heartbeat)) = lease {
             builder = builder.lease_ttl_ms(ttl).heartbeat_interval_ms(heartbeat);
         }
@@ -283,7 +288,8 @@ fn build_executor(binding_id: &str, base_url: &str, o: &Options) -> Executor {
 
 impl Row {
     async fn new(tool: &str, lease: Option<(u64, u64)>) -> Row {
-        let platform = Platform::start(lease).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let platform = Platform::start(dir.path(), lease).await;
         let agent = platform
             .post("/agents", json!({"name": "crash-table"}))
             .await;
@@ -299,7 +305,6 @@ impl Row {
             .as_str()
             .expect("binding_id")
             .to_owned();
-        let dir = tempfile::tempdir().expect("tempdir");
         let store_url = format!("sqlite://{}", dir.path().join("exec.db").display());
         let definitions = build_executor(
             &binding_id,
@@ -382,7 +387,7 @@ impl Row {
             .expect("store readable")
     }
 
-    /// Waits until the local call is in `state` (and `extra` holds).
+    /// Waits until the local call is in `state`.
     async fn wait_local(&self, state: LocalState) -> LocalCall {
         eventually(
             &format!("local state {}", state.as_str()),

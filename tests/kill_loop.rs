@@ -191,8 +191,13 @@ async fn ledger_survives_repeated_sigkill() {
     let ledger = tmp.path().join("ledger.jsonl");
     let stderr = tmp.path().join("ledger-stderr.log");
 
+    // A file database: the in-memory one loses its tables when a request
+    // is abandoned by its client in the middle of a write (sqlx then opens
+    // a fresh, empty `:memory:` connection), which a SIGKILL loop does all
+    // the time.
     let platform = DevServer::builder()
         .listen("127.0.0.1:0".parse().expect("addr"))
+        .db_path(tmp.path().join("platform.db"))
         .faults(Faults {
             error_rate: 0.1,
             drop_response_rate: 0.15,
@@ -388,9 +393,10 @@ async fn ledger_survives_repeated_sigkill() {
         .iter()
         .zip(settled_run["tool_calls"].as_array().expect("tool_calls"))
     {
-        assert_eq!(
-            a["state"], b["state"],
-            "a settled call changed during the drain"
+        // Only the automatic check may still settle an unknown outcome.
+        assert!(
+            a["state"] == b["state"] || b["state"] == "reconciliation_required",
+            "a settled call changed during the drain: {b} -> {a}"
         );
     }
     let calls = run["tool_calls"].as_array().expect("tool_calls").clone();
@@ -464,9 +470,12 @@ async fn ledger_survives_repeated_sigkill() {
 
     // (3) No receipt conflict anywhere.
     let mut outbox = Vec::new();
+    let mut late = Vec::new();
     for c in &calls {
         let call_id = c["call_id"].as_str().expect("call_id");
-        assert_eq!(c["late_receipts"], json!([]), "late receipt: {c}");
+        if c["late_receipts"] != json!([]) {
+            late.push(c.clone());
+        }
         outbox.extend(store.receipts(&run_id, call_id).await.expect("readable"));
     }
     let conflicts: Vec<_> = outbox
@@ -574,6 +583,7 @@ async fn ledger_survives_repeated_sigkill() {
         "calls with two ledger lines: {duplicates:?}"
     );
     assert!(conflicts.is_empty(), "conflicting receipts: {conflicts:#?}");
+    assert!(late.is_empty(), "late receipts on the platform: {late:#?}");
     assert!(kills >= MIN_KILLS);
     for c in local_calls
         .iter()
@@ -603,7 +613,8 @@ async fn ledger_survives_repeated_sigkill() {
     }
     assert!(
         local_calls.iter().all(|c| c.state != LocalState::Rejected),
-        "a final receipt was refused: {local_states:?}"
+        "a final receipt was refused: {local_states:?} (a second final receipt for a call \
+         already delivered: see crash.rs after_handler_write_tool_with_reconcile_hook_settles_once)"
     );
     assert!(
         outbox.iter().all(|r| r.status != ReceiptStatus::Pending),

@@ -164,7 +164,7 @@ impl DevServerBuilder {
         })?;
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
-            engine: Mutex::new(Engine { state, store }),
+            engine: Arc::new(Mutex::new(Engine { state, store })),
             limits: Limits {
                 lease_ttl_ms: self.lease_ttl_ms,
                 heartbeat_interval_ms: self.heartbeat_interval_ms,

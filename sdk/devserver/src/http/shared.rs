@@ -1,5 +1,5 @@
 //! State shared by every handler.
-use std::sync::Mutex as StdMutex;
+use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::{Mutex, broadcast, watch};
 use toolrunner_protocol::ApiError;
@@ -17,7 +17,7 @@ pub(crate) struct Engine {
 
 /// Everything handlers need.
 pub(crate) struct Shared {
-    pub(crate) engine: Mutex<Engine>,
+    pub(crate) engine: Arc<Mutex<Engine>>,
     pub(crate) limits: Limits,
     pub(crate) tokens: Tokens,
     pub(crate) faults: StdMutex<FaultState>,
@@ -26,7 +26,7 @@ pub(crate) struct Shared {
     pub(crate) shutdown: watch::Sender<bool>,
 }
 
-impl HasTokens for std::sync::Arc<Shared> {
+impl HasTokens for Arc<Shared> {
     fn tokens(&self) -> &Tokens {
         &self.tokens
     }
@@ -40,13 +40,29 @@ impl Shared {
         &self,
         op: impl FnOnce(&mut State, i64) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
-        let mut engine = self.engine.lock().await;
+        let mut engine = self.engine.clone().lock_owned().await;
         let now = now_ms();
         engine.state.sweep(now, &self.limits);
         let result = op(&mut engine.state, now);
         let dirty = engine.state.take_dirty();
-        let Engine { state, store } = &mut *engine;
-        if let Err(e) = store.save(state, dirty).await {
+        // The write runs on its own task: a client that disconnects cancels
+        // this future, and a write cancelled half-way would lose the
+        // connection (and an in-memory database with it).
+        let notices = self.notices.clone();
+        let saved = tokio::spawn(async move {
+            let Engine { state, store } = &mut *engine;
+            let saved = store.save(state, dirty).await;
+            if saved.is_ok() {
+                for notice in state.take_notices() {
+                    // No subscriber is fine: the stream is live only.
+                    let _ = notices.send(notice);
+                }
+            }
+            saved.map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+        if let Err(e) = saved {
             tracing::error!(error = %e, "could not write the platform's state");
             return Err(ApiError::new(
                 500,
@@ -54,10 +70,6 @@ impl Shared {
                 "storage_failure",
                 "the platform could not store the change; retry with backoff",
             ));
-        }
-        for notice in state.take_notices() {
-            // No subscriber is fine: the stream is live only.
-            let _ = self.notices.send(notice);
         }
         result
     }

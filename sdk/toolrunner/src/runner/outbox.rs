@@ -124,6 +124,11 @@ pub(crate) async fn deliver(
             }];
             if pending.is_some() && call.report.is_none() {
                 call.report = pending;
+                changes.push(Change::Expect {
+                    run_id: call.run_id.clone(),
+                    call_id: call.call_id.clone(),
+                    states: vec![call.state],
+                });
                 changes.push(Change::PutCall(call.clone()));
             }
             let _ = store.commit(changes).await;
@@ -155,6 +160,12 @@ pub(crate) async fn deliver(
     };
     let mut changes = vec![status_change(r, status, error.clone())];
     if let Some(state) = state {
+        // Only from the state the call had when the receipt went out.
+        changes.push(Change::Expect {
+            run_id: call.run_id.clone(),
+            call_id: call.call_id.clone(),
+            states: vec![call.state],
+        });
         call.state = state;
         call.report = report;
         if error.is_some() {
@@ -218,19 +229,29 @@ pub(crate) async fn flush_reports(core: &Arc<Core>) {
         };
         match core.client.report(&core.cfg.executor_id, &body).await {
             Ok(answer) => {
-                let mut changes = Vec::new();
                 for (c, result) in chunk.iter().zip(answer.results) {
-                    let mut c = c.clone();
-                    c.report = None;
-                    changes.push(Change::Note {
+                    // The call may have moved on while the report was in
+                    // flight: clear the flag only on the call as it is now.
+                    let Ok(Some(mut now)) = core.store.call(&c.run_id, &c.call_id).await else {
+                        continue;
+                    };
+                    let mut changes = vec![Change::Note {
                         run_id: c.run_id.clone(),
                         call_id: c.call_id.clone(),
                         what: "reported".into(),
                         detail: Some(format!("{:?}", result.outcome)),
-                    });
-                    changes.push(Change::PutCall(c));
+                    }];
+                    if now.state == c.state && now.report == c.report {
+                        now.report = None;
+                        changes.push(Change::Expect {
+                            run_id: c.run_id.clone(),
+                            call_id: c.call_id.clone(),
+                            states: vec![c.state],
+                        });
+                        changes.push(Change::PutCall(now));
+                    }
+                    let _ = core.commit(changes, None).await;
                 }
-                let _ = core.commit(changes, None).await;
             }
             Err(e) => {
                 connection::handle_refusal(core, &connection_id, &e).await;
