@@ -44,18 +44,20 @@ async fn commit_point_passes_while_the_lease_is_live() -> Result<()> {
     Ok(())
 }
 
-/// Lease 300 ms, advised heartbeat 5 s (the SDK heartbeats at the
-/// platform's advised interval, so its lease lapses while the handler
-/// sleeps 900 ms). `commit_point()` then answers `Err(LeaseLost)` and the
-/// irreversible step never runs. Capacity 1, so the claimer has no free
-/// slot and does not poll (and reconnect) meanwhile. With
-/// `retry_attempts(1)` the SDK turns the refusal ("nothing happened") into
-/// `failed` / `retries_exhausted`: never `completed`.
+/// The executor cannot confirm its lease right before the irreversible
+/// step: while the handler sleeps, the platform starts refusing every
+/// executor request (fault injection, error_rate 1.0), so the lease check
+/// of `commit_point()` fails and it answers `Err(LeaseLost)`; the
+/// irreversible step never runs. (The SDK heartbeats at most every third of
+/// the lease, so a lease does not lapse by itself while the platform is
+/// reachable.) With `retry_attempts(1)` the SDK turns the refusal ("nothing
+/// happened") into `failed` / `retries_exhausted` once the platform answers
+/// again: never `completed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commit_point_refuses_after_the_lease_lapsed() -> Result<()> {
+async fn commit_point_refuses_when_the_lease_cannot_be_confirmed() -> Result<()> {
     let opts = Opts {
-        lease_ttl_ms: 300,
-        heartbeat_interval_ms: 5_000,
+        lease_ttl_ms: 3_000,
+        heartbeat_interval_ms: 1_000,
         ..Opts::default()
     };
     let env = Env::start(opts, &[WRITE]).await?;
@@ -79,13 +81,19 @@ async fn commit_point_refuses_after_the_lease_lapsed() -> Result<()> {
         .await?;
     let running = exec.start().await?;
     assert!(
-        eventually(Duration::from_secs(5), || !writes.notes().is_empty()).await,
+        eventually(Duration::from_secs(5), || writes.calls() == 1).await,
+        "the handler never started"
+    );
+    env.faults(1.0).await?;
+    assert!(
+        eventually(Duration::from_secs(10), || !writes.notes().is_empty()).await,
         "the handler never reached its commit point"
     );
+    env.faults(0.0).await?;
     let notes = writes.notes();
     assert!(
         is_lease_lost_note(&notes[0]),
-        "commit_point after the lease lapsed answered {notes:?}"
+        "commit_point without a confirmable lease answered {notes:?}"
     );
     let run = env.wait_settled(&run_id, Duration::from_secs(8)).await?;
     bounded(Duration::from_secs(10), "drain", running.shutdown(DRAIN)).await?;

@@ -237,6 +237,18 @@ impl Env {
         answer(resp, "POST", path).await
     }
 
+    /// Sets the platform's fault injection (`PUT /v1/dev/faults`).
+    pub async fn faults(&self, error_rate: f64) -> Result<Value> {
+        let resp = self
+            .http
+            .put(format!("{}/v1/dev/faults", self.base))
+            .bearer_auth(ADMIN)
+            .json(&serde_json::json!({"error_rate": error_rate}))
+            .send()
+            .await?;
+        answer(resp, "PUT", "/dev/faults").await
+    }
+
     pub async fn get(&self, path: &str) -> Result<Value> {
         let resp = self
             .http

@@ -25,9 +25,9 @@ pub struct List<T> {
     pub next_cursor: Option<String>,
 }
 
-/// A `(run_id, call_id)` pair.
+/// A `(run_id, call_id)` pair. It appears in answers too, so it ignores
+/// fields it does not know (clients must).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CallRef {
     /// The run.
     pub run_id: String,

@@ -37,8 +37,24 @@ pub(crate) fn spawn_drive(
     resumed: bool,
     permit: Option<OwnedSemaphorePermit>,
 ) {
+    // Activated here, synchronously, so no other task can pick the call up
+    // between this decision and the new task's start.
+    let Some(cancel) = core.activate(&CallKey::of(&call)) else {
+        return;
+    };
+    spawn_activated(core, call, resumed, permit, cancel);
+}
+
+/// [`spawn_drive`] for a call the caller has already activated.
+pub(crate) fn spawn_activated(
+    core: Arc<Core>,
+    call: LocalCall,
+    resumed: bool,
+    permit: Option<OwnedSemaphorePermit>,
+    cancel: CancellationToken,
+) {
     let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-        Box::pin(drive(core, call, resumed, permit));
+        Box::pin(drive(core, call, resumed, permit, cancel));
     tokio::spawn(fut);
 }
 
@@ -49,10 +65,19 @@ async fn drive(
     call: LocalCall,
     resumed: bool,
     permit: Option<OwnedSemaphorePermit>,
+    cancel: CancellationToken,
 ) {
     let key = CallKey::of(&call);
-    let Some(cancel) = core.activate(&key) else {
-        return;
+    // Start from the store, not from a snapshot taken before activation:
+    // another task may have moved the call on meanwhile.
+    let call = match core.store.call(&key.run_id, &key.call_id).await {
+        Ok(Some(fresh)) => fresh,
+        Ok(None) => call,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the call; it resumes later");
+            core.deactivate(&key);
+            return;
+        }
     };
     let span = tracing::info_span!("call", run_id = %key.run_id, call_id = %key.call_id, tool = %call.tool_name);
     let result = tokio::select! {
@@ -108,12 +133,24 @@ async fn steps(
 }
 
 /// Saves `call` as it now is.
+/// A passing store failure (a busy lock, a full disk being cleaned) must not
+/// strand a call: the commit is tried again, with backoff, for a while.
 async fn put(core: &Core, call: &LocalCall, extra: Vec<Change>) -> Result<(), String> {
     let mut changes = extra;
     changes.push(Change::PutCall(call.clone()));
-    core.commit(changes, Some(call))
-        .await
-        .map_err(|e| e.to_string())
+    let mut attempt = 0;
+    loop {
+        match core.commit(changes.clone(), Some(call)).await {
+            Ok(()) => return Ok(()),
+            Err(e @ crate::store::StoreError::Conflict(..)) => return Err(e.to_string()),
+            Err(e) if attempt >= 8 => return Err(e.to_string()),
+            Err(e) => {
+                tracing::warn!(error = %e, attempt, "store commit failed; trying again");
+                tokio::time::sleep(super::pause(core, attempt.min(5))).await;
+                attempt += 1;
+            }
+        }
+    }
 }
 
 async fn settle_local(
@@ -371,6 +408,12 @@ async fn accept(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, Stri
             .await
         }
         Err(ClientError::Unreachable(m)) => Err(m),
+        Err(e) if e.status() == Some(401) || e.code() == Some("missing_scope") => {
+            // Not a verdict on the call: keep the assignment and the saved
+            // `accepted`, stop claiming, surface the configuration error.
+            core.fail(crate::Error::from(e.clone()));
+            Err(e.to_string())
+        }
         Err(e) => {
             let may_be_pending = e.code() == Some("invalid_grant");
             not_started(

@@ -63,7 +63,8 @@ pub(crate) async fn before_start(
 /// 128 deep; otherwise the outcome is unknown.
 pub(crate) fn check_output(asg: &Assignment, result: &Value) -> Result<(), String> {
     use toolrunner_protocol::json::{MAX_BODY_BYTES, MAX_DEPTH, compact_len, depth};
-    if depth(result) > MAX_DEPTH {
+    // The receipt body wraps the result one level deeper.
+    if depth(result) >= MAX_DEPTH {
         return Err(format!("the result nests deeper than {MAX_DEPTH} levels"));
     }
     if compact_len(result) > MAX_BODY_BYTES - 4096 {

@@ -27,7 +27,11 @@ pub(crate) async fn claim_loop(core: Arc<Core>) {
 /// capacity, a step that could not reach the platform).
 async fn resume_waiting(core: &Arc<Core>) {
     let filter = CallFilter {
-        states: vec![LocalState::Claiming, LocalState::Assigned],
+        states: vec![
+            LocalState::Claiming,
+            LocalState::Assigned,
+            LocalState::Running,
+        ],
         ..CallFilter::default()
     };
     let Ok(calls) = core.store.calls(&filter).await else {
@@ -40,7 +44,10 @@ async fn resume_waiting(core: &Arc<Core>) {
         let Ok(permit) = core.slots.clone().try_acquire_owned() else {
             return;
         };
-        call::spawn_drive(core.clone(), c, false, Some(permit));
+        // A `running` call that no task drives lost its task to an error:
+        // resume it as after a crash (a write tool is never re-run).
+        let resumed = c.state == LocalState::Running;
+        call::spawn_drive(core.clone(), c, resumed, Some(permit));
     }
 }
 

@@ -50,12 +50,19 @@ pub(crate) async fn connect(core: &Arc<Core>) -> Result<(), Error> {
     tracing::info!(executor_id = %core.cfg.executor_id, connection_id = %connected.connection_id, outstanding = connected.outstanding.len(), "connected");
     *core.conn.write().await = Some(Conn {
         connection_id: connected.connection_id.clone(),
-        heartbeat_interval: Duration::from_millis(connected.heartbeat_interval_ms.max(50)),
+        heartbeat_interval: beat(connected.heartbeat_interval_ms, connected.lease_ttl_ms),
+        lease_ttl_ms: connected.lease_ttl_ms,
         stream_path: connected.stream_path.clone(),
     });
     drop(_guard);
     super::recovery::resume(core, connected.outstanding).await;
     Ok(())
+}
+
+/// The heartbeat interval: the advised one, but never so long that the
+/// lease could lapse between two beats (at most a third of the lease).
+fn beat(advised_ms: u64, lease_ttl_ms: u64) -> Duration {
+    Duration::from_millis(advised_ms.min(lease_ttl_ms / 3).max(50))
 }
 
 /// The current connection id, connecting first if there is none.
@@ -76,6 +83,10 @@ pub(crate) async fn connection_id(core: &Arc<Core>) -> Result<String, Error> {
 /// supersede reconnect (returns `true`: try again); another instance stops
 /// claiming. Anything else returns `false`.
 pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError) -> bool {
+    if e.status() == Some(401) || e.code() == Some("missing_scope") {
+        core.fail(Error::from(e.clone()));
+        return false;
+    }
     match e.code() {
         Some("lease_expired") => {}
         Some("connection_superseded") => {
@@ -121,22 +132,22 @@ async fn heartbeat(core: &Arc<Core>) -> Result<(), ClientError> {
     let Ok(connection_id) = connection_id(core).await else {
         return Ok(());
     };
-    let in_flight: Vec<CallRef> = core
-        .active
-        .lock()
-        .expect("not poisoned")
-        .keys()
-        .map(|k| CallRef {
-            run_id: k.run_id.clone(),
-            call_id: k.call_id.clone(),
-        })
-        .collect();
+    let in_flight = in_flight(core);
     let body = Heartbeat {
         connection_id: connection_id.clone(),
         in_flight,
     };
     match core.client.heartbeat(&core.cfg.executor_id, &body).await {
         Ok(answer) => {
+            if let Some(conn) = core
+                .conn
+                .write()
+                .await
+                .as_mut()
+                .filter(|c| c.connection_id == connection_id)
+            {
+                conn.heartbeat_interval = beat(answer.heartbeat_interval_ms, conn.lease_ttl_ms);
+            }
             for c in answer.cancel_requested {
                 core.cancel_call(&super::CallKey {
                     run_id: c.run_id,
@@ -165,16 +176,38 @@ pub(crate) async fn lease_check(core: &Arc<Core>) -> Result<(), CommitPointError
     };
     let body = Heartbeat {
         connection_id: connection_id.clone(),
-        in_flight: Vec::new(),
+        in_flight: in_flight(core),
     };
     match core.client.heartbeat(&core.cfg.executor_id, &body).await {
-        Ok(_) => Ok(()),
+        Ok(answer) => {
+            // The answer may carry this very call's cancellation.
+            for c in answer.cancel_requested {
+                core.cancel_call(&super::CallKey {
+                    run_id: c.run_id,
+                    call_id: c.call_id,
+                });
+            }
+            Ok(())
+        }
         Err(e) => {
             let core = core.clone();
             tokio::spawn(async move { handle_refusal(&core, &connection_id, &e).await });
             Err(CommitPointError::LeaseLost)
         }
     }
+}
+
+/// The calls this process is driving, for `in_flight`.
+fn in_flight(core: &Core) -> Vec<CallRef> {
+    core.active
+        .lock()
+        .expect("not poisoned")
+        .keys()
+        .map(|k| CallRef {
+            run_id: k.run_id.clone(),
+            call_id: k.call_id.clone(),
+        })
+        .collect()
 }
 
 pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<(), Error> {

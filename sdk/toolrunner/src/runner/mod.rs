@@ -66,6 +66,7 @@ impl CallKey {
 pub(crate) struct Conn {
     pub(crate) connection_id: String,
     pub(crate) heartbeat_interval: Duration,
+    pub(crate) lease_ttl_ms: u64,
     pub(crate) stream_path: String,
 }
 
@@ -110,6 +111,9 @@ impl Core {
         match result {
             Ok(()) => Ok(()),
             Err(e) => {
+                if matches!(e, StoreError::Conflict(..)) {
+                    return Err(e);
+                }
                 if let Some(want) = expect
                     && let Ok(Some(have)) = self.store.call(&want.run_id, &want.call_id).await
                     && have.state == want.state

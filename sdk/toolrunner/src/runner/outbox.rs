@@ -137,6 +137,14 @@ pub(crate) async fn deliver(
         Err(e) if !final_kind && r.kind == ReceiptKind::Progress => {
             (ReceiptStatus::Rejected, Some(e.to_string()), None, None)
         }
+        // A sequence-0 `failed` settles a call refused before start: nothing
+        // ran, so a refusal of it leaves nothing unknown.
+        Err(e) if r.kind == ReceiptKind::Failed && r.sequence == 0 => (
+            ReceiptStatus::Rejected,
+            Some(e.to_string()),
+            Some(LocalState::Abandoned),
+            None,
+        ),
         Err(e) => match (e.status(), e.code()) {
             (_, Some("run_terminated" | "call_already_terminal")) => (
                 ReceiptStatus::Rejected,
@@ -194,14 +202,36 @@ pub(crate) fn spawn_flush_reports(core: Arc<Core>) {
 
 /// Sends every state still to report.
 pub(crate) async fn flush_reports(core: &Arc<Core>) {
+    // Each round either delivers every report or drops one call the
+    // platform does not know, so this ends.
+    let mut size = 100;
+    for _ in 0..1000 {
+        match flush_reports_once(core, size).await {
+            Pass::Done => return,
+            Pass::Again => {}
+            // The platform did not say which call: one call per report.
+            Pass::OneByOne => size = 1,
+        }
+    }
+}
+
+/// How a pass over the pending reports ended.
+enum Pass {
+    Done,
+    Again,
+    OneByOne,
+}
+
+/// One pass, in reports of `size` calls.
+async fn flush_reports_once(core: &Arc<Core>, size: usize) -> Pass {
     let filter = CallFilter::default();
     let Ok(calls) = core.store.calls(&filter).await else {
-        return;
+        return Pass::Done;
     };
     let pending: Vec<LocalCall> = calls.into_iter().filter(|c| c.report.is_some()).collect();
-    for chunk in pending.chunks(100) {
+    for chunk in pending.chunks(size) {
         let Ok(connection_id) = connection::connection_id(core).await else {
-            return;
+            return Pass::Done;
         };
         let reports = chunk
             .iter()
@@ -215,11 +245,8 @@ pub(crate) async fn flush_reports(core: &Arc<Core>) {
                     Some(PendingReport::PendingDelivery) => ReportState::PendingDelivery,
                     _ => ReportState::Released,
                 },
-                reason: c
-                    .reason
-                    .clone()
-                    .filter(|_| c.report == Some(PendingReport::ReconciliationRequired))
-                    .map(|r| short(&r)),
+                reason: (c.report == Some(PendingReport::ReconciliationRequired))
+                    .then(|| public_reason(c)),
                 receipt_id: None,
             })
             .collect();
@@ -253,18 +280,50 @@ pub(crate) async fn flush_reports(core: &Arc<Core>) {
                     let _ = core.commit(changes, None).await;
                 }
             }
+            Err(ClientError::Api(e)) if e.code() == "unknown_call" => {
+                // One call the platform no longer knows refuses the whole
+                // report: set it aside as orphaned, send the rest again.
+                let index = e
+                    .body
+                    .param
+                    .as_deref()
+                    .and_then(|p| p.strip_prefix("calls["))
+                    .and_then(|p| p.strip_suffix(']'))
+                    .and_then(|i| i.parse::<usize>().ok());
+                let index = index.or((chunk.len() == 1).then_some(0));
+                let Some(mut c) = index.and_then(|i| chunk.get(i)).cloned() else {
+                    return Pass::OneByOne;
+                };
+                tracing::warn!(run_id = %c.run_id, call_id = %c.call_id, "the platform does not know this call: orphaned");
+                c.state = LocalState::Orphaned;
+                c.report = None;
+                c.reason = Some(format!("the platform does not know the call ({e})"));
+                let guard = Change::Expect {
+                    run_id: c.run_id.clone(),
+                    call_id: c.call_id.clone(),
+                    states: vec![chunk[index.unwrap_or(0)].state],
+                };
+                let _ = core.commit(vec![guard, Change::PutCall(c)], None).await;
+                return Pass::Again;
+            }
             Err(e) => {
                 connection::handle_refusal(core, &connection_id, &e).await;
                 tracing::debug!(error = %e, "report not delivered; will retry");
-                return;
+                return Pass::Done;
             }
         }
     }
+    Pass::Done
 }
 
-/// A reason short enough for the platform and free of internals' length.
-fn short(reason: &str) -> String {
-    reason.chars().take(200).collect()
+/// The reason sent with `reconciliation_required`: fixed words, never a
+/// handler's raw error text (which may carry internals).
+fn public_reason(c: &LocalCall) -> String {
+    if c.reason.as_deref() == Some("unknown_to_executor") {
+        "unknown_to_executor".to_owned()
+    } else {
+        "outcome unknown after accepted".to_owned()
+    }
 }
 
 /// Redelivers what no running call is delivering: after a crash, after the

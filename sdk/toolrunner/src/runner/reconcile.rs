@@ -108,16 +108,27 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                     .get(&key)
                     .copied()
                     .unwrap_or((now, core.cfg.reconcile_interval));
-                if due > now || core.activate(&key).is_none() {
+                if due > now {
                     continue;
                 }
+                let Some(token) = core.activate(&key) else {
+                    continue;
+                };
+                // Re-read: the call may have been settled since the listing.
+                let c = match core.store.call(&key.run_id, &key.call_id).await {
+                    Ok(Some(fresh)) if fresh.state == LocalState::ReconciliationRequired => fresh,
+                    _ => {
+                        core.deactivate(&key);
+                        continue;
+                    }
+                };
                 match check(&core, c).await {
                     Ok(Checked::Moved(moved)) => {
                         next.remove(&key);
                         if moved.state == LocalState::Running {
-                            core.deactivate(&key);
+                            // Still activated: the new task takes it over.
                             let permit = core.slots.clone().try_acquire_owned().ok();
-                            call::spawn_drive(core.clone(), moved, false, permit);
+                            call::spawn_activated(core.clone(), moved, false, permit, token);
                             continue;
                         }
                         outbox::deliver_call(&core, &key).await;

@@ -18,6 +18,23 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
     let mut unknown = Vec::new();
     for o in outstanding {
         match core.store.call(&o.run_id, &o.call_id).await {
+            // Settled here as "nothing ran" while the platform still holds
+            // the claim: give it back.
+            Ok(Some(mut c))
+                if o.state == CallState::Claimed
+                    && matches!(c.state, LocalState::Abandoned | LocalState::Released)
+                    && c.report.is_none() =>
+            {
+                c.report = Some(PendingReport::Released);
+                let guard = Change::Expect {
+                    run_id: c.run_id.clone(),
+                    call_id: c.call_id.clone(),
+                    states: vec![c.state],
+                };
+                if let Err(e) = core.commit(vec![guard, Change::PutCall(c)], None).await {
+                    tracing::error!(error = %e, "cannot record a claim to give back");
+                }
+            }
             Ok(Some(_)) => {}
             Ok(None) => unknown.push(o),
             Err(e) => tracing::error!(error = %e, "cannot read the store during recovery"),
@@ -97,31 +114,21 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
     outbox::spawn_flush_reports(core.clone());
 }
 
-/// Marks the assignment's unsent receipts superseded and goes back to
-/// claiming with the saved operation key.
+/// Goes back to claiming with the saved operation key. The old
+/// assignment's unsent receipts stay as they are: the claim's answer decides
+/// (a new assignment supersedes them; the same one, replayed, sends them).
 async fn reclaim(
     core: &Arc<Core>,
     mut c: LocalCall,
 ) -> Result<LocalCall, crate::store::StoreError> {
-    let mut changes = Vec::new();
-    for r in core.store.receipts(&c.run_id, &c.call_id).await? {
-        if r.status == crate::store::ReceiptStatus::Pending {
-            changes.push(Change::ReceiptStatus {
-                receipt_id: r.receipt_id,
-                status: crate::store::ReceiptStatus::Superseded,
-                error: Some("the platform no longer binds this assignment".into()),
-                attempt: false,
-            });
-        }
-    }
     c.state = LocalState::Claiming;
-    c.reason = Some("the claim lapsed while the executor was away".into());
-    changes.push(Change::Expect {
+    c.reason = Some("the claim may have lapsed while the executor was away".into());
+    let guard = Change::Expect {
         run_id: c.run_id.clone(),
         call_id: c.call_id.clone(),
         states: vec![LocalState::Assigned],
-    });
-    changes.push(Change::PutCall(c.clone()));
-    core.commit(changes, Some(&c)).await?;
+    };
+    core.commit(vec![guard, Change::PutCall(c.clone())], Some(&c))
+        .await?;
     Ok(c)
 }
