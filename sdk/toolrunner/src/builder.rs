@@ -362,6 +362,7 @@ impl Executor {
             authorizer: self.authorizer,
             conn: RwLock::new(None),
             reconnecting: tokio::sync::Mutex::new(()),
+            progress_lock: tokio::sync::Mutex::new(()),
             active: StdMutex::new(Default::default()),
             slots: Arc::new(Semaphore::new(capacity)),
             wake: Notify::new(),

@@ -492,7 +492,13 @@ async fn run(
     let ctx = CallContext::new(core, &call, &asg, cancel.clone());
     let outcome = attempt_handler(core, tool.as_ref(), &ctx, &asg).await;
     fail::fail_point!("after_handler", |_| Err(super::CRASH.into()));
-    // Progress receipts may have moved the sequence on: start from the store.
+    // Progress receipts may have moved the sequence on: start from the
+    // store, once every queued write (a progress commit of a handler that
+    // timed out, say) has gone through the single writer.
+    core.commit(Vec::new(), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let _serial = core.progress_lock.lock().await;
     let call = core
         .store
         .call(&call.run_id, &call.call_id)
@@ -615,6 +621,8 @@ pub(crate) async fn progress(
     data: Value,
 ) -> Result<(), ProgressError> {
     let err = |e: String| ProgressError(e);
+    // One progress receipt at a time: each takes the next sequence.
+    let _serial = core.progress_lock.lock().await;
     let mut call = core
         .store
         .call(&key.run_id, &key.call_id)
@@ -636,6 +644,7 @@ pub(crate) async fn progress(
     put(core, &call, vec![Change::AddReceipt(r.clone())])
         .await
         .map_err(err)?;
+    drop(_serial);
     outbox::deliver_one(core, &call, &r).await;
     Ok(())
 }

@@ -79,6 +79,9 @@ pub(crate) struct Core {
     pub(crate) authorizer: Arc<dyn Authorizer>,
     pub(crate) conn: RwLock<Option<Conn>>,
     pub(crate) reconnecting: tokio::sync::Mutex<()>,
+    /// Serializes the read-modify-write of `next_sequence` by progress
+    /// receipts and the final receipt.
+    pub(crate) progress_lock: tokio::sync::Mutex<()>,
     /// Calls this process is driving, with their cancellation tokens.
     pub(crate) active: StdMutex<HashMap<CallKey, CancellationToken>>,
     pub(crate) slots: Arc<Semaphore>,
