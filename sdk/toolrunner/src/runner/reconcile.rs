@@ -71,6 +71,11 @@ pub(crate) async fn check(core: &Arc<Core>, mut call: LocalCall) -> Result<Check
             )
         }
         Reconciled::DidNotHappen if tool.rerun_when_not_performed() => {
+            // Run again only with a live lease (its heartbeat also brings any
+            // cancellation of the run): otherwise wait for the next check.
+            if super::connection::lease_check(core).await.is_err() {
+                return Ok(Checked::Stays);
+            }
             call.state = LocalState::Running;
             call.reason =
                 Some("automatic check: the operation did not happen; running it again".into());
