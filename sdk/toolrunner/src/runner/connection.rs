@@ -132,38 +132,40 @@ async fn heartbeat(core: &Arc<Core>) -> Result<(), ClientError> {
     let Ok(connection_id) = connection_id(core).await else {
         return Ok(());
     };
-    let in_flight = in_flight(core);
-    let body = Heartbeat {
-        connection_id: connection_id.clone(),
-        in_flight,
-    };
-    match core.client.heartbeat(&core.cfg.executor_id, &body).await {
-        Ok(answer) => {
-            if let Some(conn) = core
-                .conn
-                .write()
-                .await
-                .as_mut()
-                .filter(|c| c.connection_id == connection_id)
-            {
-                conn.heartbeat_interval = beat(answer.heartbeat_interval_ms, conn.lease_ttl_ms);
-            }
-            for c in answer.cancel_requested {
-                core.cancel_call(&super::CallKey {
-                    run_id: c.run_id,
-                    call_id: c.call_id,
-                });
-            }
-            Ok(())
-        }
-        Err(e) => {
-            handle_refusal(core, &connection_id, &e).await;
-            Err(e)
-        }
+    if let Err(e) = beat_now(core, &connection_id).await {
+        handle_refusal(core, &connection_id, &e).await;
+        return Err(e);
     }
+    Ok(())
 }
 
-/// `commit_point()`: a heartbeat right now.
+/// One heartbeat listing the calls in flight; applies the answer's advice
+/// and its `cancel_requested`.
+async fn beat_now(core: &Arc<Core>, connection_id: &str) -> Result<(), ClientError> {
+    let body = Heartbeat {
+        connection_id: connection_id.to_owned(),
+        in_flight: in_flight(core),
+    };
+    let answer = core.client.heartbeat(&core.cfg.executor_id, &body).await?;
+    if let Some(conn) = core
+        .conn
+        .write()
+        .await
+        .as_mut()
+        .filter(|c| c.connection_id == connection_id)
+    {
+        conn.heartbeat_interval = beat(answer.heartbeat_interval_ms, conn.lease_ttl_ms);
+    }
+    for c in answer.cancel_requested {
+        core.cancel_call(&super::CallKey {
+            run_id: c.run_id,
+            call_id: c.call_id,
+        });
+    }
+    Ok(())
+}
+
+/// `commit_point()`: a heartbeat right now, which must succeed.
 pub(crate) async fn lease_check(core: &Arc<Core>) -> Result<(), CommitPointError> {
     let connection_id = core
         .conn
@@ -174,21 +176,8 @@ pub(crate) async fn lease_check(core: &Arc<Core>) -> Result<(), CommitPointError
     let Some(connection_id) = connection_id else {
         return Err(CommitPointError::LeaseLost);
     };
-    let body = Heartbeat {
-        connection_id: connection_id.clone(),
-        in_flight: in_flight(core),
-    };
-    match core.client.heartbeat(&core.cfg.executor_id, &body).await {
-        Ok(answer) => {
-            // The answer may carry this very call's cancellation.
-            for c in answer.cancel_requested {
-                core.cancel_call(&super::CallKey {
-                    run_id: c.run_id,
-                    call_id: c.call_id,
-                });
-            }
-            Ok(())
-        }
+    match beat_now(core, &connection_id).await {
+        Ok(()) => Ok(()),
         Err(e) => {
             let core = core.clone();
             tokio::spawn(async move { handle_refusal(&core, &connection_id, &e).await });
