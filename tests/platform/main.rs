@@ -17,3 +17,4 @@ mod lifecycle;
 mod persistence;
 mod projection;
 mod receipts;
+mod review;

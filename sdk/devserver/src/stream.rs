@@ -65,7 +65,11 @@ async fn serve(
                 Some(StreamFrame::Ping)
             }
             notice = notices.recv() => match notice {
-                Ok(n) => relevant(&sh, &executor_id, n).await,
+                Ok(n) => match relevant(&sh, &executor_id, &connection_id, n).await {
+                    Relevance::Send(frame) => Some(frame),
+                    Relevance::Skip => None,
+                    Relevance::Close => break,
+                },
                 Err(broadcast::error::RecvError::Lagged(_)) => None,
                 Err(broadcast::error::RecvError::Closed) => break,
             },
@@ -83,20 +87,41 @@ async fn serve(
     let _ = socket.send(Message::Close(None)).await;
 }
 
-/// The frame for this executor, if the notice concerns it.
-async fn relevant(sh: &Shared, executor_id: &str, notice: Notice) -> Option<StreamFrame> {
-    match notice {
+/// What to do with a notice.
+enum Relevance {
+    Send(StreamFrame),
+    Skip,
+    /// The stream's connection is no longer live.
+    Close,
+}
+
+/// The frame for this stream, if the notice concerns its executor and the
+/// stream's connection is still the live one.
+async fn relevant(
+    sh: &Shared,
+    executor_id: &str,
+    connection_id: &str,
+    notice: Notice,
+) -> Relevance {
+    let engine = sh.engine.lock().await;
+    let Ok(exec) = engine.state.live_connection(executor_id, connection_id) else {
+        return Relevance::Close;
+    };
+    let wanted = match &notice {
         Notice::Cancel {
-            executor_id: to,
-            frame,
-        } => (to == executor_id).then_some(frame),
-        Notice::Pending { binding_id, frame } => {
-            let StreamFrame::CallPending { tool_name, .. } = &frame else {
-                return None;
-            };
-            let engine = sh.engine.lock().await;
-            let exec = engine.state.executors.get(executor_id)?;
-            (exec.binding_id == binding_id && exec.tools.contains(tool_name)).then_some(frame)
+            executor_id: to, ..
+        } => to == executor_id,
+        Notice::Pending { binding_id, frame } => match frame {
+            StreamFrame::CallPending { tool_name, .. } => {
+                exec.binding_id == *binding_id && exec.tools.contains(tool_name)
+            }
+            _ => false,
+        },
+    };
+    match notice {
+        Notice::Cancel { frame, .. } | Notice::Pending { frame, .. } if wanted => {
+            Relevance::Send(frame)
         }
+        _ => Relevance::Skip,
     }
 }

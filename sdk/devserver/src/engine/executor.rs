@@ -70,12 +70,19 @@ impl State {
             }
         }
         let connection_id = new_id("con_");
-        if let Some(old) = self.executors.get(&body.executor_id) {
-            let old_id = old.connection_id.clone();
-            if let Some(c) = self.connections.get_mut(&old_id) {
+        // Every earlier connection of this identity now names the newest
+        // instance in its `connection_superseded` answer.
+        let earlier: Vec<String> = self
+            .connections
+            .values()
+            .filter(|c| c.executor_id == body.executor_id)
+            .map(|c| c.connection_id.clone())
+            .collect();
+        for id in earlier {
+            if let Some(c) = self.connections.get_mut(&id) {
                 c.superseded_by = Some(body.instance_id.clone());
-                self.touch(Table::Connections, &old_id);
             }
+            self.touch(Table::Connections, &id);
         }
         self.connections.insert(
             connection_id.clone(),
@@ -178,7 +185,7 @@ impl State {
         exec.lease_expires_ms = now.saturating_add(ttl);
         let mut cancel_requested = Vec::new();
         exec.cancel_notices.retain_mut(|(call, announced)| {
-            let listed = body.in_flight.contains(call);
+            let listed = body.in_flight.iter().any(|f| f.is(call));
             if listed || !*announced {
                 cancel_requested.push(call.clone());
             }

@@ -90,11 +90,21 @@ impl State {
         if self.runs[run_id].status != RunStatus::Active {
             let msg = format!("run {run_id} has ended; the receipt is kept for audit only");
             let call = self.calls.get_mut(call_id).expect("checked above");
-            if !call
+            let earlier = call
                 .late_receipts
                 .iter()
-                .any(|r| r.receipt_id == rec.receipt_id && r.canonical == rec.canonical)
-            {
+                .find(|r| r.receipt_id == rec.receipt_id);
+            if earlier.is_some_and(|r| r.canonical != rec.canonical) {
+                return Err(ApiError::conflict(
+                    "receipt_conflict",
+                    format!(
+                        "receipt {} was already received with a different body",
+                        rec.receipt_id
+                    ),
+                )
+                .with_param("receipt_id"));
+            }
+            if earlier.is_none() {
                 call.late_receipts.push(rec);
                 self.touch(Table::Calls, call_id);
             }
@@ -199,6 +209,13 @@ fn check_body_identity(value: &Value, asg_id: &str, executor_id: &str) -> Result
 /// Decodes and checks the shape of a receipt: `400 unknown_field` for an
 /// unlisted field, `400 invalid_receipt` for anything else.
 fn decode(value: Value) -> Result<Receipt, ApiError> {
+    // A member written as `null` is present: only `completed` may carry
+    // `result` (even a null one), and no kind lists a null `error`.
+    let written = |name: &str| value.get(name).is_some();
+    let named: Vec<(&'static str, bool)> = ["progress", "result", "error", "reason"]
+        .iter()
+        .map(|n| (*n, written(n)))
+        .collect();
     let receipt: Receipt = crate::http::decode::decode(value).map_err(|e| {
         if e.code() == "unknown_field" {
             e
@@ -207,8 +224,8 @@ fn decode(value: Value) -> Result<Receipt, ApiError> {
         }
     })?;
     let wanted = Receipt::required_field(receipt.kind);
-    for (name, present) in receipt.extra_fields() {
-        if present && Some(name) != wanted {
+    for ((name, written), (_, present)) in named.into_iter().zip(receipt.extra_fields()) {
+        if written && Some(name) != wanted {
             return Err(ApiError::invalid(
                 "unknown_field",
                 format!("a {} receipt has no field {name}", receipt.kind.as_str()),

@@ -43,6 +43,8 @@ pub(crate) async fn cancel_run(
     body: Body,
 ) -> Answer<Run> {
     auth.require(&[Scope::RunsWrite])?;
+    // The run in the path is found before the body is judged.
+    sh.apply(|s, _| s.run_in_path(&run_id).map(|_| ())).await?;
     if !body.bytes()?.is_empty() {
         let _: NoFields = body.json()?;
     }

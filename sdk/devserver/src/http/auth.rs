@@ -132,7 +132,7 @@ impl<S: HasTokens + Send + Sync> FromRequestParts<S> for Auth {
 /// Parses `TOKEN=SCOPES` (`*` or comma-separated scope names).
 pub(crate) fn parse_token_spec(spec: &str) -> Result<(String, Grants), String> {
     let (token, scopes) = spec
-        .split_once('=')
+        .rsplit_once('=')
         .ok_or_else(|| format!("token spec {spec:?} must look like TOKEN=SCOPES"))?;
     if token.is_empty() {
         return Err("a token must not be empty".to_owned());

@@ -71,6 +71,8 @@ pub(crate) async fn pending(
         Some(c) => Some(
             c.strip_prefix("cur_")
                 .and_then(|n| n.parse::<u64>().ok())
+                // Only the exact form this platform gives out.
+                .filter(|n| format!("cur_{n}") == *c && *n < u64::MAX)
                 .ok_or_else(|| {
                     ApiError::invalid("invalid_cursor", "cursor is not one this platform gave out")
                         .with_param("cursor")

@@ -61,7 +61,24 @@ pub struct Heartbeat {
     pub connection_id: String,
     /// Calls the executor is working on.
     #[serde(default)]
-    pub in_flight: Vec<CallRef>,
+    pub in_flight: Vec<InFlight>,
+}
+
+/// One call in a heartbeat's `in_flight` (a request item: strict).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InFlight {
+    /// Run.
+    pub run_id: String,
+    /// Call.
+    pub call_id: String,
+}
+
+impl InFlight {
+    /// Whether this names `call`.
+    pub fn is(&self, call: &CallRef) -> bool {
+        self.run_id == call.run_id && self.call_id == call.call_id
+    }
 }
 
 /// The heartbeat answer.

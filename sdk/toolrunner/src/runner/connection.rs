@@ -3,7 +3,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use toolrunner_protocol::wire::{CallRef, Connect, Disconnect, DisconnectMode, Heartbeat, SdkInfo};
+use toolrunner_protocol::wire::{
+    Connect, Disconnect, DisconnectMode, Heartbeat, InFlight, SdkInfo,
+};
 
 use super::{Conn, Core, Shutdown};
 use crate::client::ClientError;
@@ -187,12 +189,12 @@ pub(crate) async fn lease_check(core: &Arc<Core>) -> Result<(), CommitPointError
 }
 
 /// The calls this process is driving, for `in_flight`.
-fn in_flight(core: &Core) -> Vec<CallRef> {
+fn in_flight(core: &Core) -> Vec<InFlight> {
     core.active
         .lock()
         .expect("not poisoned")
         .keys()
-        .map(|k| CallRef {
+        .map(|k| InFlight {
             run_id: k.run_id.clone(),
             call_id: k.call_id.clone(),
         })
