@@ -88,6 +88,11 @@ impl Store for OnceFlaky {
     async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError> {
         self.inner.calls(filter).await
     }
+    async fn count_by_state(
+        &self,
+    ) -> Result<std::collections::BTreeMap<toolrunner::store::LocalState, u64>, StoreError> {
+        self.inner.count_by_state().await
+    }
     async fn receipts(
         &self,
         run_id: &str,

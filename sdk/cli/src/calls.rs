@@ -71,6 +71,7 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
                 states: state.into_iter().collect(),
                 tool_name: tool,
                 updated_before,
+                ..CallFilter::default()
             };
             let calls = r.list(&filter).await?;
             if json {

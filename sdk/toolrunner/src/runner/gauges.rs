@@ -10,8 +10,6 @@
 //! | `toolrunner_oldest_reconciliation_seconds` | gauge | | age of the oldest `reconciliation_required` call |
 //! | `toolrunner_undelivered_receipts` | gauge | | receipts saved and not yet acknowledged |
 //! | `toolrunner_oldest_undelivered_seconds` | gauge | | age of the oldest of them |
-use std::collections::BTreeMap;
-
 use super::Core;
 use crate::store::{CallFilter, LocalState, ReceiptStatus};
 
@@ -25,24 +23,23 @@ fn age_seconds(rfc3339: &str) -> f64 {
 
 /// Publishes the gauges from the store.
 pub(crate) async fn publish(core: &Core) {
-    let Ok(calls) = core.store.calls(&CallFilter::default()).await else {
-        return;
-    };
-    let mut by_state: BTreeMap<&'static str, f64> = crate::store::ALL_STATES
-        .iter()
-        .map(|s| (s.as_str(), 0.0))
-        .collect();
-    let mut oldest_reconciliation = 0.0f64;
-    for c in &calls {
-        *by_state.entry(c.state.as_str()).or_default() += 1.0;
-        if c.state == LocalState::ReconciliationRequired {
-            oldest_reconciliation = oldest_reconciliation.max(age_seconds(&c.updated_at));
+    if let Ok(counts) = core.store.count_by_state().await {
+        for state in crate::store::ALL_STATES {
+            let n = counts.get(&state).copied().unwrap_or(0) as f64;
+            metrics::gauge!("toolrunner_calls", "state" => state.as_str()).set(n);
         }
     }
-    for (state, n) in by_state {
-        metrics::gauge!("toolrunner_calls", "state" => state).set(n);
+    let waiting = CallFilter {
+        states: vec![LocalState::ReconciliationRequired],
+        ..CallFilter::default()
+    };
+    if let Ok(calls) = core.store.calls(&waiting).await {
+        let oldest = calls
+            .iter()
+            .map(|c| age_seconds(&c.updated_at))
+            .fold(0.0, f64::max);
+        metrics::gauge!("toolrunner_oldest_reconciliation_seconds").set(oldest);
     }
-    metrics::gauge!("toolrunner_oldest_reconciliation_seconds").set(oldest_reconciliation);
     if let Ok(pending) = core.store.receipts_with(ReceiptStatus::Pending).await {
         let oldest = pending
             .iter()

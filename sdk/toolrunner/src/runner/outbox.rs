@@ -224,7 +224,10 @@ enum Pass {
 
 /// One pass, in reports of `size` calls.
 async fn flush_reports_once(core: &Arc<Core>, size: usize) -> Pass {
-    let filter = CallFilter::default();
+    let filter = CallFilter {
+        pending_report: true,
+        ..CallFilter::default()
+    };
     let Ok(calls) = core.store.calls(&filter).await else {
         return Pass::Done;
     };

@@ -13,7 +13,7 @@ use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 pub use sqlite::SqliteStore;
 
 /// Where a call stands for this executor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum LocalState {
@@ -271,6 +271,8 @@ pub struct CallFilter {
     pub tool_name: Option<String>,
     /// Only calls last changed before this RFC 3339 time.
     pub updated_before: Option<String>,
+    /// Only calls with a state still to report.
+    pub pending_report: bool,
 }
 
 /// Why the store failed.
@@ -304,6 +306,10 @@ pub trait Store: Send + Sync + 'static {
     async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError>;
     /// Calls matching `filter`, oldest change first.
     async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError>;
+    /// How many calls are in each state.
+    async fn count_by_state(
+        &self,
+    ) -> Result<std::collections::BTreeMap<LocalState, u64>, StoreError>;
     /// A call's receipts in sequence order.
     async fn receipts(&self, run_id: &str, call_id: &str)
     -> Result<Vec<OutboxReceipt>, StoreError>;

@@ -330,21 +330,44 @@ impl Store for SqliteStore {
     }
 
     async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM calls ORDER BY updated_at, run_id, call_id")
+        // Filtered in SQL (the `calls_by_state` index), so the executor's
+        // periodic look-ups stay cheap however many calls the store holds.
+        let mut sql = sqlx::QueryBuilder::<Sqlite>::new("SELECT * FROM calls WHERE 1 = 1");
+        if !filter.states.is_empty() {
+            sql.push(" AND state IN (");
+            let mut list = sql.separated(", ");
+            for s in &filter.states {
+                list.push_bind(s.as_str());
+            }
+            sql.push(")");
+        }
+        if let Some(tool) = &filter.tool_name {
+            sql.push(" AND tool_name = ").push_bind(tool.clone());
+        }
+        if let Some(before) = &filter.updated_before {
+            sql.push(" AND updated_at < ").push_bind(before.clone());
+        }
+        if filter.pending_report {
+            sql.push(" AND report IS NOT NULL");
+        }
+        sql.push(" ORDER BY updated_at, run_id, call_id");
+        let rows = sql.build().fetch_all(&self.readers).await?;
+        rows.iter().map(call_row).collect()
+    }
+
+    async fn count_by_state(
+        &self,
+    ) -> Result<std::collections::BTreeMap<LocalState, u64>, StoreError> {
+        let rows = sqlx::query("SELECT state, COUNT(*) FROM calls GROUP BY state")
             .fetch_all(&self.readers)
             .await?;
-        let mut out = Vec::new();
+        let mut out = std::collections::BTreeMap::new();
         for row in &rows {
-            let c = call_row(row)?;
-            let state_ok = filter.states.is_empty() || filter.states.contains(&c.state);
-            let tool_ok = filter.tool_name.as_ref().is_none_or(|t| *t == c.tool_name);
-            let age_ok = filter
-                .updated_before
-                .as_ref()
-                .is_none_or(|b| c.updated_at < *b);
-            if state_ok && tool_ok && age_ok {
-                out.push(c);
-            }
+            let state: String = row.try_get(0)?;
+            let n: i64 = row.try_get(1)?;
+            let state = LocalState::parse(&state)
+                .ok_or_else(|| corrupt(format!("unknown call state {state}")))?;
+            out.insert(state, u64::try_from(n).unwrap_or(0));
         }
         Ok(out)
     }
