@@ -16,10 +16,6 @@ use crate::handler::{Effect, ErasedTool, ToolError};
 use crate::store::{Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus};
 
 /// Most handler attempts for "nothing happened, retry".
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 fn receipt_id() -> String {
     format!("rcp_{}", uuid::Uuid::now_v7().simple())
 }
@@ -292,7 +288,7 @@ pub(crate) fn new_receipt(
         status: ReceiptStatus::Pending,
         attempts: 0,
         last_error: None,
-        created_at: now(),
+        created_at: crate::store::now_rfc3339(),
         delivered_at: None,
     }
 }

@@ -97,20 +97,13 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
         let Ok(permit) = core.slots.clone().try_acquire_owned() else {
             break;
         };
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        let fresh = LocalCall {
-            run_id: key.run_id.clone(),
-            call_id: key.call_id.clone(),
-            tool_name: candidate.tool_name.clone(),
-            operation_key: call::operation_key(),
-            state: LocalState::Claiming,
-            assignment: None,
-            next_sequence: 0,
-            reason: None,
-            report: None,
-            created_at: now.clone(),
-            updated_at: now,
-        };
+        let fresh = LocalCall::new(
+            key.run_id.clone(),
+            key.call_id.clone(),
+            candidate.tool_name.clone(),
+            call::operation_key(),
+            LocalState::Claiming,
+        );
         // The operation key is durable before the claim is sent.
         if let Err(e) = core
             .commit(

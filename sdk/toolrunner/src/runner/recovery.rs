@@ -41,7 +41,6 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
         }
     }
     // A call the store does not know is never executed.
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let mut changes = Vec::new();
     for o in unknown {
         let (state, report, reason) = match o.state {
@@ -62,19 +61,10 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
             ),
         };
         tracing::warn!(run_id = %o.run_id, call_id = %o.call_id, state = o.state.as_str(), "the platform lists a call this store does not know");
-        changes.push(Change::PutCall(LocalCall {
-            run_id: o.run_id,
-            call_id: o.call_id,
-            tool_name: String::new(),
-            operation_key: String::new(),
-            state,
-            assignment: None,
-            next_sequence: 0,
-            reason: Some(reason.into()),
-            report,
-            created_at: now.clone(),
-            updated_at: now.clone(),
-        }));
+        let mut c = LocalCall::new(o.run_id, o.call_id, String::new(), String::new(), state);
+        c.reason = Some(reason.into());
+        c.report = report;
+        changes.push(Change::PutCall(c));
     }
     if !changes.is_empty()
         && let Err(e) = core.commit(changes, None).await

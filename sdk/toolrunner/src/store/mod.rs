@@ -12,6 +12,11 @@ use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
 pub use sqlite::SqliteStore;
 
+/// Now, as RFC 3339 UTC with milliseconds (the form every stored time has).
+pub(crate) fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 /// Where a call stands for this executor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -134,6 +139,33 @@ pub struct LocalCall {
     pub created_at: String,
     /// RFC 3339.
     pub updated_at: String,
+}
+
+impl LocalCall {
+    /// A call this executor has just learned of, in `state`, with nothing
+    /// else known yet.
+    pub(crate) fn new(
+        run_id: String,
+        call_id: String,
+        tool_name: String,
+        operation_key: String,
+        state: LocalState,
+    ) -> LocalCall {
+        let now = now_rfc3339();
+        LocalCall {
+            run_id,
+            call_id,
+            tool_name,
+            operation_key,
+            state,
+            assignment: None,
+            next_sequence: 0,
+            reason: None,
+            report: None,
+            created_at: now.clone(),
+            updated_at: now,
+        }
+    }
 }
 
 /// Delivery status of an outbox receipt.

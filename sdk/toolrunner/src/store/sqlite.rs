@@ -33,10 +33,6 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 impl SqliteStore {
     /// Opens (creating and migrating) the store at a `sqlite://PATH` URL.
     ///
@@ -113,7 +109,7 @@ async fn note(
     )
     .bind(run)
     .bind(call)
-    .bind(now())
+    .bind(super::now_rfc3339())
     .bind(what)
     .bind(detail)
     .execute(&mut **tx)
@@ -159,7 +155,7 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .bind(&c.reason)
             .bind(report)
             .bind(&c.created_at)
-            .bind(now())
+            .bind(super::now_rfc3339())
             .execute(&mut **tx)
             .await?;
             if previous.as_deref() != Some(c.state.as_str()) {
@@ -201,7 +197,7 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             error,
             attempt,
         } => {
-            let delivered_at = (status == ReceiptStatus::Delivered).then(now);
+            let delivered_at = (status == ReceiptStatus::Delivered).then(super::now_rfc3339);
             let row = sqlx::query(
                 "UPDATE receipts SET status = ?2, last_error = COALESCE(?3, last_error), attempts = attempts + ?4,
                    delivered_at = COALESCE(?5, delivered_at)
