@@ -48,12 +48,13 @@ struct Args {
     /// Executor binding (required with --base-url).
     #[arg(long)]
     binding_id: Option<String>,
-    /// The executor's store (default: ledger-executor.db; the demo uses a
-    /// fresh temporary directory).
+    /// The executor's store (default: `executor.db` in
+    /// `$TMPDIR/toolrunner-ledger/EXECUTOR_ID/`; the demo uses a fresh
+    /// temporary directory).
     #[arg(long)]
     db: Option<PathBuf>,
-    /// The ledger file (default: ledger.jsonl; the demo uses a fresh
-    /// temporary directory).
+    /// The ledger file (default: `ledger.jsonl` beside the default store;
+    /// the demo uses a fresh temporary directory).
     #[arg(long)]
     ledger: Option<PathBuf>,
     /// Most calls at once.
@@ -188,10 +189,17 @@ async fn main() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let scratch = std::env::temp_dir().join(format!("toolrunner-ledger-{}", std::process::id()));
     let (db, file) = match args.base_url {
-        Some(_) => (
-            PathBuf::from("ledger-executor.db"),
-            PathBuf::from("ledger.jsonl"),
-        ),
+        Some(_) => {
+            // Stable per executor id, so a restart finds its store again,
+            // and never in the working directory.
+            let dir = std::env::temp_dir()
+                .join("toolrunner-ledger")
+                .join(&args.executor_id);
+            if args.db.is_none() || args.ledger.is_none() {
+                std::fs::create_dir_all(&dir)?;
+            }
+            (dir.join("executor.db"), dir.join("ledger.jsonl"))
+        }
         None => {
             std::fs::create_dir_all(&scratch)?;
             (scratch.join("executor.db"), scratch.join("ledger.jsonl"))

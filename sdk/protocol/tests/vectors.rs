@@ -1,4 +1,5 @@
-//! Reproduces the shared conformance vectors (`shared/vectors/*.json`).
+//! Reproduces the conformance vectors (`tests/vectors/*.json`, copied from
+//! the project's shared contract material so a clone stands on its own).
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -7,7 +8,7 @@ use toolrunner_protocol::project;
 
 fn vector_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/vectors")
+        .join("tests/vectors")
         .join(name)
 }
 
