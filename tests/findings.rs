@@ -1,0 +1,1327 @@
+//! Regression tests for the findings of the lifecycle review (issue 7,
+//! items 3a–3g): paths that broke "a write never runs twice, a receipt is
+//! never lost, unknown is never guessed". Each test failed on the main of
+//! before the lifecycle module (see the closing note of issue 7).
+//!
+//! Some tests stop an executor at a fail point; the fail-point registry is
+//! global, so every test holds a `fail::FailScenario` for its whole length
+//! (that serializes them) and runs its own Tokio runtime inside it.
+
+#![allow(missing_docs)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use toolrunner::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store};
+use toolrunner::{
+    AuthorizationRequest, Authorizer, CallContext, Denied, Effect, Evidence, Executor,
+    ExecutorBuilder, Outcome, Reconciled, Reconciler, RunningExecutor, Shutdown, Tool, ToolError,
+    async_trait,
+};
+use toolrunner_devserver::DevServer;
+
+const ADMIN: &str = "dev-admin";
+const EXEC_TOKEN: &str = "dev-executor";
+const TOOL: &str = "pay.write";
+const LIMIT: Duration = Duration::from_secs(15);
+
+// ------------------------------------------------------------ the product
+
+/// `pay.write` arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Input {
+    /// Any amount.
+    #[allow(dead_code)]
+    amount: u64,
+}
+
+/// `pay.write` result.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+struct Output {
+    /// Small numbers only (a larger one breaks the output schema).
+    #[schemars(range(max = 10))]
+    n: u64,
+}
+
+/// What the handler does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The effect, then `Ok`.
+    Ok,
+    /// An ordinary error before any effect: the outcome is unknown.
+    UnknownBefore,
+    /// The effect, then an ordinary error.
+    UnknownAfter,
+    /// Waits for its cancellation token, then answers a business
+    /// cancellation (a handler that honours its token).
+    HonourCancel,
+    /// The effect, then an output that breaks the output schema.
+    BadOutput,
+}
+
+/// What the `reconcile` hook does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hook {
+    /// Cannot tell.
+    Unknown,
+    /// Looks the operation key up in the business ledger.
+    Truthful,
+    /// Sends a progress receipt, then looks the key up.
+    ProgressThenTruthful,
+    /// Panics.
+    Panic,
+}
+
+/// The business system every executor of a test shares (it survives
+/// crashes): effects by call, handler starts, and the knobs.
+#[derive(Default)]
+struct Business {
+    /// `(call_id, operation_key)` of every effect.
+    effects: Vec<(String, String)>,
+    /// `(call_id, operation_key)` of every handler start.
+    starts: Vec<(String, String)>,
+    mode: HashMap<String, Mode>,
+    default_mode: Option<Mode>,
+    hook: HashMap<String, Hook>,
+    default_hook: Option<Hook>,
+    rerun: bool,
+}
+
+#[derive(Clone, Default)]
+struct Shared {
+    business: Arc<Mutex<Business>>,
+    started: Arc<Notify>,
+}
+
+impl Shared {
+    fn with<T>(&self, f: impl FnOnce(&mut Business) -> T) -> T {
+        f(&mut self.business.lock().expect("not poisoned"))
+    }
+
+    fn effects_of(&self, call_id: &str) -> usize {
+        self.with(|b| b.effects.iter().filter(|(c, _)| c == call_id).count())
+    }
+
+    fn starts_of(&self, call_id: &str) -> usize {
+        self.with(|b| b.starts.iter().filter(|(c, _)| c == call_id).count())
+    }
+}
+
+struct Pay(Shared);
+
+#[async_trait]
+impl Tool for Pay {
+    type Input = Input;
+    type Output = Output;
+
+    fn name(&self) -> &str {
+        TOOL
+    }
+
+    fn description(&self) -> &str {
+        "Charges an amount (the side effect under test)"
+    }
+
+    fn effect(&self) -> Effect {
+        Effect::Write
+    }
+
+    async fn call(&self, ctx: &CallContext, _input: Input) -> Result<Output, ToolError> {
+        let call = ctx.call_id().to_owned();
+        let key = ctx.operation_key().to_owned();
+        let mode = self.0.with(|b| {
+            b.starts.push((call.clone(), key.clone()));
+            b.mode
+                .get(&call)
+                .copied()
+                .or(b.default_mode)
+                .unwrap_or(Mode::Ok)
+        });
+        self.0.started.notify_waiters();
+        let effect = |s: &Shared| s.with(|b| b.effects.push((call.clone(), key.clone())));
+        match mode {
+            Mode::Ok => {
+                effect(&self.0);
+                Ok(Output { n: 1 })
+            }
+            Mode::UnknownBefore => Err(ToolError::unknown("the bank timed out before charging")),
+            Mode::UnknownAfter => {
+                effect(&self.0);
+                Err(ToolError::unknown("the bank timed out after charging"))
+            }
+            Mode::HonourCancel => {
+                ctx.cancellation().cancelled().await;
+                Err(ToolError::cancelled("the customer cancelled"))
+            }
+            Mode::BadOutput => {
+                effect(&self.0);
+                Ok(Output { n: 99 })
+            }
+        }
+    }
+
+    async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Output> {
+        let hook = self.0.with(|b| {
+            b.hook
+                .get(ctx.call_id())
+                .copied()
+                .or(b.default_hook)
+                .unwrap_or(Hook::Unknown)
+        });
+        match hook {
+            Hook::Unknown => return Reconciled::Unknown,
+            Hook::Panic => panic!("the reconcile hook of this product panics"),
+            Hook::ProgressThenTruthful => {
+                if ctx
+                    .progress("looking the charge up", None, json!({}))
+                    .await
+                    .is_err()
+                {
+                    return Reconciled::Unknown;
+                }
+            }
+            Hook::Truthful => {}
+        }
+        let key = ctx.operation_key().to_owned();
+        if self.0.with(|b| b.effects.iter().any(|(_, k)| *k == key)) {
+            Reconciled::Happened(Output { n: 1 })
+        } else {
+            Reconciled::DidNotHappen
+        }
+    }
+
+    fn rerun_when_not_performed(&self) -> bool {
+        self.0.with(|b| b.rerun)
+    }
+}
+
+/// The product's authorizer: allows, waits at a gate, or panics.
+#[derive(Clone, Default)]
+struct Gatekeeper {
+    gate: Option<Arc<Notify>>,
+    entered: Arc<Notify>,
+    /// Panics for this many calls first.
+    panics: Arc<Mutex<usize>>,
+}
+
+#[async_trait]
+impl Authorizer for Gatekeeper {
+    async fn authorize(&self, _request: &AuthorizationRequest) -> Result<(), Denied> {
+        self.entered.notify_waiters();
+        {
+            let mut left = self.panics.lock().expect("not poisoned");
+            if *left > 0 {
+                *left -= 1;
+                panic!("the authorizer of this product panics");
+            }
+        }
+        if let Some(gate) = &self.gate {
+            gate.notified().await;
+        }
+        Ok(())
+    }
+}
+
+// -------------------------------------------------------------- harness
+
+fn with_failpoints<F: Future<Output = ()>>(body: F) {
+    let scenario = fail::FailScenario::setup();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(body);
+    scenario.teardown();
+}
+
+/// Polls `probe` every 25 ms until it yields a value.
+async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// One platform (a file database), one agent version with `pay.write`.
+struct World {
+    server: DevServer,
+    http: reqwest::Client,
+    binding_id: String,
+    agent_version: String,
+    dir: tempfile::TempDir,
+    shared: Shared,
+}
+
+impl World {
+    async fn new(lease_ttl_ms: u64, heartbeat_ms: u64, stream: bool) -> World {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut builder = DevServer::builder()
+            .listen("127.0.0.1:0".parse().expect("addr"))
+            .db_path(dir.path().join("platform.db"))
+            .lease_ttl_ms(lease_ttl_ms)
+            .heartbeat_interval_ms(heartbeat_ms);
+        if !stream {
+            builder = builder.without_stream();
+        }
+        let server = builder.start().await.expect("devserver starts");
+        let mut world = World {
+            server,
+            http: reqwest::Client::new(),
+            binding_id: String::new(),
+            agent_version: String::new(),
+            dir,
+            shared: Shared::default(),
+        };
+        let agent = world.post("/agents", json!({"name": "findings"})).await;
+        let agent_id = agent["agent_id"].as_str().expect("agent_id").to_owned();
+        let binding = world
+            .post(
+                "/executor-bindings",
+                json!({"agent_id": agent_id, "name": "pay", "tool_names": [TOOL]}),
+            )
+            .await;
+        world.binding_id = binding["binding_id"].as_str().expect("binding").to_owned();
+        let definitions = world
+            .builder("exe-definitions", "unused.db")
+            .build()
+            .expect("builds")
+            .tool_definitions()
+            .clone();
+        let version = world
+            .post(
+                &format!("/agents/{agent_id}/versions"),
+                json!({"tools": definitions}),
+            )
+            .await;
+        world.agent_version = version["agent_version"]
+            .as_str()
+            .expect("agent_version")
+            .to_owned();
+        world
+    }
+
+    fn base(&self) -> String {
+        self.server.base_url()
+    }
+
+    fn store_url(&self, name: &str) -> String {
+        format!("sqlite://{}", self.dir.path().join(name).display())
+    }
+
+    /// An executor with `pay.write` on the store `store` in this world's
+    /// directory; allows every call unless the test sets an authorizer.
+    fn builder(&self, executor_id: &str, store: &str) -> ExecutorBuilder {
+        Executor::builder()
+            .base_url(self.base())
+            .token(EXEC_TOKEN)
+            .executor_id(executor_id)
+            .binding_id(&self.binding_id)
+            .store_url(self.store_url(store))
+            .capacity(4)
+            .poll_interval(Duration::from_millis(50))
+            .request_timeout(Duration::from_secs(3))
+            .backoff(Duration::from_millis(20), Duration::from_millis(200), 3)
+            .reconcile_interval(Duration::from_millis(100))
+            .allow_all()
+            .tool(Pay(self.shared.clone()))
+    }
+
+    async fn start(&self, executor_id: &str, store: &str) -> RunningExecutor {
+        self.builder(executor_id, store)
+            .build()
+            .expect("builds")
+            .start()
+            .await
+            .expect("starts")
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder, token: &str) -> (u16, Value) {
+        let resp = req
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("platform answers");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        let url = format!("{}/v1{path}", self.base());
+        let (status, v) = self.send(self.http.post(url).json(&body), ADMIN).await;
+        assert_eq!(status, 200, "POST {path}: {v}");
+        v
+    }
+
+    async fn faults(&self, error_rate: f64) {
+        let url = format!("{}/v1/dev/faults", self.base());
+        let (status, v) = self
+            .send(
+                self.http.put(url).json(&json!({"error_rate": error_rate})),
+                ADMIN,
+            )
+            .await;
+        assert_eq!(status, 200, "faults: {v}");
+    }
+
+    /// A run of `n` calls of `pay.write`; `(run_id, call_ids)`.
+    async fn run(&self, n: usize) -> (String, Vec<String>) {
+        let calls: Vec<Value> = (0..n)
+            .map(|i| json!({"tool_name": TOOL, "arguments": {"amount": 100 + i}}))
+            .collect();
+        let run = self
+            .post(
+                "/runs",
+                json!({"agent_version": self.agent_version, "subject": "user_7",
+                       "tool_calls": calls}),
+            )
+            .await;
+        let ids = run["tool_calls"]
+            .as_array()
+            .expect("calls")
+            .iter()
+            .map(|c| c["call_id"].as_str().expect("call_id").to_owned())
+            .collect();
+        (run["run_id"].as_str().expect("run_id").to_owned(), ids)
+    }
+
+    async fn platform_call(&self, run_id: &str, call_id: &str) -> Value {
+        let url = format!("{}/v1/runs/{run_id}", self.base());
+        let (_, run) = self.send(self.http.get(url), ADMIN).await;
+        run["tool_calls"]
+            .as_array()
+            .expect("calls")
+            .iter()
+            .find(|c| c["call_id"] == call_id)
+            .cloned()
+            .expect("the call")
+    }
+
+    async fn wait_platform(&self, run_id: &str, call_id: &str, state: &str) -> Value {
+        eventually(&format!("platform state {state}"), LIMIT, || async {
+            let c = self.platform_call(run_id, call_id).await;
+            (c["state"] == state).then_some(c)
+        })
+        .await
+    }
+
+    async fn store(&self, name: &str) -> SqliteStore {
+        SqliteStore::open(&self.store_url(name))
+            .await
+            .expect("store opens")
+    }
+}
+
+async fn local(store: &SqliteStore, run_id: &str, call_id: &str) -> Option<LocalCall> {
+    store.call(run_id, call_id).await.expect("store readable")
+}
+
+async fn wait_local(
+    store: &SqliteStore,
+    run_id: &str,
+    call_id: &str,
+    states: &[LocalState],
+) -> LocalCall {
+    eventually(&format!("local state in {states:?}"), LIMIT, || async {
+        local(store, run_id, call_id)
+            .await
+            .filter(|c| states.contains(&c.state))
+    })
+    .await
+}
+
+async fn receipts(store: &SqliteStore, run_id: &str, call_id: &str) -> Vec<OutboxReceipt> {
+    store
+        .receipts(run_id, call_id)
+        .await
+        .expect("store readable")
+}
+
+fn kinds(call: &Value) -> Vec<(String, u64)> {
+    call["receipts"]
+        .as_array()
+        .expect("receipts")
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap_or("?").to_owned(),
+                r["sequence"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect()
+}
+
+fn evidence() -> Evidence {
+    Evidence {
+        who: "on-call".into(),
+        why: "checked the bank".into(),
+        reference: Some("INC-1".into()),
+    }
+}
+
+/// Executor `exe-a` saves `accepted` and then cannot send it (the platform
+/// answers 503 to everything), and its process is lost. The lease lapses,
+/// the claim is released, and executor `exe-b` (its own store) claims the
+/// call again and completes it: one effect, by `exe-b`.
+async fn accepted_left_behind(world: &World) -> (String, String) {
+    let gatekeeper = Gatekeeper {
+        gate: Some(Arc::new(Notify::new())),
+        ..Gatekeeper::default()
+    };
+    let a = world
+        .builder("exe-a", "a.db")
+        .authorizer(gatekeeper.clone())
+        .build()
+        .expect("builds")
+        .start()
+        .await
+        .expect("starts");
+    let entered = gatekeeper.entered.notified();
+    let (run_id, calls) = world.run(1).await;
+    let call_id = calls[0].clone();
+    entered.await;
+    world.faults(1.0).await;
+    gatekeeper.gate.as_ref().expect("gate").notify_one();
+    let store_a = world.store("a.db").await;
+    eventually("accepted saved", LIMIT, || async {
+        let rs = receipts(&store_a, &run_id, &call_id).await;
+        rs.iter()
+            .any(|r| r.kind.as_str() == "accepted" && r.status == ReceiptStatus::Pending)
+            .then_some(())
+    })
+    .await;
+    // Its sending fails (503, retried with a short backoff).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let accepted = receipts(&store_a, &run_id, &call_id).await;
+    assert!(
+        accepted.iter().all(|r| r.status == ReceiptStatus::Pending),
+        "{accepted:?}"
+    );
+    drop(a); // the process is lost
+    world.faults(0.0).await;
+    world.wait_platform(&run_id, &call_id, "pending").await;
+    let b = world.start("exe-b", "b.db").await;
+    world.wait_platform(&run_id, &call_id, "completed").await;
+    b.shutdown(Shutdown::Drain {
+        deadline: Duration::from_secs(5),
+    })
+    .await
+    .expect("b drains");
+    assert_eq!(world.shared.effects_of(&call_id), 1);
+    (run_id, call_id)
+}
+
+// ---------------------------------------------------------------- tests
+
+/// 3a: an `accepted` saved before a crash must not stay `pending` for ever
+/// once the claim is lost (here: the lease lapsed and another executor did
+/// the work). On restart the call is settled as "nothing ran" and the old
+/// `accepted` is marked superseded: the outbox holds nothing undelivered.
+#[test]
+fn finding_a_an_accepted_left_by_a_lapsed_claim_is_superseded() {
+    with_failpoints(async {
+        let world = World::new(600, 100, true).await;
+        let (run_id, call_id) = accepted_left_behind(&world).await;
+        let a = world.start("exe-a", "a.db").await;
+        let store_a = world.store("a.db").await;
+        let settled = wait_local(
+            &store_a,
+            &run_id,
+            &call_id,
+            &[LocalState::Abandoned, LocalState::Released],
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let outbox = Reconciler::open(&world.store_url("a.db"))
+            .await
+            .expect("opens")
+            .outbox()
+            .await
+            .expect("outbox");
+        assert!(
+            outbox.pending.is_empty(),
+            "the store of exe-a still holds undelivered receipts: {:?} (call {:?})",
+            outbox.pending,
+            settled
+        );
+        let accepted: Vec<_> = receipts(&store_a, &run_id, &call_id)
+            .await
+            .into_iter()
+            .filter(|r| r.kind.as_str() == "accepted")
+            .collect();
+        assert_eq!(accepted.len(), 1);
+        assert_eq!(
+            accepted[0].status,
+            ReceiptStatus::Superseded,
+            "{accepted:?}"
+        );
+        assert_eq!(
+            world.shared.starts_of(&call_id),
+            1,
+            "only exe-b ran the handler"
+        );
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+    });
+}
+
+/// 3a: an operator's `outbox redeliver` never sends an `accepted` (only the
+/// accept step does, and acts on its answer), so it cannot turn the
+/// call into `reconciliation_required`; and a hook answering
+/// `DidNotHappen` with re-run allowed never runs the write a second time
+/// under a released assignment.
+#[test]
+fn finding_a_redeliver_sends_no_accepted_and_the_write_never_runs_twice() {
+    with_failpoints(async {
+        let world = World::new(600, 100, true).await;
+        let (run_id, call_id) = accepted_left_behind(&world).await;
+        world.shared.with(|b| {
+            b.rerun = true;
+            b.default_hook = Some(Hook::Truthful);
+        });
+        let reconciler = Reconciler::open(&world.store_url("a.db"))
+            .await
+            .expect("opens")
+            .with_platform(&world.base(), EXEC_TOKEN)
+            .expect("client");
+        let sent = reconciler.redeliver(None).await;
+        let store_a = world.store("a.db").await;
+        let after = local(&store_a, &run_id, &call_id).await.expect("known");
+        assert_ne!(
+            after.state,
+            LocalState::ReconciliationRequired,
+            "redeliver made the call ambiguous: {sent:?}"
+        );
+        let a = world.start("exe-a", "a.db").await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            world.shared.effects_of(&call_id),
+            1,
+            "the write ran twice: {:?}",
+            local(&store_a, &run_id, &call_id).await
+        );
+        assert_eq!(world.shared.starts_of(&call_id), 1);
+        let c = world.platform_call(&run_id, &call_id).await;
+        assert_eq!(c["state"], "completed");
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+    });
+}
+
+/// 3b: the heartbeat that confirms the lease before a re-run carries a
+/// cancel for the run: the handler must not start again.
+#[test]
+fn finding_b_no_rerun_when_the_lease_check_carries_a_cancel() {
+    with_failpoints(async {
+        // Long heartbeats and no stream: the cancel reaches the executor
+        // only in the heartbeat of the automatic check.
+        let world = World::new(30_000, 10_000, false).await;
+        world.shared.with(|b| {
+            b.rerun = true;
+            b.default_mode = Some(Mode::UnknownBefore);
+            b.default_hook = Some(Hook::Unknown);
+        });
+        let a = world.start("exe-a", "a.db").await;
+        let (run_id, calls) = world.run(1).await;
+        let call_id = calls[0].clone();
+        let store = world.store("a.db").await;
+        wait_local(
+            &store,
+            &run_id,
+            &call_id,
+            &[LocalState::ReconciliationRequired],
+        )
+        .await;
+        world
+            .post(&format!("/runs/{run_id}/cancel"), json!({}))
+            .await;
+        world.shared.with(|b| b.default_hook = Some(Hook::Truthful));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            world.shared.starts_of(&call_id),
+            1,
+            "the handler ran again after the run was cancelled"
+        );
+        let c = local(&store, &run_id, &call_id).await.expect("known");
+        assert_ne!(c.state, LocalState::Running, "{c:?}");
+        drop(a);
+    });
+}
+
+/// Loses the claim's answer at the fail point `after_claim_answer`, then,
+/// as the same executor id from outside, replays the claim and sends
+/// `accepted` itself: the platform holds the call `running` under an
+/// assignment whose `accepted` the executor's store never saw confirmed.
+/// Returns the run, the call and the restarted executor.
+async fn running_behind_the_stores_back(
+    world: &World,
+    auto_reconcile: bool,
+) -> (String, String, RunningExecutor) {
+    fail::cfg("after_claim_answer", "return").unwrap();
+    let a = world.start("exe-a", "a.db").await;
+    let (run_id, calls) = world.run(1).await;
+    let call_id = calls[0].clone();
+    let store = world.store("a.db").await;
+    let claiming = wait_local(&store, &run_id, &call_id, &[LocalState::Claiming]).await;
+    eventually("the claim was answered", LIMIT, || async {
+        let c = world.platform_call(&run_id, &call_id).await;
+        (c["state"] == "claimed").then_some(())
+    })
+    .await;
+    drop(a);
+    fail::remove("after_claim_answer");
+    // From outside: connect as exe-a, replay the claim, send `accepted`.
+    let base = world.base();
+    let (status, conn) = world
+        .send(
+            world
+                .http
+                .post(format!("{base}/v1/executors/connect"))
+                .json(&json!({
+                "executor_id": "exe-a", "binding_id": world.binding_id,
+                "tools": [TOOL], "capacity": 1})),
+            EXEC_TOKEN,
+        )
+        .await;
+    assert_eq!(status, 200, "{conn}");
+    let (status, claim) = world
+        .send(
+            world
+                .http
+                .post(format!(
+                    "{base}/v1/runs/{run_id}/tool-calls/{call_id}/claim"
+                ))
+                .json(
+                    &json!({"executor_id": "exe-a", "connection_id": conn["connection_id"],
+                              "operation_key": claiming.operation_key}),
+                ),
+            EXEC_TOKEN,
+        )
+        .await;
+    assert_eq!(status, 200, "{claim}");
+    assert_eq!(claim["replayed"], true);
+    let asg = &claim["assignment"];
+    let (status, accepted) = world
+        .send(
+            world
+                .http
+                .post(format!(
+                    "{base}/v1/runs/{run_id}/tool-calls/{call_id}/receipts"
+                ))
+                .header("Tool-Grant", asg["grant"].as_str().expect("grant"))
+                .json(
+                    &json!({"receipt_id": "rcp_from_outside", "executor_id": "exe-a",
+                              "assignment_id": asg["assignment_id"], "sequence": 0,
+                              "kind": "accepted"}),
+                ),
+            EXEC_TOKEN,
+        )
+        .await;
+    assert_eq!(status, 200, "{accepted}");
+    assert_eq!(accepted["accepted"], true);
+    let a = world
+        .builder("exe-a", "a.db")
+        .auto_reconcile(auto_reconcile)
+        .build()
+        .expect("builds")
+        .start()
+        .await
+        .expect("starts");
+    wait_local(
+        &store,
+        &run_id,
+        &call_id,
+        &[
+            LocalState::ReconciliationRequired,
+            LocalState::Settled,
+            LocalState::Delivered,
+        ],
+    )
+    .await;
+    (run_id, call_id, a)
+}
+
+/// 3b: re-running after `DidNotHappen` needs this assignment's `accepted`
+/// confirmed by this store; here the platform says `running` but the store
+/// never saw `accepted` confirmed, so the handler must not start.
+#[test]
+fn finding_b_no_rerun_without_a_confirmed_accepted() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        world.shared.with(|b| {
+            b.rerun = true;
+            b.default_hook = Some(Hook::Truthful);
+        });
+        let (run_id, call_id, a) = running_behind_the_stores_back(&world, true).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            world.shared.starts_of(&call_id),
+            0,
+            "the handler ran under an assignment whose accepted this store never saw confirmed"
+        );
+        let c = world.platform_call(&run_id, &call_id).await;
+        assert_ne!(c["state"], "completed", "{c}");
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+    });
+}
+
+/// 3g (confirmed): a claim replay answered `running` must move the next
+/// sequence past the platform's `accepted` (sequence 0): an operator's
+/// `failed` is then stored, not refused with `sequence_conflict`.
+#[test]
+fn finding_g_claim_replay_in_running_moves_the_sequence_past_accepted() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        let (run_id, call_id, a) = running_behind_the_stores_back(&world, false).await;
+        let store = world.store("a.db").await;
+        let c = local(&store, &run_id, &call_id).await.expect("known");
+        assert!(
+            c.next_sequence >= 1,
+            "the platform holds accepted at sequence 0, yet the next receipt would take {}",
+            c.next_sequence
+        );
+        let reconciler = Reconciler::open(&world.store_url("a.db"))
+            .await
+            .expect("opens")
+            .with_platform(&world.base(), EXEC_TOKEN)
+            .expect("client");
+        let resolved = reconciler
+            .resolve(
+                &run_id,
+                &call_id,
+                Outcome::Failed {
+                    code: "declined".into(),
+                    message: "the bank declined".into(),
+                },
+                &evidence(),
+            )
+            .await
+            .expect("resolved");
+        assert!(resolved.delivered, "{resolved:?}");
+        let c = world.wait_platform(&run_id, &call_id, "failed").await;
+        assert_eq!(
+            kinds(&c),
+            [("accepted".to_owned(), 0), ("failed".to_owned(), 1)]
+        );
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+    });
+}
+
+/// 3c: a reconcile hook that sends progress, then finds the effect: the
+/// final receipt takes the sequence after the progress receipt's.
+#[test]
+fn finding_c_progress_from_a_hook_does_not_reuse_its_sequence() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        world.shared.with(|b| {
+            b.default_mode = Some(Mode::UnknownAfter);
+            b.default_hook = Some(Hook::ProgressThenTruthful);
+        });
+        let a = world.start("exe-a", "a.db").await;
+        let (run_id, calls) = world.run(1).await;
+        let c = world.wait_platform(&run_id, &calls[0], "completed").await;
+        assert_eq!(
+            kinds(&c),
+            [
+                ("accepted".to_owned(), 0),
+                ("progress".to_owned(), 1),
+                ("completed".to_owned(), 2)
+            ]
+        );
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+    });
+}
+
+/// 3d: `Shutdown::Detach` leaves the call `running` and bound: the handler
+/// is stopped without a receipt (no business `cancelled`), and the next
+/// start follows the crash table (a write tool goes to reconciliation).
+#[test]
+fn finding_d_detach_stops_the_handler_without_a_receipt() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        world
+            .shared
+            .with(|b| b.default_mode = Some(Mode::HonourCancel));
+        let a = world.start("exe-a", "a.db").await;
+        let started = world.shared.started.notified();
+        let (run_id, calls) = world.run(1).await;
+        let call_id = calls[0].clone();
+        started.await;
+        a.shutdown(Shutdown::Detach).await.expect("detaches");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let c = world.platform_call(&run_id, &call_id).await;
+        assert_eq!(c["state"], "running", "{c}");
+        assert_eq!(kinds(&c), [("accepted".to_owned(), 0)]);
+        let store = world.store("a.db").await;
+        let l = local(&store, &run_id, &call_id).await.expect("known");
+        assert_eq!(l.state, LocalState::Running, "{l:?}");
+        let finals: Vec<_> = receipts(&store, &run_id, &call_id)
+            .await
+            .into_iter()
+            .filter(|r| r.kind.is_final())
+            .collect();
+        assert!(finals.is_empty(), "{finals:?}");
+        // The next start follows the crash table.
+        world.shared.with(|b| b.default_mode = Some(Mode::Ok));
+        let a = world.start("exe-a", "a.db").await;
+        wait_local(
+            &store,
+            &run_id,
+            &call_id,
+            &[LocalState::ReconciliationRequired],
+        )
+        .await;
+        world
+            .wait_platform(&run_id, &call_id, "reconciliation_required")
+            .await;
+        assert_eq!(world.shared.starts_of(&call_id), 1);
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+    });
+}
+
+/// 3e: an authorizer that panics must not strand the call (nothing ran:
+/// it is refused as `forbidden`) nor its capacity slot.
+#[test]
+fn finding_e_a_panicking_authorizer_settles_the_call() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        let gatekeeper = Gatekeeper {
+            panics: Arc::new(Mutex::new(1)),
+            ..Gatekeeper::default()
+        };
+        let a = world
+            .builder("exe-a", "a.db")
+            .capacity(1)
+            .authorizer(gatekeeper)
+            .build()
+            .expect("builds")
+            .start()
+            .await
+            .expect("starts");
+        let (run_id, calls) = world.run(2).await;
+        let mut states = Vec::new();
+        for call_id in &calls {
+            let c = eventually("the call settles", LIMIT, || async {
+                let c = world.platform_call(&run_id, call_id).await;
+                ["completed", "failed"]
+                    .contains(&c["state"].as_str().unwrap_or(""))
+                    .then_some(c)
+            })
+            .await;
+            states.push(c["state"].as_str().unwrap_or("?").to_owned());
+        }
+        states.sort();
+        assert_eq!(states, ["completed", "failed"]);
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+    });
+}
+
+/// 3e: a reconcile hook that panics for one call must not stop automatic
+/// reconciliation of the others.
+#[test]
+fn finding_e_a_panicking_hook_does_not_stop_reconciliation() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        world
+            .shared
+            .with(|b| b.default_mode = Some(Mode::UnknownAfter));
+        let store = world.store("a.db").await;
+        let a = world
+            .builder("exe-a", "a.db")
+            .auto_reconcile(false)
+            .build()
+            .expect("builds")
+            .start()
+            .await
+            .expect("starts");
+        let (run_1, first) = world.run(1).await;
+        wait_local(
+            &store,
+            &run_1,
+            &first[0],
+            &[LocalState::ReconciliationRequired],
+        )
+        .await;
+        let (run_2, second) = world.run(1).await;
+        wait_local(
+            &store,
+            &run_2,
+            &second[0],
+            &[LocalState::ReconciliationRequired],
+        )
+        .await;
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+        world.shared.with(|b| {
+            b.hook.insert(first[0].clone(), Hook::Panic);
+            b.default_hook = Some(Hook::Truthful);
+        });
+        let a = world.start("exe-a", "a.db").await;
+        world.wait_platform(&run_2, &second[0], "completed").await;
+        let c = local(&store, &run_1, &first[0]).await.expect("known");
+        assert_eq!(c.state, LocalState::ReconciliationRequired);
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+    });
+}
+
+/// A store that holds back every commit carrying a progress receipt until
+/// the test lets it go.
+struct HoldProgress {
+    inner: SqliteStore,
+    held: Arc<Notify>,
+    release: Arc<Notify>,
+}
+
+#[async_trait]
+impl Store for HoldProgress {
+    async fn commit(
+        &self,
+        changes: Vec<toolrunner::store::Change>,
+    ) -> Result<(), toolrunner::store::StoreError> {
+        let progress = changes.iter().any(|c| {
+            matches!(c, toolrunner::store::Change::AddReceipt(r) if r.kind.as_str() == "progress")
+        });
+        if progress {
+            self.held.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.commit(changes).await
+    }
+    async fn call(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Option<LocalCall>, toolrunner::store::StoreError> {
+        self.inner.call(run_id, call_id).await
+    }
+    async fn calls(
+        &self,
+        filter: &toolrunner::store::CallFilter,
+    ) -> Result<Vec<LocalCall>, toolrunner::store::StoreError> {
+        self.inner.calls(filter).await
+    }
+    async fn count_by_state(
+        &self,
+    ) -> Result<std::collections::BTreeMap<LocalState, u64>, toolrunner::store::StoreError> {
+        self.inner.count_by_state().await
+    }
+    async fn receipts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
+        self.inner.receipts(run_id, call_id).await
+    }
+    async fn receipt(
+        &self,
+        receipt_id: &str,
+    ) -> Result<Option<OutboxReceipt>, toolrunner::store::StoreError> {
+        self.inner.receipt(receipt_id).await
+    }
+    async fn receipts_with(
+        &self,
+        status: ReceiptStatus,
+    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
+        self.inner.receipts_with(status).await
+    }
+    async fn events(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<toolrunner::store::Event>, toolrunner::store::StoreError> {
+        self.inner.events(run_id, call_id).await
+    }
+}
+
+/// 3f: a progress receipt saved while an operator resolves the call must
+/// not undo the resolve (no state written back from an old snapshot), and
+/// no second final receipt appears.
+#[test]
+fn finding_f_progress_cannot_undo_an_operator_resolve() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        world.shared.with(|b| {
+            b.default_mode = Some(Mode::UnknownAfter);
+            b.default_hook = Some(Hook::ProgressThenTruthful);
+        });
+        let held = Arc::new(Notify::new());
+        let release = Arc::new(Notify::new());
+        let store = HoldProgress {
+            inner: world.store("a.db").await,
+            held: held.clone(),
+            release: release.clone(),
+        };
+        let a = world
+            .builder("exe-a", "a.db")
+            .build()
+            .expect("builds")
+            .start_with_store(Arc::new(store))
+            .await
+            .expect("starts");
+        let waiting = held.notified();
+        let (run_id, calls) = world.run(1).await;
+        let call_id = calls[0].clone();
+        waiting.await;
+        let reconciler = Reconciler::open(&world.store_url("a.db"))
+            .await
+            .expect("opens")
+            .with_platform(&world.base(), EXEC_TOKEN)
+            .expect("client");
+        let resolved = reconciler
+            .resolve(
+                &run_id,
+                &call_id,
+                Outcome::Completed(json!({"n": 1})),
+                &evidence(),
+            )
+            .await
+            .expect("resolved");
+        assert!(resolved.delivered);
+        release.notify_one();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let reader = world.store("a.db").await;
+        let c = local(&reader, &run_id, &call_id).await.expect("known");
+        assert_eq!(
+            c.state,
+            LocalState::Delivered,
+            "the resolve was undone: {c:?}"
+        );
+        let finals: Vec<_> = receipts(&reader, &run_id, &call_id)
+            .await
+            .into_iter()
+            .filter(|r| r.kind.is_final())
+            .collect();
+        assert_eq!(finals.len(), 1, "{finals:#?}");
+        assert_eq!(finals[0].receipt_id, resolved.receipt_id);
+        drop(a);
+    });
+}
+
+/// 3g (confirmed): two processes must not drive one store file. The second
+/// start fails fast with an error that names the file.
+#[test]
+fn finding_g_a_second_process_on_one_store_fails_fast() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        let a = world.start("exe-a", "a.db").await;
+        let started = Instant::now();
+        let second = world
+            .builder("exe-a2", "a.db")
+            .build()
+            .expect("builds")
+            .start()
+            .await;
+        let err = second.expect_err("a second executor on the same store file must not start");
+        assert!(started.elapsed() < Duration::from_secs(3));
+        let path = world.dir.path().join("a.db").display().to_string();
+        assert!(err.to_string().contains(&path), "{err}");
+        a.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await
+        .expect("drains");
+    });
+}
+
+/// A store whose reads return a forged grant for the first assignment it
+/// sees (the platform answers `invalid_grant` while the claim stays live).
+struct ForgeFirstGrant {
+    inner: SqliteStore,
+    first: Mutex<Option<String>>,
+}
+
+impl ForgeFirstGrant {
+    fn forge(&self, mut c: LocalCall) -> LocalCall {
+        if let Some(asg) = c.assignment.as_mut() {
+            let mut first = self.first.lock().expect("not poisoned");
+            let first = first.get_or_insert_with(|| asg.assignment_id.clone());
+            if *first == asg.assignment_id {
+                asg.grant = serde_json::from_value(json!("grt_forged")).expect("a grant");
+            }
+        }
+        c
+    }
+}
+
+#[async_trait]
+impl Store for ForgeFirstGrant {
+    async fn commit(
+        &self,
+        changes: Vec<toolrunner::store::Change>,
+    ) -> Result<(), toolrunner::store::StoreError> {
+        self.inner.commit(changes).await
+    }
+    async fn call(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Option<LocalCall>, toolrunner::store::StoreError> {
+        Ok(self
+            .inner
+            .call(run_id, call_id)
+            .await?
+            .map(|c| self.forge(c)))
+    }
+    async fn calls(
+        &self,
+        filter: &toolrunner::store::CallFilter,
+    ) -> Result<Vec<LocalCall>, toolrunner::store::StoreError> {
+        Ok(self
+            .inner
+            .calls(filter)
+            .await?
+            .into_iter()
+            .map(|c| self.forge(c))
+            .collect())
+    }
+    async fn count_by_state(
+        &self,
+    ) -> Result<std::collections::BTreeMap<LocalState, u64>, toolrunner::store::StoreError> {
+        self.inner.count_by_state().await
+    }
+    async fn receipts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
+        self.inner.receipts(run_id, call_id).await
+    }
+    async fn receipt(
+        &self,
+        receipt_id: &str,
+    ) -> Result<Option<OutboxReceipt>, toolrunner::store::StoreError> {
+        self.inner.receipt(receipt_id).await
+    }
+    async fn receipts_with(
+        &self,
+        status: ReceiptStatus,
+    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
+        self.inner.receipts_with(status).await
+    }
+    async fn events(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<toolrunner::store::Event>, toolrunner::store::StoreError> {
+        self.inner.events(run_id, call_id).await
+    }
+}
+
+/// 3g (confirmed): `403 invalid_grant` on `accepted` while the platform
+/// still holds the claim (no release) must not loop for ever: the claim is
+/// given back, and a new claim (a new assignment) completes the call once.
+#[test]
+fn finding_g_invalid_grant_without_a_release_does_not_loop() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        let store = ForgeFirstGrant {
+            inner: world.store("a.db").await,
+            first: Mutex::new(None),
+        };
+        let a = world
+            .builder("exe-a", "a.db")
+            .build()
+            .expect("builds")
+            .start_with_store(Arc::new(store))
+            .await
+            .expect("starts");
+        let (run_id, calls) = world.run(1).await;
+        let c = world.wait_platform(&run_id, &calls[0], "completed").await;
+        assert_eq!(world.shared.starts_of(&calls[0]), 1);
+        assert_eq!(
+            kinds(&c),
+            [("accepted".to_owned(), 0), ("completed".to_owned(), 1)]
+        );
+        drop(a);
+    });
+}
+
+/// 3g (confirmed): an output that fails its schema is an unknown outcome,
+/// and the output itself is kept in the timeline as evidence.
+#[test]
+fn finding_g_output_failing_its_schema_is_kept_as_evidence() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        world
+            .shared
+            .with(|b| b.default_mode = Some(Mode::BadOutput));
+        let a = world.start("exe-a", "a.db").await;
+        let (run_id, calls) = world.run(1).await;
+        let store = world.store("a.db").await;
+        wait_local(
+            &store,
+            &run_id,
+            &calls[0],
+            &[LocalState::ReconciliationRequired],
+        )
+        .await;
+        let timeline = Reconciler::open(&world.store_url("a.db"))
+            .await
+            .expect("opens")
+            .show(&run_id, &calls[0])
+            .await
+            .expect("timeline");
+        let kept = timeline.events.iter().any(|e| {
+            e.detail
+                .as_deref()
+                .is_some_and(|d| d.contains(r#"{"n":99}"#))
+        });
+        assert!(
+            kept,
+            "the refused output is not in the timeline: {:#?}",
+            timeline.events
+        );
+        drop(a);
+    });
+}
