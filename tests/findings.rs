@@ -214,12 +214,14 @@ struct Gatekeeper {
 impl Authorizer for Gatekeeper {
     async fn authorize(&self, _request: &AuthorizationRequest) -> Result<(), Denied> {
         self.entered.notify_waiters();
-        {
+        let panics = {
             let mut left = self.panics.lock().expect("not poisoned");
-            if *left > 0 {
-                *left -= 1;
-                panic!("the authorizer of this product panics");
-            }
+            let panics = *left > 0;
+            *left = left.saturating_sub(1);
+            panics
+        };
+        if panics {
+            panic!("the authorizer of this product panics");
         }
         if let Some(gate) = &self.gate {
             gate.notified().await;
@@ -1082,6 +1084,13 @@ impl Store for HoldProgress {
     ) -> Result<Vec<toolrunner::store::Event>, toolrunner::store::StoreError> {
         self.inner.events(run_id, call_id).await
     }
+    async fn attempts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<toolrunner::store::Attempt>, toolrunner::store::StoreError> {
+        self.inner.attempts(run_id, call_id).await
+    }
 }
 
 /// 3f: a progress receipt saved while an operator resolves the call must
@@ -1256,16 +1265,34 @@ impl Store for ForgeFirstGrant {
     ) -> Result<Vec<toolrunner::store::Event>, toolrunner::store::StoreError> {
         self.inner.events(run_id, call_id).await
     }
+    async fn attempts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<toolrunner::store::Attempt>, toolrunner::store::StoreError> {
+        self.inner.attempts(run_id, call_id).await
+    }
 }
 
 /// 3g (confirmed): `403 invalid_grant` on `accepted` while the platform
-/// still holds the claim (no release) must not loop for ever: the claim is
-/// given back, and a new claim (a new assignment) completes the call once.
+/// still holds the claim (no release) must not loop for ever. The process
+/// stops right after saving its assignment; it restarts on a store whose
+/// saved grant has gone bad, so the platform refuses the `accepted` while
+/// the claim stays live. The claim is given back, and a new claim (a new
+/// assignment) completes the call once.
 #[test]
 fn finding_g_invalid_grant_without_a_release_does_not_loop() {
     with_failpoints(async {
         let world = World::new(15_000, 1_000, true).await;
-        let store = ForgeFirstGrant {
+        fail::cfg("after_assignment_saved", "return").unwrap();
+        let a = world.start("exe-a", "a.db").await;
+        let (run_id, calls) = world.run(1).await;
+        let store = world.store("a.db").await;
+        wait_local(&store, &run_id, &calls[0], &[LocalState::Assigned]).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(a);
+        fail::remove("after_assignment_saved");
+        let forging = ForgeFirstGrant {
             inner: world.store("a.db").await,
             first: Mutex::new(None),
         };
@@ -1273,15 +1300,30 @@ fn finding_g_invalid_grant_without_a_release_does_not_loop() {
             .builder("exe-a", "a.db")
             .build()
             .expect("builds")
-            .start_with_store(Arc::new(store))
+            .start_with_store(Arc::new(forging))
             .await
             .expect("starts");
-        let (run_id, calls) = world.run(1).await;
         let c = world.wait_platform(&run_id, &calls[0], "completed").await;
         assert_eq!(world.shared.starts_of(&calls[0]), 1);
         assert_eq!(
             kinds(&c),
             [("accepted".to_owned(), 0), ("completed".to_owned(), 1)]
+        );
+        let attempts = Reconciler::open(&world.store_url("a.db"))
+            .await
+            .expect("opens")
+            .show(&run_id, &calls[0])
+            .await
+            .expect("timeline")
+            .attempts;
+        let assignments: Vec<_> = attempts
+            .iter()
+            .filter_map(|a| a.assignment_id.clone())
+            .collect();
+        assert_eq!(
+            assignments.len(),
+            2,
+            "the refused assignment and the new one: {attempts:?}"
         );
         drop(a);
     });

@@ -67,7 +67,7 @@ async fn one_unknown_call_does_not_block_every_report() -> Result<()> {
     let store = env.open_store().await?;
     let now = "2024-01-01T00:00:00.000Z".to_owned();
     store
-        .commit(vec![Change::PutCall(LocalCall {
+        .commit(vec![Change::InsertCall(LocalCall {
             run_id: "run_0190aaaaaaaaaaaaaaaaaaaaaaaaaaaa".into(),
             call_id: "call_0190aaaaaaaaaaaaaaaaaaaaaaaaaaaa".into(),
             tool_name: TOOL.into(),
@@ -79,6 +79,7 @@ async fn one_unknown_call_does_not_block_every_report() -> Result<()> {
             report: Some(PendingReport::ReconciliationRequired),
             created_at: now.clone(),
             updated_at: now,
+            version: 0,
         })])
         .await?;
 

@@ -109,6 +109,13 @@ impl Store for OnceFlaky {
     async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError> {
         self.inner.events(run_id, call_id).await
     }
+    async fn attempts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<toolrunner::store::Attempt>, StoreError> {
+        self.inner.attempts(run_id, call_id).await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,6 +178,7 @@ fn local_call(
         report: None,
         created_at: now(),
         updated_at: now(),
+        version: 0,
     }
 }
 
@@ -386,7 +387,15 @@ impl Fixture {
             (settled, settled_receipts),
             (claiming, Vec::new()),
         ] {
-            let mut changes = vec![Change::PutCall(call)];
+            // As the executor's lifecycle writes it: the row and the
+            // timeline entry of its state.
+            let note = Change::Note {
+                run_id: call.run_id.clone(),
+                call_id: call.call_id.clone(),
+                what: call.state.as_str().to_owned(),
+                detail: call.reason.clone(),
+            };
+            let mut changes = vec![Change::InsertCall(call), note];
             changes.extend(receipts.into_iter().map(Change::AddReceipt));
             f.commit(changes);
         }
@@ -626,6 +635,16 @@ impl Platform {
     }
 }
 
+/// The change that writes `call` over its stored row (one version on).
+fn update(mut call: LocalCall) -> Change {
+    let expect_version = call.version;
+    call.version += 1;
+    Change::UpdateCall {
+        expect_version,
+        call,
+    }
+}
+
 /// Puts a call the platform knows (`running` there) into `f`'s store in
 /// `state`, with its delivered `accepted` receipt. Returns `RUN/CALL`.
 fn import_running_call(f: &Fixture, asg: &Assignment, accepted: &str, state: LocalState) -> String {
@@ -646,7 +665,7 @@ fn import_running_call(f: &Fixture, asg: &Assignment, accepted: &str, state: Loc
         json!({}),
     );
     acc.body = accepted.to_owned();
-    f.commit(vec![Change::PutCall(call), Change::AddReceipt(acc)]);
+    f.commit(vec![Change::InsertCall(call), Change::AddReceipt(acc)]);
     format!("{}/{}", asg.run_id, asg.call_id)
 }
 
@@ -1113,7 +1132,10 @@ fn calls_show_json_is_the_whole_timeline() {
     let out = f.run(&["calls", "show", RECON, "--json"]);
     out.code(0).no_grant();
     let v = out.json();
-    assert_eq!(key_set(&v), keys(&["call", "receipts", "events"]));
+    assert_eq!(
+        key_set(&v),
+        keys(&["call", "receipts", "events", "attempts"])
+    );
 
     let c = &v["call"];
     assert_eq!(
@@ -1794,7 +1816,7 @@ fn resolve_refuses_a_call_without_assignment_or_executor_id() {
         LocalState::ReconciliationRequired,
         0,
     );
-    f.commit(vec![Change::PutCall(orphan), Change::PutCall(bare)]);
+    f.commit(vec![Change::InsertCall(orphan), Change::InsertCall(bare)]);
     let result = f.write("r.json", r#"{"entry": 1}"#);
     for (call, why) in [
         ("run_4/call_quiet", "executor id"),
@@ -2285,7 +2307,7 @@ fn outbox_redeliver_sends_pending_receipts_to_the_platform() {
         );
         local.next_sequence = 2;
         ids.push((asg.run_id.clone(), call, completed.receipt_id.clone()));
-        f.commit(vec![Change::PutCall(local), Change::AddReceipt(completed)]);
+        f.commit(vec![update(local), Change::AddReceipt(completed)]);
     }
     let status = f.run(&["outbox", "status", "--json"]);
     status.code(0);
@@ -2382,7 +2404,7 @@ fn outbox_redeliver_with_a_wrong_token_leaves_the_receipt_pending() {
     );
     let rcp = completed.receipt_id.clone();
     local.next_sequence = 2;
-    f.commit(vec![Change::PutCall(local), Change::AddReceipt(completed)]);
+    f.commit(vec![update(local), Change::AddReceipt(completed)]);
 
     let out = f.run(&[
         "outbox",

@@ -14,7 +14,8 @@ use crate::authorizer::{AllowAll, Authorizer};
 use crate::client::{Backoff, Client};
 use crate::error::{Error, Kind, Result};
 use crate::handler::{Erased, ErasedTool, Tool};
-use crate::runner::{self, Config, Core, RunningExecutor};
+use crate::runner::fenced::FencedStore;
+use crate::runner::{self, Config, Core, CrashPlan, RunningExecutor};
 use crate::store::{SqliteStore, Store};
 
 /// Builds an [`Executor`]. Settings are checked at [`build`](Self::build).
@@ -36,6 +37,7 @@ pub struct ExecutorBuilder {
     reconcile_interval: Duration,
     authorizer: Option<Arc<dyn Authorizer>>,
     tools: Vec<Arc<dyn ErasedTool>>,
+    crash_plan: Option<CrashPlan>,
 }
 
 impl std::fmt::Debug for ExecutorBuilder {
@@ -74,6 +76,7 @@ impl Default for ExecutorBuilder {
             reconcile_interval: Duration::from_secs(30),
             authorizer: None,
             tools: Vec::new(),
+            crash_plan: None,
         }
     }
 }
@@ -185,6 +188,19 @@ impl ExecutorBuilder {
         self.authorizer(AllowAll)
     }
 
+    /// Fail points of this executor alone (tests and simulations): after
+    /// each durable step `plan` is asked with the step's name, and `true`
+    /// stops this executor there as a lost process would (nothing more is
+    /// written or sent). Steps: `after_operation_key_saved`,
+    /// `after_claim_answer`, `after_assignment_saved`,
+    /// `after_accepted_saved`, `after_accepted_confirmed`, `after_handler`,
+    /// `after_final_saved`.
+    #[cfg(feature = "failpoints")]
+    pub fn crash_plan(mut self, plan: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        self.crash_plan = Some(Arc::new(plan));
+        self
+    }
+
     /// Registers a tool.
     pub fn tool<T: Tool>(mut self, tool: T) -> Self {
         self.tools.push(Arc::new(Erased(tool)));
@@ -283,6 +299,7 @@ impl ExecutorBuilder {
             tools: Arc::new(tools),
             authorizer,
             definitions,
+            crash_plan: self.crash_plan,
         })
     }
 }
@@ -309,6 +326,7 @@ pub struct Executor {
     tools: crate::handler::Tools,
     authorizer: Arc<dyn Authorizer>,
     definitions: Value,
+    crash_plan: Option<CrashPlan>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -344,8 +362,10 @@ impl Executor {
     /// # Errors
     /// The store cannot be opened, or the platform refuses the connect.
     pub async fn start(self) -> Result<RunningExecutor> {
+        // One process per store file: taken before the store is touched.
+        let lock = SqliteStore::lock(&self.store_url)?;
         let store = SqliteStore::open(&self.store_url).await?;
-        self.start_with_store(Arc::new(store)).await
+        self.start_locked(Arc::new(store), lock).await
     }
 
     /// Like [`start`](Self::start) with a store of your own.
@@ -353,23 +373,38 @@ impl Executor {
     /// # Errors
     /// The platform refuses the connect.
     pub async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
+        self.start_locked(store, None).await
+    }
+
+    async fn start_locked(
+        self,
+        store: Arc<dyn Store>,
+        lock: Option<crate::store::StoreLock>,
+    ) -> Result<RunningExecutor> {
         let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
+        let fence = CancellationToken::new();
         let core = Arc::new(Core {
             cfg: self.cfg,
             client: self.client,
-            store,
+            store: Arc::new(FencedStore {
+                inner: store,
+                fence: fence.clone(),
+            }),
             tools: self.tools,
             authorizer: self.authorizer,
             conn: RwLock::new(None),
             reconnecting: tokio::sync::Mutex::new(()),
-            progress_lock: tokio::sync::Mutex::new(()),
             active: StdMutex::new(Default::default()),
+            cancelled: StdMutex::new(Default::default()),
             slots: Arc::new(Semaphore::new(capacity)),
             wake: Notify::new(),
             claiming: AtomicBool::new(true),
             fatal: StdMutex::new(None),
             stop: CancellationToken::new(),
             done: CancellationToken::new(),
+            fence,
+            lock: StdMutex::new(lock),
+            crash_plan: self.crash_plan,
         });
         runner::start(core).await
     }

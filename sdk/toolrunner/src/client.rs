@@ -70,6 +70,9 @@ pub(crate) struct Client {
     base: String,
     token: String,
     pub(crate) backoff: Backoff,
+    /// Once cancelled, no request goes out any more: the executor has
+    /// stopped as a lost process would (a crash, a detach).
+    fence: tokio_util::sync::CancellationToken,
 }
 
 impl std::fmt::Debug for Client {
@@ -98,7 +101,13 @@ impl Client {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
             backoff,
+            fence: tokio_util::sync::CancellationToken::new(),
         })
+    }
+
+    /// Stops every request from now on (they answer `Unreachable`).
+    pub(crate) fn fence(&self) {
+        self.fence.cancel();
     }
 
     /// Sends one request, retrying transient failures with the same bytes.
@@ -114,6 +123,11 @@ impl Client {
         for attempt in 0..self.backoff.attempts.max(1) {
             if attempt > 0 {
                 tokio::time::sleep(self.backoff.delay(attempt - 1)).await;
+            }
+            if self.fence.is_cancelled() {
+                return Err(ClientError::Unreachable(format!(
+                    "{method} {path}: the executor has stopped"
+                )));
             }
             let mut req = self
                 .http

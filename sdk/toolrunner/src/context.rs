@@ -51,6 +51,7 @@ pub struct ProgressError(pub(crate) String);
 pub struct CallContext {
     pub(crate) core: Arc<Core>,
     pub(crate) key: crate::runner::CallKey,
+    pub(crate) assignment_id: String,
     pub(crate) operation_key: String,
     pub(crate) subject: String,
     pub(crate) agent_id: String,
@@ -79,6 +80,7 @@ impl CallContext {
         CallContext {
             core: core.clone(),
             key: crate::runner::CallKey::of(call),
+            assignment_id: asg.assignment_id.clone(),
             operation_key: call.operation_key.clone(),
             subject: asg.subject.clone(),
             agent_id: asg.agent_id.clone(),
@@ -92,6 +94,11 @@ impl CallContext {
     /// of the side effect (e.g. a payment provider's `Idempotency-Key`).
     pub fn operation_key(&self) -> &str {
         &self.operation_key
+    }
+
+    /// The platform's assignment this call runs under (one per claim).
+    pub fn assignment_id(&self) -> &str {
+        &self.assignment_id
     }
 
     /// The run.
@@ -140,7 +147,15 @@ impl CallContext {
         fraction: Option<f64>,
         data: Value,
     ) -> Result<(), ProgressError> {
-        crate::runner::progress(&self.core, &self.key, message, fraction, data).await
+        crate::runner::progress(
+            &self.core,
+            &self.key,
+            &self.assignment_id,
+            message,
+            fraction,
+            data,
+        )
+        .await
     }
 
     /// Checks, right now and unthrottled, that the run is not cancelled and

@@ -6,6 +6,7 @@ mod client;
 mod context;
 mod error;
 mod handler;
+mod lifecycle;
 mod reconciler;
 mod runner;
 pub mod store;

@@ -11,11 +11,11 @@ use toolrunner_protocol::wire::ReceiptKind;
 
 use crate::client::{Backoff, Client};
 use crate::error::{Error, Kind, Result};
-use crate::runner::call::new_receipt;
+use crate::lifecycle::{self, Advanced, Event, FinalReceipt, Reads};
 use crate::runner::outbox::{Delivery, deliver};
 use crate::store::{
-    CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore,
-    Store,
+    Attempt, CallFilter, Event as TimelineEvent, LocalCall, LocalState, OutboxReceipt,
+    ReceiptStatus, SqliteStore, Store,
 };
 
 /// One call as an operator sees it (no secrets).
@@ -110,7 +110,9 @@ pub struct Timeline {
     /// Its receipts in sequence order.
     pub receipts: Vec<ReceiptView>,
     /// Every state change and action, oldest first.
-    pub events: Vec<Event>,
+    pub events: Vec<TimelineEvent>,
+    /// Every operation key and assignment the call had, oldest first.
+    pub attempts: Vec<Attempt>,
 }
 
 /// How an operator settles a call.
@@ -263,10 +265,12 @@ impl Reconciler {
         let call = self.load(run_id, call_id).await?;
         let receipts = self.store.receipts(run_id, call_id).await?;
         let events = self.store.events(run_id, call_id).await?;
+        let attempts = self.store.attempts(run_id, call_id).await?;
         Ok(Timeline {
             call: CallSummary::from(&call),
             receipts: receipts.iter().map(ReceiptView::from).collect(),
             events,
+            attempts,
         })
     }
 
@@ -284,7 +288,7 @@ impl Reconciler {
         outcome: Outcome,
         evidence: &Evidence,
     ) -> Result<Resolved> {
-        let mut call = self.load(run_id, call_id).await?;
+        let call = self.load(run_id, call_id).await?;
         let allowed = [LocalState::ReconciliationRequired, LocalState::Rejected];
         if !allowed.contains(&call.state) {
             return Err(refused(format!(
@@ -317,30 +321,41 @@ impl Reconciler {
             Outcome::Cancelled { reason } => (ReceiptKind::Cancelled, json!({"reason": reason})),
         };
         let executor_id = self.executor_id_of(run_id, call_id).await?;
-        let receipt = new_receipt(&executor_id, &call, &asg, kind, extra);
-        let guard = Change::Expect {
-            run_id: run_id.into(),
-            call_id: call_id.into(),
-            states: allowed.to_vec(),
+        let event = Event::OperatorResolved {
+            outcome: FinalReceipt { kind, extra },
+            reason: format!("resolved by {}: {}", evidence.who, evidence.why),
+            evidence: serde_json::to_string(evidence).unwrap_or_default(),
         };
-        let note = evidence_note(&call, "resolved by operator", evidence);
-        call.next_sequence += 1;
-        call.state = LocalState::Settled;
-        call.reason = Some(format!("resolved by {}: {}", evidence.who, evidence.why));
-        call.report = None;
-        self.store
-            .commit(vec![
-                guard,
-                note,
-                Change::AddReceipt(receipt.clone()),
-                Change::PutCall(call.clone()),
-            ])
-            .await
-            .map_err(|e| refused(format!("not resolved: {e}")))?;
+        let moved = lifecycle::advance(
+            self.store.as_ref(),
+            &executor_id,
+            (run_id, call_id),
+            Reads::Row,
+            |s| {
+                s.call
+                    .as_ref()
+                    .filter(|c| allowed.contains(&c.state))
+                    .map(|_| event.clone())
+            },
+        )
+        .await
+        .map_err(|e| refused(format!("not resolved: {e}")))?;
+        let receipt = match moved {
+            Advanced::Moved {
+                receipt: Some(r), ..
+            } => r,
+            Advanced::Moved { .. } => return Err(refused("not resolved: no receipt was written")),
+            Advanced::Stayed(now) => {
+                return Err(refused(format!(
+                    "not resolved: the call is now {}",
+                    now.map_or("gone", |c| c.state.as_str())
+                )));
+            }
+        };
         let mut delivered = false;
         if let Some(client) = &self.client {
             delivered = matches!(
-                deliver(client, self.store.as_ref(), &call, &receipt).await,
+                deliver(client, self.store.as_ref(), &executor_id, &receipt).await,
                 Delivery::Delivered
             );
         }
@@ -363,29 +378,42 @@ impl Reconciler {
         call_id: &str,
         evidence: &Evidence,
     ) -> Result<()> {
-        let mut call = self.load(run_id, call_id).await?;
+        let call = self.load(run_id, call_id).await?;
         if call.state != LocalState::Rejected {
             return Err(refused(format!(
                 "call {run_id}/{call_id} is {}; only rejected calls are marked compensated",
                 call.state.as_str()
             )));
         }
-        let guard = Change::Expect {
-            run_id: run_id.into(),
-            call_id: call_id.into(),
-            states: vec![LocalState::Rejected],
-        };
-        let note = evidence_note(&call, "compensated", evidence);
-        call.state = LocalState::Compensated;
-        call.reason = Some(format!(
-            "compensated per {}: {}",
-            evidence.who, evidence.why
-        ));
-        self.store
-            .commit(vec![guard, note, Change::PutCall(call)])
+        let executor_id = self
+            .executor_id_of(run_id, call_id)
             .await
-            .map_err(|e| refused(format!("not recorded: {e}")))?;
-        Ok(())
+            .unwrap_or_default();
+        let event = Event::OperatorCompensated {
+            reason: format!("compensated per {}: {}", evidence.who, evidence.why),
+            evidence: serde_json::to_string(evidence).unwrap_or_default(),
+        };
+        let moved = lifecycle::advance(
+            self.store.as_ref(),
+            &executor_id,
+            (run_id, call_id),
+            Reads::Row,
+            |s| {
+                s.call
+                    .as_ref()
+                    .filter(|c| c.state == LocalState::Rejected)
+                    .map(|_| event.clone())
+            },
+        )
+        .await
+        .map_err(|e| refused(format!("not recorded: {e}")))?;
+        match moved {
+            Advanced::Moved { .. } => Ok(()),
+            Advanced::Stayed(now) => Err(refused(format!(
+                "not recorded: the call is now {}",
+                now.map_or("gone", |c| c.state.as_str())
+            ))),
+        }
     }
 
     /// The outbox: counts by status and the undelivered receipts.
@@ -444,14 +472,26 @@ impl Reconciler {
                         r.status.as_str()
                     )));
                 }
+                if r.kind == ReceiptKind::Accepted {
+                    return Err(refused(format!(
+                        "receipt {id} is an accepted: only the executor's accept step sends it, because only it may act on the answer; start the executor instead"
+                    )));
+                }
                 vec![r]
             }
-            None => self.store.receipts_with(ReceiptStatus::Pending).await?,
+            // `accepted` is the accept step's alone.
+            None => self
+                .store
+                .receipts_with(ReceiptStatus::Pending)
+                .await?
+                .into_iter()
+                .filter(|r| r.kind != ReceiptKind::Accepted)
+                .collect(),
         };
         let mut out = Vec::new();
         for r in receipts {
-            let call = self.load(&r.run_id, &r.call_id).await?;
-            deliver(client, self.store.as_ref(), &call, &r).await;
+            let executor_id = self.executor_id_of(&r.run_id, &r.call_id).await?;
+            deliver(client, self.store.as_ref(), &executor_id, &r).await;
             let status = self
                 .store
                 .receipt(&r.receipt_id)
@@ -474,7 +514,13 @@ impl Reconciler {
         Ok(json!({"calls": calls}))
     }
 
+    /// The executor id that claimed the call (from its attempts, or the
+    /// body of a receipt for stores made before attempts were kept).
     async fn executor_id_of(&self, run_id: &str, call_id: &str) -> Result<String> {
+        let attempts = self.store.attempts(run_id, call_id).await?;
+        if let Some(id) = attempts.iter().rev().find_map(|a| a.executor_id.clone()) {
+            return Ok(id);
+        }
         for r in self.store.receipts(run_id, call_id).await? {
             if let Some(id) = serde_json::from_str::<Value>(&r.body)
                 .ok()
@@ -483,15 +529,8 @@ impl Reconciler {
                 return Ok(id);
             }
         }
-        Err(refused("no receipt of this call names its executor id"))
-    }
-}
-
-fn evidence_note(call: &LocalCall, what: &str, evidence: &Evidence) -> Change {
-    Change::Note {
-        run_id: call.run_id.clone(),
-        call_id: call.call_id.clone(),
-        what: what.into(),
-        detail: Some(serde_json::to_string(evidence).unwrap_or_default()),
+        Err(refused(
+            "this store records no executor id for the call (no attempt, no receipt): settle it on the platform side",
+        ))
     }
 }

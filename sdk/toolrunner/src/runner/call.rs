@@ -1,6 +1,7 @@
 //! One call, step by step: claim → checks → accepted → handler → final
-//! receipt → delivery. Each step starts from the stored state, so the same
-//! code resumes a call after a crash.
+//! receipt → delivery. Each step starts from the stored row and ends with a
+//! transition of the lifecycle, so the same code resumes a call after a
+//! crash, and a step that lost a race to another writer stops.
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -9,48 +10,38 @@ use tokio_util::sync::CancellationToken;
 use toolrunner_protocol::wire::{Assignment, CallState, Claim, ReceiptKind};
 use tracing::Instrument;
 
-use super::{CallKey, Core, checks, connection, outbox};
+use super::{Active, CallKey, Core, checks, connection, outbox};
 use crate::client::ClientError;
 use crate::context::{CallContext, ProgressError};
 use crate::handler::{Effect, ErasedTool, ToolError};
-use crate::store::{Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus};
-
-/// Most handler attempts for "nothing happened, retry".
-fn receipt_id() -> String {
-    format!("rcp_{}", uuid::Uuid::now_v7().simple())
-}
-
-/// A new operation key: random, never derived from the call.
-pub(crate) fn operation_key() -> String {
-    format!("op_{}", uuid::Uuid::new_v4().simple())
-}
+use crate::lifecycle::{Advanced, Event, FinalReceipt, Reads};
+use crate::store::{LocalCall, LocalState, ReceiptStatus};
 
 /// Starts driving a call on its own task. (A plain function with a boxed
 /// future: it breaks the async cycle drive → connect → resume → drive.)
 pub(crate) fn spawn_drive(
     core: Arc<Core>,
-    call: LocalCall,
+    key: CallKey,
     resumed: bool,
     permit: Option<OwnedSemaphorePermit>,
 ) {
     // Activated here, synchronously, so no other task can pick the call up
     // between this decision and the new task's start.
-    let Some(cancel) = core.activate(&CallKey::of(&call)) else {
+    let Some(active) = core.activate(&key) else {
         return;
     };
-    spawn_activated(core, call, resumed, permit, cancel);
+    spawn_activated(core, resumed, permit, active);
 }
 
 /// [`spawn_drive`] for a call the caller has already activated.
 pub(crate) fn spawn_activated(
     core: Arc<Core>,
-    call: LocalCall,
     resumed: bool,
     permit: Option<OwnedSemaphorePermit>,
-    cancel: CancellationToken,
+    active: Active,
 ) {
     let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-        Box::pin(drive(core, call, resumed, permit, cancel));
+        Box::pin(drive(core, resumed, permit, active));
     tokio::spawn(fut);
 }
 
@@ -58,64 +49,68 @@ pub(crate) fn spawn_activated(
 /// capacity); `resumed` means the process may have died inside a step.
 async fn drive(
     core: Arc<Core>,
-    call: LocalCall,
     resumed: bool,
     permit: Option<OwnedSemaphorePermit>,
-    cancel: CancellationToken,
+    active: Active,
 ) {
-    let key = CallKey::of(&call);
-    // Start from the store, not from a snapshot taken before activation:
-    // another task may have moved the call on meanwhile.
-    let call = match core.store.call(&key.run_id, &key.call_id).await {
-        Ok(Some(fresh)) => fresh,
-        Ok(None) => call,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the call; it resumes later");
-            core.deactivate(&key);
-            return;
-        }
-    };
-    let span = tracing::info_span!("call", run_id = %key.run_id, call_id = %key.call_id, tool = %call.tool_name);
+    let key = active.key.clone();
+    let span = tracing::info_span!("call", run_id = %key.run_id, call_id = %key.call_id);
     let result = tokio::select! {
-        // The executor was dropped: stop where we are, as a lost process would.
+        // The executor stopped (dropped, crashed, detached): stop where we
+        // are, as a lost process would.
         _ = core.done.cancelled() => return,
-        r = steps(&core, call, resumed, cancel).instrument(span) => r,
+        r = steps(&core, &key, resumed, &active.token).instrument(span) => r,
     };
-    if matches!(&result, Err(e) if e == super::CRASH) {
-        // A fail point simulates the process dying here: nothing more
-        // happens for this call until the executor is dropped.
-        core.done.cancelled().await;
-        return;
-    }
-    if let Err(e) = result {
+    if let Err(e) = result
+        && e != super::CRASH
+    {
         tracing::warn!(run_id = %key.run_id, call_id = %key.call_id, error = %e, "call paused; it resumes from the store");
     }
-    core.deactivate(&key);
+    drop(active);
     drop(permit);
+}
+
+/// The stored row of a call.
+async fn read(core: &Core, key: &CallKey) -> Result<LocalCall, String> {
+    core.store
+        .call(&key.run_id, &key.call_id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("call {}/{} is not in the store", key.run_id, key.call_id))
+}
+
+/// The row after a transition (moved or not).
+fn row(advanced: Advanced) -> Result<LocalCall, String> {
+    match advanced {
+        Advanced::Moved { call, .. } | Advanced::Stayed(Some(call)) => Ok(call),
+        Advanced::Stayed(None) => Err("the call left the store".into()),
+    }
 }
 
 async fn steps(
     core: &Arc<Core>,
-    mut call: LocalCall,
+    key: &CallKey,
     mut resumed: bool,
-    cancel: CancellationToken,
+    cancel: &CancellationToken,
 ) -> Result<(), String> {
     let mut checked = false;
+    let mut call = read(core, key).await?;
     loop {
+        let before = (call.state, call.version);
         let next = match call.state {
             LocalState::Claiming => claim(core, call).await?,
             LocalState::Assigned => accept(core, call).await?,
-            LocalState::Running => run(core, call, resumed, &cancel).await?,
+            LocalState::Running => run(core, call, resumed, cancel).await?,
             LocalState::Settled => {
-                outbox::deliver_call(core, &CallKey::of(&call)).await;
+                outbox::deliver_call(core, key).await;
                 outbox::flush_reports(core).await;
                 return Ok(());
             }
             LocalState::ReconciliationRequired if !checked => {
                 checked = true;
-                match super::reconcile::check(core, call.clone()).await? {
+                match super::reconcile::check(core, call.clone(), cancel).await? {
                     super::reconcile::Checked::Moved(next) => next,
-                    super::reconcile::Checked::Stays => continue,
+                    super::reconcile::Checked::Stays => call,
                 }
             }
             _ => {
@@ -123,52 +118,24 @@ async fn steps(
                 return Ok(());
             }
         };
+        if (next.state, next.version) == before && next.state != LocalState::ReconciliationRequired
+        {
+            // Nothing moved (another writer had the call, or the step waits).
+            return Ok(());
+        }
         resumed = false;
         call = next;
     }
 }
 
-/// Saves `call` as it now is.
-/// A passing store failure (a busy lock, a full disk being cleaned) must not
-/// strand a call: the commit is tried again, with backoff, for a while.
-async fn put(core: &Core, call: &LocalCall, extra: Vec<Change>) -> Result<(), String> {
-    let mut changes = extra;
-    changes.push(Change::PutCall(call.clone()));
-    let mut attempt = 0;
-    loop {
-        match core.commit(changes.clone(), Some(call)).await {
-            Ok(()) => return Ok(()),
-            Err(e @ crate::store::StoreError::Conflict(..)) => return Err(e.to_string()),
-            Err(e) if attempt >= 8 => return Err(e.to_string()),
-            Err(e) => {
-                tracing::warn!(error = %e, attempt, "store commit failed; trying again");
-                tokio::time::sleep(super::pause(core, attempt.min(5))).await;
-                attempt += 1;
-            }
-        }
-    }
-}
-
-async fn settle_local(
-    core: &Core,
-    mut call: LocalCall,
-    state: LocalState,
-    reason: &str,
-    report: Option<PendingReport>,
-) -> Result<LocalCall, String> {
-    call.state = state;
-    call.reason = Some(reason.to_owned());
-    call.report = report;
-    put(core, &call, Vec::new()).await?;
-    Ok(call)
-}
-
 /// Claim with the saved key. A refusal means nothing ran.
-async fn claim(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, String> {
+async fn claim(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> {
     if core.stop.is_cancelled() {
         // The key stays saved: the next start claims with it.
         return Err("shutting down: the claim waits for the next start".into());
     }
+    let key = CallKey::of(&call);
+    let used = call.operation_key.clone();
     let mut tries = 0;
     let claimed = loop {
         let connection_id = connection::connection_id(core)
@@ -177,7 +144,7 @@ async fn claim(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, Strin
         let body = Claim {
             executor_id: core.cfg.executor_id.clone(),
             connection_id: connection_id.clone(),
-            operation_key: call.operation_key.clone(),
+            operation_key: used.clone(),
         };
         match core.client.claim(&call.run_id, &call.call_id, &body).await {
             Ok(c) => break c,
@@ -196,312 +163,321 @@ async fn claim(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, Strin
                     }
                     Some("lease_expired" | "connection_superseded") => Err(e.to_string()),
                     _ => {
-                        settle_local(
-                            core,
-                            call,
-                            LocalState::Abandoned,
-                            &format!("claim refused, nothing ran: {e}"),
-                            None,
-                        )
-                        .await
+                        let why = format!("claim refused, nothing ran: {e}");
+                        let event = Event::ClaimRefused { why };
+                        let moved = core
+                            .advance(&key, Reads::Row, |s| {
+                                s.call
+                                    .as_ref()
+                                    .filter(|c| {
+                                        c.state == LocalState::Claiming && c.operation_key == used
+                                    })
+                                    .map(|_| event.clone())
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        row(moved)
                     }
                 };
             }
         }
     };
-    fail::fail_point!("after_claim_answer", |_| Err(super::CRASH.into()));
-    let replaced = call
-        .assignment
-        .as_ref()
-        .is_some_and(|a| a.assignment_id != claimed.assignment.assignment_id);
-    let mut extra = Vec::new();
-    if replaced {
-        // A fresh assignment replaces a released one: the old one's unsent
-        // receipts are never sent.
-        for r in core
-            .store
-            .receipts(&call.run_id, &call.call_id)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            if r.status == ReceiptStatus::Pending {
-                extra.push(Change::ReceiptStatus {
-                    receipt_id: r.receipt_id,
-                    status: ReceiptStatus::Superseded,
-                    error: Some("assignment replaced".into()),
-                    attempt: false,
-                });
-            }
-        }
+    core.crash_point("after_claim_answer")?;
+    let reads = if call.assignment.is_some() {
+        Reads::RowAndReceipts
+    } else {
+        Reads::Row
+    };
+    let moved = core
+        .advance(&key, reads, |s| {
+            s.call
+                .as_ref()
+                .filter(|c| c.state == LocalState::Claiming && c.operation_key == used)?;
+            let assignment = claimed.assignment.clone();
+            Some(match claimed.call_state {
+                CallState::Claimed if s.accepted_refused(&assignment.assignment_id) => {
+                    Event::ClaimReturnedRefused { assignment }
+                }
+                CallState::Claimed => Event::ClaimAnswered { assignment },
+                CallState::Pending => Event::ClaimRefused {
+                    why: "the claim came back pending: nothing ran".into(),
+                },
+                st if st.is_terminal() => Event::ClaimFoundEnded {
+                    assignment,
+                    platform: st,
+                },
+                st => Event::ClaimFoundRunning {
+                    assignment,
+                    platform: st,
+                },
+            })
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let call = row(moved)?;
+    if call.state == LocalState::Assigned {
+        core.crash_point("after_assignment_saved")?;
     }
-    if replaced || call.assignment.is_none() {
-        call.next_sequence = 0;
-    }
-    let state = claimed.call_state;
-    call.assignment = Some(claimed.assignment);
-    if state != CallState::Claimed {
-        // Only an accepted receipt of ours moves a call on from `claimed`;
-        // the store does not know of one, so nothing here is certain.
-        let why = format!(
-            "the claim came back {} but this store never saw it accepted",
-            state.as_str()
-        );
-        let report =
-            matches!(state, CallState::Running).then_some(PendingReport::ReconciliationRequired);
-        let local = if state.is_terminal() {
-            LocalState::Abandoned
-        } else {
-            LocalState::ReconciliationRequired
-        };
-        return settle_local(core, call, local, &why, report).await;
-    }
-    call.state = LocalState::Assigned;
-    put(core, &call, extra).await?;
-    fail::fail_point!("after_assignment_saved", |_| Err(super::CRASH.into()));
     Ok(call)
 }
 
-/// A new receipt for the call's current assignment at its next sequence.
-pub(crate) fn new_receipt(
-    executor_id: &str,
-    call: &LocalCall,
-    asg: &Assignment,
-    kind: ReceiptKind,
-    extra: Value,
-) -> OutboxReceipt {
-    let id = receipt_id();
-    let mut body = json!({
-        "receipt_id": id, "executor_id": executor_id, "assignment_id": asg.assignment_id,
-        "sequence": call.next_sequence, "kind": kind.as_str(),
-    });
-    if let (Some(b), Value::Object(extra)) = (body.as_object_mut(), extra) {
-        b.extend(extra);
-    }
-    OutboxReceipt {
-        receipt_id: id,
-        run_id: call.run_id.clone(),
-        call_id: call.call_id.clone(),
-        assignment_id: asg.assignment_id.clone(),
-        kind,
-        sequence: call.next_sequence,
-        body: body.to_string(),
-        status: ReceiptStatus::Pending,
-        attempts: 0,
-        last_error: None,
-        created_at: crate::store::now_rfc3339(),
-        delivered_at: None,
-    }
-}
-
-/// Saves a final receipt (the call becomes `settled`).
-pub(crate) async fn save_final(
-    core: &Core,
-    call: LocalCall,
-    kind: ReceiptKind,
-    extra: Value,
-) -> Result<LocalCall, String> {
-    save_final_guarded(core, call, kind, extra, None).await
-}
-
-/// [`save_final`] that commits only if `guard` (a [`Change::Expect`]) holds.
-pub(crate) async fn save_final_guarded(
-    core: &Core,
-    mut call: LocalCall,
-    kind: ReceiptKind,
-    extra: Value,
-    guard: Option<Change>,
-) -> Result<LocalCall, String> {
-    let asg = call
-        .assignment
+/// The call's current assignment, or an error naming the state.
+fn assignment(call: &LocalCall) -> Result<Assignment, String> {
+    call.assignment
         .clone()
-        .ok_or("a final receipt needs an assignment")?;
-    let r = new_receipt(&core.cfg.executor_id, &call, &asg, kind, extra);
-    call.next_sequence += 1;
-    call.state = LocalState::Settled;
-    call.report = None;
-    let mut changes: Vec<Change> = guard.into_iter().collect();
-    changes.push(Change::AddReceipt(r));
-    put(core, &call, changes).await?;
-    fail::fail_point!("after_final_saved", |_| Err(super::CRASH.into()));
-    Ok(call)
+        .ok_or_else(|| format!("an {} call has its assignment", call.state.as_str()))
+}
+
+/// Decides `event` if the call is still in `state` with `assignment_id`.
+fn while_in(
+    state: LocalState,
+    assignment_id: String,
+    event: Event,
+) -> impl FnMut(&crate::lifecycle::Snapshot) -> Option<Event> {
+    move |s| {
+        s.call
+            .as_ref()
+            .filter(|c| {
+                c.state == state
+                    && c.assignment
+                        .as_ref()
+                        .is_some_and(|a| a.assignment_id == assignment_id)
+            })
+            .map(|_| event.clone())
+    }
 }
 
 /// Checks, then `accepted`; the handler may start only on `accepted: true`.
-async fn accept(core: &Arc<Core>, mut call: LocalCall) -> Result<LocalCall, String> {
-    let asg = call
-        .assignment
-        .clone()
-        .ok_or("an assigned call has its assignment")?;
+async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> {
+    let key = CallKey::of(&call);
+    let asg = assignment(&call)?;
+    let id = asg.assignment_id.clone();
     let stored = core
         .store
         .receipts(&call.run_id, &call.call_id)
         .await
-        .map_err(|e| e.to_string())?;
-    let accepted = stored
+        .map_err(|e| e.to_string())?
         .into_iter()
-        .find(|r| r.assignment_id == asg.assignment_id && r.kind == ReceiptKind::Accepted);
-    let accepted = match accepted {
-        Some(r) => r,
-        None => {
-            let Some(tool) = core.tools.get(&call.tool_name).cloned() else {
-                return save_final(core, call, ReceiptKind::Failed, json!({"error": {"code": "forbidden", "message": "this executor does not serve the tool"}})).await;
+        .find(|r| r.assignment_id == id && r.kind == ReceiptKind::Accepted);
+    let accepted = match stored {
+        Some(r) if matches!(r.status, ReceiptStatus::Pending | ReceiptStatus::Delivered) => r,
+        Some(r) => {
+            // Refused before, or never to be sent: claim again, and let the
+            // platform's answer decide.
+            let why = format!("the saved accepted is {}", r.status.as_str());
+            let event = Event::AcceptRefusedPending {
+                receipt_id: r.receipt_id,
+                why,
             };
-            if let Err((code, message)) = checks::before_start(core, tool.as_ref(), &asg).await {
+            let moved = core
+                .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
+                .await
+                .map_err(|e| e.to_string())?;
+            return row(moved);
+        }
+        None => {
+            let refusal = match core.tools.get(&call.tool_name).cloned() {
+                None => Some((
+                    "forbidden",
+                    "this executor does not serve the tool".to_owned(),
+                )),
+                Some(tool) => checks::before_start(core, tool.as_ref(), &asg).await.err(),
+            };
+            if let Some((code, message)) = refusal {
                 tracing::info!(code, "refused before start; nothing ran");
-                return save_final(
-                    core,
-                    call,
-                    ReceiptKind::Failed,
-                    json!({"error": {"code": code, "message": message}}),
-                )
-                .await;
+                let event = Event::RefusedBeforeStart {
+                    code: code.to_owned(),
+                    message,
+                };
+                let moved = core
+                    .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let call = row(moved)?;
+                if call.state == LocalState::Settled {
+                    core.crash_point("after_final_saved")?;
+                }
+                return Ok(call);
             }
-            let r = new_receipt(
-                &core.cfg.executor_id,
-                &call,
-                &asg,
-                ReceiptKind::Accepted,
-                json!({}),
-            );
-            call.next_sequence = 1;
-            put(core, &call, vec![Change::AddReceipt(r.clone())]).await?;
-            fail::fail_point!("after_accepted_saved", |_| Err(super::CRASH.into()));
-            r
+            match core
+                .advance(
+                    &key,
+                    Reads::Row,
+                    while_in(LocalState::Assigned, id.clone(), Event::AcceptedSaved),
+                )
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                Advanced::Moved {
+                    receipt: Some(r), ..
+                } => {
+                    core.crash_point("after_accepted_saved")?;
+                    r
+                }
+                other => return row(other),
+            }
         }
     };
-    if accepted.status == ReceiptStatus::Superseded {
-        return Err("the accepted receipt was superseded".into());
-    }
-    match core
+    let answer = core
         .client
         .receipt(&call.run_id, &call.call_id, &asg.grant, &accepted.body)
-        .await
-    {
+        .await;
+    let event = match answer {
         Ok(answer) if answer.accepted == Some(true) => {
-            fail::fail_point!("after_accepted_confirmed", |_| Err(super::CRASH.into()));
-            call.state = LocalState::Running;
-            let done = Change::ReceiptStatus {
+            core.crash_point("after_accepted_confirmed")?;
+            Event::AcceptConfirmed {
                 receipt_id: accepted.receipt_id,
-                status: ReceiptStatus::Delivered,
-                error: None,
-                attempt: true,
-            };
-            put(core, &call, vec![done]).await?;
-            Ok(call)
+            }
         }
         Ok(answer) => {
             let why = format!(
                 "accepted answered false (call {})",
                 answer.call_state.as_str()
             );
-            not_started(
-                core,
-                call,
-                &accepted.receipt_id,
-                answer.call_state == CallState::Pending,
-                &why,
-            )
-            .await
+            if answer.call_state == CallState::Pending {
+                Event::AcceptRefusedPending {
+                    receipt_id: accepted.receipt_id,
+                    why,
+                }
+            } else {
+                Event::AcceptRefused {
+                    receipt_id: accepted.receipt_id,
+                    why,
+                }
+            }
         }
-        Err(ClientError::Unreachable(m)) => Err(m),
+        Err(ClientError::Unreachable(m)) => return Err(m),
         Err(e) if e.status() == Some(401) || e.code() == Some("missing_scope") => {
             // Not a verdict on the call: keep the assignment and the saved
             // `accepted`, stop claiming, surface the configuration error.
             core.fail(crate::Error::from(e.clone()));
-            Err(e.to_string())
+            return Err(e.to_string());
         }
         Err(e) => {
-            let may_be_pending = e.code() == Some("invalid_grant");
-            not_started(
-                core,
-                call,
-                &accepted.receipt_id,
-                may_be_pending,
-                &format!("accepted refused: {e}"),
-            )
-            .await
+            let why = format!("accepted refused: {e}");
+            if e.code() == Some("invalid_grant") {
+                Event::AcceptRefusedPending {
+                    receipt_id: accepted.receipt_id,
+                    why,
+                }
+            } else {
+                Event::AcceptRefused {
+                    receipt_id: accepted.receipt_id,
+                    why,
+                }
+            }
         }
-    }
+    };
+    let moved = core
+        .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
+        .await
+        .map_err(|e| e.to_string())?;
+    row(moved)
 }
 
-/// `accepted` was not confirmed: nothing may start. Claim again with the
-/// same key if the call may be `pending` again, else give up.
-async fn not_started(
-    core: &Core,
-    mut call: LocalCall,
-    accepted_id: &str,
-    may_be_pending: bool,
-    why: &str,
-) -> Result<LocalCall, String> {
-    let status = if may_be_pending {
-        ReceiptStatus::Superseded
-    } else {
-        ReceiptStatus::Rejected
-    };
-    let mark = Change::ReceiptStatus {
-        receipt_id: accepted_id.to_owned(),
-        status,
-        error: Some(why.to_owned()),
-        attempt: true,
-    };
-    call.state = if may_be_pending {
-        LocalState::Claiming
-    } else {
-        LocalState::Abandoned
-    };
-    call.reason = Some(why.to_owned());
-    put(core, &call, vec![mark]).await?;
-    Ok(call)
-}
+/// Whether this build re-runs a write tool after a crash: the deliberate
+/// bug of the `planted-bug` feature, which the simulation must catch.
+const PLANTED_BUG: bool = cfg!(feature = "planted-bug");
 
-/// Runs the handler (after `accepted: true`) and saves the final receipt.
+/// Runs the handler (after `accepted: true`) and saves its outcome.
 async fn run(
     core: &Arc<Core>,
     call: LocalCall,
     resumed: bool,
     cancel: &CancellationToken,
 ) -> Result<LocalCall, String> {
-    let Some(tool) = core.tools.get(&call.tool_name).cloned() else {
-        return settle_local(
-            core,
-            call,
-            LocalState::ReconciliationRequired,
-            "running call of a tool this executor does not serve",
-            Some(PendingReport::ReconciliationRequired),
-        )
-        .await;
+    let key = CallKey::of(&call);
+    let asg = assignment(&call)?;
+    let id = asg.assignment_id.clone();
+    let tool = core.tools.get(&call.tool_name).cloned();
+    let unknown = |why: &str| Event::OutcomeUnknown {
+        why: why.to_owned(),
+        evidence: None,
     };
-    if resumed && tool.effect() == Effect::Write {
-        return settle_local(
-            core,
-            call,
-            LocalState::ReconciliationRequired,
+    let stop = match &tool {
+        None => Some(unknown(
+            "running call of a tool this executor does not serve",
+        )),
+        Some(t) if resumed && t.effect() == Effect::Write && !PLANTED_BUG => Some(unknown(
             "the process stopped after accepted: the outcome is unknown",
-            Some(PendingReport::ReconciliationRequired),
-        )
-        .await;
-    }
-    let asg = call
-        .assignment
-        .clone()
-        .ok_or("a running call has its assignment")?;
+        )),
+        Some(_) => None,
+    };
+    let Some(tool) = tool.filter(|_| stop.is_none()) else {
+        let event = stop.unwrap_or_else(|| unknown("no tool"));
+        let moved = core
+            .advance(&key, Reads::Row, while_in(LocalState::Running, id, event))
+            .await
+            .map_err(|e| e.to_string())?;
+        return row(moved);
+    };
     let ctx = CallContext::new(core, &call, &asg, cancel.clone());
     let outcome = attempt_handler(core, tool.as_ref(), &ctx, &asg).await;
-    fail::fail_point!("after_handler", |_| Err(super::CRASH.into()));
-    // Progress receipts may have moved the sequence on: start from the
-    // store, once every queued write (a progress commit of a handler that
-    // timed out, say) has gone through the single writer.
-    core.commit(Vec::new(), None)
+    core.crash_point("after_handler")?;
+    let event = outcome_event(&asg, outcome);
+    let moved = core
+        .advance(
+            &key,
+            Reads::Row,
+            while_in(LocalState::Running, id, event.clone()),
+        )
         .await
         .map_err(|e| e.to_string())?;
-    let _serial = core.progress_lock.lock().await;
-    let call = core
-        .store
-        .call(&call.run_id, &call.call_id)
-        .await
-        .map_err(|e| e.to_string())?
-        .unwrap_or(call);
-    finish(core, call, tool.effect(), outcome, &asg).await
+    match moved {
+        Advanced::Moved { call, receipt } => {
+            if receipt.is_some() {
+                core.crash_point("after_final_saved")?;
+            }
+            Ok(call)
+        }
+        Advanced::Stayed(now) => {
+            // The call moved on while the handler ran (an operator settled
+            // it): keep what the handler said, for the operator.
+            let detail = format!("{event:?}");
+            let _ = crate::lifecycle::note(
+                core.store.as_ref(),
+                (&key.run_id, &key.call_id),
+                "handler outcome after the call moved on",
+                Some(detail),
+            )
+            .await;
+            now.ok_or_else(|| "the call left the store".into())
+        }
+    }
+}
+
+/// The lifecycle event for a handler's outcome.
+fn outcome_event(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
+    match outcome {
+        Ok(result) => match checks::check_output(asg, &result) {
+            Ok(()) => Event::HandlerFinished {
+                outcome: FinalReceipt {
+                    kind: ReceiptKind::Completed,
+                    extra: json!({ "result": result }),
+                },
+            },
+            Err(why) => Event::OutcomeUnknown {
+                why,
+                evidence: Some(result.to_string()),
+            },
+        },
+        Err(ToolError::Failed { code, message }) => Event::HandlerFinished {
+            outcome: FinalReceipt::failed(&code, &message),
+        },
+        Err(ToolError::Cancelled { reason }) => Event::HandlerFinished {
+            outcome: FinalReceipt {
+                kind: ReceiptKind::Cancelled,
+                extra: json!({ "reason": reason }),
+            },
+        },
+        Err(ToolError::Retry { reason } | ToolError::Unknown { error: reason }) => {
+            tracing::warn!(error = %reason, "the outcome is unknown: reconciliation required");
+            Event::OutcomeUnknown {
+                why: reason,
+                evidence: None,
+            }
+        }
+    }
 }
 
 async fn attempt_handler(
@@ -531,11 +507,11 @@ async fn attempt_handler(
                 attempt += 1;
             }
             Err(ToolError::Retry { reason }) => {
+                tracing::warn!(%reason, "retries exhausted");
                 return Err(ToolError::failed(
                     "retries_exhausted",
                     format!("the tool could not complete after {} attempts", attempt + 1),
-                )
-                .with_log(reason));
+                ));
             }
             other => return other,
         }
@@ -548,99 +524,51 @@ async fn guarded(
     ctx: &CallContext,
     arguments: Value,
 ) -> Result<Value, ToolError> {
-    use futures_util::FutureExt;
-    match std::panic::AssertUnwindSafe(tool.call(ctx, arguments))
-        .catch_unwind()
+    super::unwind::catch(tool.call(ctx, arguments))
         .await
-    {
-        Ok(r) => r,
-        Err(_) => Err(ToolError::unknown("the handler panicked")),
-    }
-}
-
-impl ToolError {
-    fn with_log(self, reason: String) -> ToolError {
-        tracing::warn!(%reason, "retries exhausted");
-        self
-    }
-}
-
-async fn finish(
-    core: &Arc<Core>,
-    call: LocalCall,
-    effect: Effect,
-    outcome: Result<Value, ToolError>,
-    asg: &Assignment,
-) -> Result<LocalCall, String> {
-    let unknown = |why: String| (LocalState::ReconciliationRequired, why);
-    let (kind, extra) = match outcome {
-        Ok(result) => match checks::check_output(asg, &result) {
-            Ok(()) => (ReceiptKind::Completed, json!({"result": result})),
-            Err(why) => {
-                let (state, why) = unknown(why);
-                return settle_local(
-                    core,
-                    call,
-                    state,
-                    &why,
-                    Some(PendingReport::ReconciliationRequired),
-                )
-                .await;
-            }
-        },
-        Err(ToolError::Failed { code, message }) => (
-            ReceiptKind::Failed,
-            json!({"error": {"code": code, "message": message}}),
-        ),
-        Err(ToolError::Cancelled { reason }) => (ReceiptKind::Cancelled, json!({"reason": reason})),
-        Err(ToolError::Retry { reason } | ToolError::Unknown { error: reason }) => {
-            tracing::warn!(error = %reason, ?effect, "the outcome is unknown: reconciliation required");
-            return settle_local(
-                core,
-                call,
-                LocalState::ReconciliationRequired,
-                &reason,
-                Some(PendingReport::ReconciliationRequired),
-            )
-            .await;
-        }
-    };
-    save_final(core, call, kind, extra).await
+        .unwrap_or_else(|_| Err(ToolError::unknown("the handler panicked")))
 }
 
 /// Stores, then sends, a progress receipt (`CallContext::progress`).
 pub(crate) async fn progress(
     core: &Arc<Core>,
     key: &CallKey,
+    assignment_id: &str,
     message: &str,
     fraction: Option<f64>,
     data: Value,
 ) -> Result<(), ProgressError> {
-    let err = |e: String| ProgressError(e);
-    // One progress receipt at a time: each takes the next sequence.
-    let _serial = core.progress_lock.lock().await;
-    let mut call = core
-        .store
-        .call(&key.run_id, &key.call_id)
+    let event = Event::ProgressSaved {
+        progress: json!({"message": message, "fraction": fraction, "data": data}),
+    };
+    let moved = core
+        .advance(key, Reads::Row, |s| {
+            s.call
+                .as_ref()
+                .filter(|c| {
+                    matches!(
+                        c.state,
+                        LocalState::Running | LocalState::ReconciliationRequired
+                    ) && c
+                        .assignment
+                        .as_ref()
+                        .is_some_and(|a| a.assignment_id == assignment_id)
+                })
+                .map(|_| event.clone())
+        })
         .await
-        .map_err(|e| err(e.to_string()))?
-        .ok_or_else(|| err("unknown call".into()))?;
-    let asg = call
-        .assignment
-        .clone()
-        .ok_or_else(|| err("no assignment".into()))?;
-    let r = new_receipt(
-        &core.cfg.executor_id,
-        &call,
-        &asg,
-        ReceiptKind::Progress,
-        json!({"progress": {"message": message, "fraction": fraction, "data": data}}),
-    );
-    call.next_sequence += 1;
-    put(core, &call, vec![Change::AddReceipt(r.clone())])
-        .await
-        .map_err(err)?;
-    drop(_serial);
-    outbox::deliver_one(core, &call, &r).await;
-    Ok(())
+        .map_err(|e| ProgressError(e.to_string()))?;
+    match moved {
+        Advanced::Moved {
+            receipt: Some(r), ..
+        } => {
+            outbox::deliver_one(core, &r).await;
+            Ok(())
+        }
+        Advanced::Moved { .. } => Err(ProgressError("no receipt was written".into())),
+        Advanced::Stayed(now) => Err(ProgressError(format!(
+            "the call is {}, no longer running",
+            now.map_or("gone", |c| c.state.as_str())
+        ))),
+    }
 }

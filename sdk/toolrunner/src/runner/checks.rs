@@ -31,12 +31,14 @@ pub(crate) async fn before_start(
         };
         return Err(("invalid_arguments", format!("{at}: {}", v.message)));
     }
-    tool.check_input(&asg.arguments).map_err(|e| {
-        (
-            "invalid_arguments",
-            format!("the arguments do not fit the tool: {e}"),
-        )
-    })?;
+    super::unwind::catch_sync(|| tool.check_input(&asg.arguments))
+        .unwrap_or_else(|panic| Err(format!("reading them panicked: {panic}")))
+        .map_err(|e| {
+            (
+                "invalid_arguments",
+                format!("the arguments do not fit the tool: {e}"),
+            )
+        })?;
     if arguments_digest(&asg.arguments) != asg.arguments_digest {
         return Err((
             "digest_mismatch",
@@ -53,10 +55,14 @@ pub(crate) async fn before_start(
         run_id: asg.run_id.clone(),
         call_id: asg.call_id.clone(),
     };
-    core.authorizer
-        .authorize(&request)
-        .await
-        .map_err(|d| ("forbidden", d.message))
+    match super::unwind::catch(core.authorizer.authorize(&request)).await {
+        Ok(answer) => answer.map_err(|d| ("forbidden", d.message)),
+        // Refused on error: nothing ran, and the product could not say yes.
+        Err(panic) => {
+            tracing::error!(%panic, "the authorizer panicked; the call is refused");
+            Err(("forbidden", "the authorization check failed".to_owned()))
+        }
+    }
 }
 
 /// A final result must match `output_schema`, fit 4 MiB and nest at most

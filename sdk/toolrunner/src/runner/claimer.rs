@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{CallKey, Core, call, connection};
-use crate::store::{CallFilter, LocalCall, LocalState};
+use crate::lifecycle::{self, Advanced, Event, Reads};
+use crate::store::{CallFilter, LocalState};
 
 pub(crate) async fn claim_loop(core: Arc<Core>) {
     loop {
@@ -47,7 +48,7 @@ async fn resume_waiting(core: &Arc<Core>) {
         // A `running` call that no task drives lost its task to an error:
         // resume it as after a crash (a write tool is never re-run).
         let resumed = c.state == LocalState::Running;
-        call::spawn_drive(core.clone(), c, resumed, Some(permit));
+        call::spawn_drive(core.clone(), CallKey::of(&c), resumed, Some(permit));
     }
 }
 
@@ -81,53 +82,34 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
         if core.is_active(&key) {
             continue;
         }
-        let known = core
-            .store
-            .call(&key.run_id, &key.call_id)
-            .await
-            .map_err(|e| e.to_string())?;
-        // A call settled here before (refused, released) may be pending
-        // again: it gets a new attempt with a new key.
-        if known
-            .as_ref()
-            .is_some_and(|c| !matches!(c.state, LocalState::Abandoned | LocalState::Released))
-        {
-            continue;
-        }
         let Ok(permit) = core.slots.clone().try_acquire_owned() else {
             break;
         };
-        let fresh = LocalCall::new(
-            key.run_id.clone(),
-            key.call_id.clone(),
-            candidate.tool_name.clone(),
-            call::operation_key(),
-            LocalState::Claiming,
-        );
-        // The operation key is durable before the claim is sent.
-        if let Err(e) = core
-            .commit(
-                vec![crate::store::Change::PutCall(fresh.clone())],
-                Some(&fresh),
-            )
+        // A new call, or one settled here before (refused, released) that is
+        // pending again: a new attempt with a new key, durable before the
+        // claim is sent.
+        let tool_name = candidate.tool_name.clone();
+        let moved = core
+            .advance(&key, Reads::Row, |s| match &s.call {
+                None => Some(Event::Discovered {
+                    tool_name: tool_name.clone(),
+                    operation_key: lifecycle::operation_key(),
+                }),
+                Some(c) if matches!(c.state, LocalState::Abandoned | LocalState::Released) => {
+                    Some(Event::Retried {
+                        tool_name: tool_name.clone(),
+                        operation_key: lifecycle::operation_key(),
+                    })
+                }
+                Some(_) => None,
+            })
             .await
-        {
-            return Err(e.to_string());
-        }
-        if crash_after_key_saved() {
-            // Simulated process loss: the key is saved, the claim never sent.
-            core.activate(&key);
-            drop(permit);
+            .map_err(|e| e.to_string())?;
+        if !matches!(moved, Advanced::Moved { .. }) {
             continue;
         }
-        call::spawn_drive(core.clone(), fresh, false, Some(permit));
+        core.crash_point("after_operation_key_saved")?;
+        call::spawn_drive(core.clone(), key, false, Some(permit));
     }
     Ok(())
-}
-
-/// The fail point after the operation key is saved (inert unless tests
-/// configure it).
-fn crash_after_key_saved() -> bool {
-    fail::fail_point!("after_operation_key_saved", |_| true);
-    false
 }

@@ -7,11 +7,13 @@ pub(crate) mod call;
 mod checks;
 mod claimer;
 mod connection;
+pub(crate) mod fenced;
 mod gauges;
 pub(crate) mod outbox;
 mod reconcile;
 mod recovery;
 mod stream;
+pub(crate) mod unwind;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +27,8 @@ use crate::authorizer::Authorizer;
 use crate::client::Client;
 use crate::error::{Error, Kind};
 use crate::handler::Tools;
-use crate::store::{Change, LocalCall, Store, StoreError};
+use crate::lifecycle::{self, Advanced, Event, Reads, Snapshot};
+use crate::store::{LocalCall, LocalState, Store, StoreError};
 
 pub(crate) use call::progress;
 pub(crate) use connection::lease_check;
@@ -70,6 +73,11 @@ pub(crate) struct Conn {
     pub(crate) stream_path: String,
 }
 
+/// A fail point of one executor instance: asked with the step's name after
+/// each durable step; `true` stops the instance there as a lost process
+/// would. Compiled in with the `failpoints` feature only.
+pub(crate) type CrashPlan = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// Everything the runner's tasks share.
 pub(crate) struct Core {
     pub(crate) cfg: Config,
@@ -79,11 +87,12 @@ pub(crate) struct Core {
     pub(crate) authorizer: Arc<dyn Authorizer>,
     pub(crate) conn: RwLock<Option<Conn>>,
     pub(crate) reconnecting: tokio::sync::Mutex<()>,
-    /// Serializes the read-modify-write of `next_sequence` by progress
-    /// receipts and the final receipt.
-    pub(crate) progress_lock: tokio::sync::Mutex<()>,
     /// Calls this process is driving, with their cancellation tokens.
     pub(crate) active: StdMutex<HashMap<CallKey, CancellationToken>>,
+    /// Calls whose run the platform asked to cancel (heartbeat or stream),
+    /// remembered while this process lives, whether or not they were
+    /// being driven when the notice came.
+    pub(crate) cancelled: StdMutex<std::collections::HashSet<CallKey>>,
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) wake: Notify,
     pub(crate) claiming: AtomicBool,
@@ -92,43 +101,49 @@ pub(crate) struct Core {
     pub(crate) stop: CancellationToken,
     /// Everything ended.
     pub(crate) done: CancellationToken,
+    /// Once cancelled, nothing more is written to the store nor sent: the
+    /// process is gone as far as the world can tell (a crash, a detach).
+    pub(crate) fence: CancellationToken,
+    /// This process's hold on its store file (released when it stops).
+    pub(crate) lock: StdMutex<Option<crate::store::StoreLock>>,
+    /// Per-instance fail points (tests and the simulation).
+    pub(crate) crash_plan: Option<CrashPlan>,
 }
 
 impl Core {
-    /// Commits, and after an error re-reads: a commit whose answer was
-    /// lost may have happened. `expect` is the call as it should now be.
-    pub(crate) async fn commit(
+    /// Asks the lifecycle for a transition of one call (see
+    /// [`lifecycle::advance`]).
+    pub(crate) async fn advance(
         &self,
-        changes: Vec<Change>,
-        expect: Option<&LocalCall>,
-    ) -> Result<(), StoreError> {
-        let started = std::time::Instant::now();
-        for c in &changes {
-            if let Change::PutCall(call) = c {
-                metrics::counter!("toolrunner_call_transitions_total", "state" => call.state.as_str()).increment(1);
-            }
-        }
-        let result = self.store.commit(changes).await;
-        metrics::histogram!("toolrunner_store_commit_seconds")
-            .record(started.elapsed().as_secs_f64());
-        match result {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if matches!(e, StoreError::Conflict(..)) {
-                    return Err(e);
-                }
-                if let Some(want) = expect
-                    && let Ok(Some(have)) = self.store.call(&want.run_id, &want.call_id).await
-                    && have.state == want.state
-                    && have.next_sequence == want.next_sequence
-                    && have.assignment == want.assignment
-                {
-                    tracing::warn!(error = %e, "a commit reported an error but its changes are stored");
-                    return Ok(());
-                }
-                Err(e)
-            }
-        }
+        key: &CallKey,
+        reads: Reads,
+        decide: impl FnMut(&Snapshot) -> Option<Event>,
+    ) -> Result<Advanced, StoreError> {
+        lifecycle::advance(
+            self.store.as_ref(),
+            &self.cfg.executor_id,
+            (&key.run_id, &key.call_id),
+            reads,
+            decide,
+        )
+        .await
+    }
+
+    /// [`advance`](Self::advance) with an event that applies in `states`.
+    pub(crate) async fn advance_from(
+        &self,
+        key: &CallKey,
+        states: &[LocalState],
+        event: Event,
+    ) -> Result<Advanced, StoreError> {
+        let mut event = Some(event);
+        self.advance(key, Reads::Row, |s| {
+            s.call
+                .as_ref()
+                .filter(|c| states.contains(&c.state))
+                .and_then(|_| event.take())
+        })
+        .await
     }
 
     /// Records a condition that stops the executor from claiming.
@@ -147,26 +162,83 @@ impl Core {
     }
 
     /// Marks a call as driven by this process; `None` if it already is.
-    pub(crate) fn activate(&self, key: &CallKey) -> Option<CancellationToken> {
+    /// The mark goes when the guard is dropped, also by a panic.
+    pub(crate) fn activate(self: &Arc<Self>, key: &CallKey) -> Option<Active> {
         let mut active = self.active.lock().expect("not poisoned");
         if active.contains_key(key) {
             return None;
         }
         let token = self.done.child_token();
         active.insert(key.clone(), token.clone());
-        Some(token)
+        Some(Active {
+            core: self.clone(),
+            key: key.clone(),
+            token,
+        })
     }
 
-    pub(crate) fn deactivate(&self, key: &CallKey) {
-        self.active.lock().expect("not poisoned").remove(key);
-        self.wake.notify_one();
-    }
-
+    /// Fires the call's cancellation token, and remembers the cancel.
     pub(crate) fn cancel_call(&self, key: &CallKey) {
+        {
+            let mut cancelled = self.cancelled.lock().expect("not poisoned");
+            if cancelled.len() >= 100_000 {
+                cancelled.clear();
+            }
+            cancelled.insert(key.clone());
+        }
         if let Some(t) = self.active.lock().expect("not poisoned").get(key) {
             tracing::info!(run_id = %key.run_id, call_id = %key.call_id, "platform asked to cancel the call");
             t.cancel();
         }
+    }
+
+    /// Whether the platform asked to cancel this call's run.
+    pub(crate) fn was_cancelled(&self, key: &CallKey) -> bool {
+        self.cancelled.lock().expect("not poisoned").contains(key)
+    }
+
+    /// Stops the process as far as the world can tell: nothing more is
+    /// written or sent, every task ends, the store file is free again.
+    pub(crate) fn halt(&self) {
+        self.fence.cancel();
+        self.client.fence();
+        self.stop.cancel();
+        self.done.cancel();
+        self.lock.lock().expect("not poisoned").take();
+    }
+
+    /// A fail point after a durable step: `Err` (and the process halted)
+    /// when a test stops the executor here.
+    pub(crate) fn crash_point(&self, name: &str) -> Result<(), String> {
+        let global = || -> bool {
+            fail::fail_point!(name, |_| true);
+            false
+        };
+        let planned = self.crash_plan.as_ref().is_some_and(|plan| plan(name));
+        if planned || global() {
+            tracing::warn!(step = name, "simulated crash (fail point)");
+            self.halt();
+            return Err(CRASH.into());
+        }
+        Ok(())
+    }
+}
+
+/// A call marked as driven by this process (see [`Core::activate`]).
+pub(crate) struct Active {
+    core: Arc<Core>,
+    pub(crate) key: CallKey,
+    pub(crate) token: CancellationToken,
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.core
+            .active
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.key);
+        self.core.wake.notify_one();
     }
 }
 
@@ -227,36 +299,49 @@ impl RunningExecutor {
 
     /// Stops the executor.
     ///
+    /// `Drain` stops claiming, lets in-flight calls finish (up to the
+    /// deadline), flushes the outbox and disconnects with `drain`. `Detach`
+    /// stops at once, as a lost process would, and disconnects with
+    /// `detach`: running calls stay `running` and bound, no receipt is sent
+    /// for them, and the next start resumes them by the crash table.
+    ///
     /// # Errors
     /// The platform could not be told (the calls stay safe in the store).
     pub async fn shutdown(mut self, how: Shutdown) -> Result<(), Error> {
         self.core.claiming.store(false, Ordering::SeqCst);
         self.core.stop.cancel();
-        let deadline = match how {
-            Shutdown::Drain { deadline } => deadline,
-            Shutdown::Detach => {
-                for t in self.core.active.lock().expect("not poisoned").values() {
-                    t.cancel();
+        if let Shutdown::Drain { deadline } = how {
+            let waited = tokio::time::timeout(deadline, async {
+                while !self.core.active.lock().expect("not poisoned").is_empty() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                Duration::from_millis(250)
+            })
+            .await;
+            if waited.is_err() {
+                tracing::warn!(
+                    "in-flight calls did not finish before the deadline; they stay in the store"
+                );
             }
-        };
-        let waited = tokio::time::timeout(deadline, async {
-            while !self.core.active.lock().expect("not poisoned").is_empty() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        if waited.is_err() {
-            tracing::warn!(
-                "in-flight calls did not finish before the deadline; they stay in the store"
-            );
-        }
-        if matches!(how, Shutdown::Drain { .. }) {
             outbox::flush(&self.core).await;
+        } else {
+            // Nothing more is written for the calls in flight: their
+            // handlers are dropped where they are, without a receipt.
+            self.core.fence.cancel();
+            self.core.done.cancel();
+            let active: Vec<CancellationToken> = self
+                .core
+                .active
+                .lock()
+                .expect("not poisoned")
+                .values()
+                .cloned()
+                .collect();
+            for t in active {
+                t.cancel();
+            }
         }
         let result = connection::disconnect(&self.core, how).await;
-        self.core.done.cancel();
+        self.core.halt();
         while self.tasks.join_next().await.is_some() {}
         result
     }
@@ -270,8 +355,7 @@ impl Drop for RunningExecutor {
     /// task at once, like a lost process: the store keeps where each call
     /// was, and the next start resumes from there.
     fn drop(&mut self) {
-        self.core.stop.cancel();
-        self.core.done.cancel();
+        self.core.halt();
     }
 }
 

@@ -1,7 +1,10 @@
 //! The outbox: receipts are stored before they are sent, sent again with
 //! the same bytes until the platform answers, in sequence order per call;
 //! and the states still to report go out with `calls/report`.
-use std::collections::BTreeMap;
+//!
+//! An `accepted` is never sent from here: only the accept step sends it,
+//! and only the accept step acts on its answer.
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,11 +12,13 @@ use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportState};
 
 use super::{CallKey, Core, connection};
 use crate::client::{Client, ClientError};
+use crate::lifecycle::{self, Event, Reads};
 use crate::store::{
     CallFilter, Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, Store,
 };
 
 /// What one delivery attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Delivery {
     Delivered,
     /// A progress receipt the platform refused: dropped, go on.
@@ -22,13 +27,12 @@ pub(crate) enum Delivery {
     Later,
     /// The call changed state; stop delivering its receipts.
     Settled,
+    /// Not the outbox's to send (an `accepted`).
+    NotSent,
 }
 
 /// Delivers a call's pending receipts in sequence order.
 pub(crate) async fn deliver_call(core: &Arc<Core>, key: &CallKey) {
-    let Ok(Some(call)) = core.store.call(&key.run_id, &key.call_id).await else {
-        return;
-    };
     let Ok(receipts) = core.store.receipts(&key.run_id, &key.call_id).await else {
         return;
     };
@@ -36,25 +40,29 @@ pub(crate) async fn deliver_call(core: &Arc<Core>, key: &CallKey) {
         .iter()
         .filter(|r| r.status == ReceiptStatus::Pending && r.kind != ReceiptKind::Accepted);
     for r in unsent {
-        match deliver_one(core, &call, r).await {
-            Delivery::Delivered | Delivery::Dropped => {}
+        match deliver_one(core, r).await {
+            Delivery::Delivered | Delivery::Dropped | Delivery::NotSent => {}
             Delivery::Later | Delivery::Settled => return,
         }
     }
 }
 
-fn status_change(r: &OutboxReceipt, status: ReceiptStatus, error: Option<String>) -> Change {
-    Change::ReceiptStatus {
+/// Sends one stored receipt and applies the reaction table.
+pub(crate) async fn deliver_one(core: &Arc<Core>, r: &OutboxReceipt) -> Delivery {
+    deliver(&core.client, core.store.as_ref(), &core.cfg.executor_id, r).await
+}
+
+/// Marks one receipt (its call row does not change).
+async fn mark(store: &dyn Store, r: &OutboxReceipt, status: ReceiptStatus, error: Option<String>) {
+    let change = Change::ReceiptStatus {
         receipt_id: r.receipt_id.clone(),
         status,
         error,
         attempt: true,
+    };
+    if let Err(e) = store.commit(vec![change]).await {
+        tracing::warn!(error = %e, "could not record a delivery attempt");
     }
-}
-
-/// Sends one stored receipt and applies the reaction table.
-pub(crate) async fn deliver_one(core: &Arc<Core>, call: &LocalCall, r: &OutboxReceipt) -> Delivery {
-    deliver(&core.client, core.store.as_ref(), call, r).await
 }
 
 /// Sends one stored receipt with `client` and records the outcome in
@@ -62,20 +70,28 @@ pub(crate) async fn deliver_one(core: &Arc<Core>, call: &LocalCall, r: &OutboxRe
 pub(crate) async fn deliver(
     client: &Client,
     store: &dyn Store,
-    call: &LocalCall,
+    executor_id: &str,
     r: &OutboxReceipt,
 ) -> Delivery {
+    if r.kind == ReceiptKind::Accepted {
+        return Delivery::NotSent;
+    }
+    let key = (r.run_id.as_str(), r.call_id.as_str());
+    let Ok(Some(call)) = store.call(key.0, key.1).await else {
+        return Delivery::Later;
+    };
     let Some(asg) = call
         .assignment
         .as_ref()
         .filter(|a| a.assignment_id == r.assignment_id)
     else {
-        let superseded = status_change(
+        mark(
+            store,
             r,
             ReceiptStatus::Superseded,
             Some("assignment replaced".into()),
-        );
-        let _ = store.commit(vec![superseded]).await;
+        )
+        .await;
         return Delivery::Settled;
     };
     let answer = client
@@ -84,111 +100,91 @@ pub(crate) async fn deliver(
     let outcome = match &answer {
         Ok(_) => "delivered",
         Err(ClientError::Unreachable(_)) => "unreachable",
-        Err(ClientError::Api(e)) => {
-            if e.status == 404 {
-                "not_found"
-            } else {
-                "refused"
-            }
-        }
+        Err(ClientError::Api(e)) if e.status == 404 => "not_found",
+        Err(ClientError::Api(_)) => "refused",
     };
     metrics::counter!("toolrunner_receipt_deliveries_total", "kind" => r.kind.as_str(), "outcome" => outcome).increment(1);
-    let final_kind = r.kind.is_final();
-    let mut call = call.clone();
-    let (status, error, state, report) = match answer {
-        Ok(_) => (
-            ReceiptStatus::Delivered,
-            None,
-            final_kind.then_some(LocalState::Delivered),
-            None,
-        ),
+    let is_final = r.kind.is_final();
+    let error = answer.as_ref().err().map(ToString::to_string);
+    let event = match answer {
+        Ok(_) if is_final => Event::Delivered {
+            receipt_id: r.receipt_id.clone(),
+        },
+        Ok(_) => {
+            mark(store, r, ReceiptStatus::Delivered, None).await;
+            return Delivery::Delivered;
+        }
         // Not a verdict on the receipt: the credentials are wrong. Keep it
         // pending and say so; a configuration error is surfaced elsewhere.
         Err(ClientError::Api(e)) if e.status == 401 || e.code() == "missing_scope" => {
-            let change = Change::ReceiptStatus {
-                receipt_id: r.receipt_id.clone(),
-                status: ReceiptStatus::Pending,
-                error: Some(e.to_string()),
-                attempt: true,
-            };
-            let _ = store.commit(vec![change]).await;
+            mark(store, r, ReceiptStatus::Pending, error).await;
             return Delivery::Later;
         }
-        Err(ClientError::Unreachable(m)) => {
-            let pending = final_kind.then_some(PendingReport::PendingDelivery);
-            let mut changes = vec![Change::ReceiptStatus {
-                receipt_id: r.receipt_id.clone(),
-                status: ReceiptStatus::Pending,
-                error: Some(m),
-                attempt: true,
-            }];
-            if pending.is_some() && call.report.is_none() {
-                call.report = pending;
-                changes.push(Change::Expect {
-                    run_id: call.run_id.clone(),
-                    call_id: call.call_id.clone(),
-                    states: vec![call.state],
-                });
-                changes.push(Change::PutCall(call.clone()));
+        Err(ClientError::Unreachable(_)) => {
+            mark(store, r, ReceiptStatus::Pending, error).await;
+            if is_final {
+                let settled_without_report =
+                    |c: &LocalCall| c.state == LocalState::Settled && c.report.is_none();
+                let _ = lifecycle::advance(store, executor_id, key, Reads::Row, |s| {
+                    s.call
+                        .as_ref()
+                        .filter(|c| settled_without_report(c))
+                        .map(|_| Event::DeliveryDeferred)
+                })
+                .await;
             }
-            let _ = store.commit(changes).await;
             return Delivery::Later;
         }
-        Err(e) if !final_kind && r.kind == ReceiptKind::Progress => {
-            (ReceiptStatus::Rejected, Some(e.to_string()), None, None)
+        Err(_) if !is_final => {
+            mark(store, r, ReceiptStatus::Rejected, error).await;
+            return Delivery::Dropped;
         }
-        // A sequence-0 `failed` settles a call refused before start: nothing
-        // ran, so a refusal of it leaves nothing unknown.
-        Err(e) if r.kind == ReceiptKind::Failed && r.sequence == 0 => (
-            ReceiptStatus::Rejected,
-            Some(e.to_string()),
-            Some(LocalState::Abandoned),
-            None,
-        ),
-        Err(e) => match (e.status(), e.code()) {
-            (_, Some("run_terminated" | "call_already_terminal")) => (
-                ReceiptStatus::Rejected,
-                Some(e.to_string()),
-                Some(LocalState::Rejected),
-                None,
-            ),
-            (Some(404), _) => (
-                ReceiptStatus::Orphaned,
-                Some(e.to_string()),
-                Some(LocalState::Orphaned),
-                None,
-            ),
-            _ => (
-                ReceiptStatus::Rejected,
-                Some(e.to_string()),
-                Some(LocalState::ReconciliationRequired),
-                Some(PendingReport::ReconciliationRequired),
-            ),
-        },
+        Err(e) => {
+            let receipt_id = r.receipt_id.clone();
+            let error = e.to_string();
+            match (e.status(), e.code()) {
+                // A sequence-0 `failed` settles a call refused before start:
+                // nothing ran, so a refusal of it leaves nothing unknown.
+                _ if r.kind == ReceiptKind::Failed && r.sequence == 0 => {
+                    Event::FinalRefusedNothingRan { receipt_id, error }
+                }
+                (_, Some("run_terminated" | "call_already_terminal")) => {
+                    Event::FinalRejected { receipt_id, error }
+                }
+                (Some(404), _) => Event::FinalOrphaned { receipt_id, error },
+                _ => Event::FinalRefused { receipt_id, error },
+            }
+        }
     };
-    let mut changes = vec![status_change(r, status, error.clone())];
-    if let Some(state) = state {
-        // Only from the state the call had when the receipt went out.
-        changes.push(Change::Expect {
-            run_id: call.run_id.clone(),
-            call_id: call.call_id.clone(),
-            states: vec![call.state],
-        });
-        call.state = state;
-        call.report = report;
-        if error.is_some() {
-            call.reason = error;
+    let delivered = matches!(event, Event::Delivered { .. });
+    let moved = lifecycle::advance(store, executor_id, key, Reads::Row, |s| {
+        // The call's live final is this receipt while the call is settled.
+        s.call
+            .as_ref()
+            .filter(|c| c.state == LocalState::Settled)
+            .map(|_| event.clone())
+    })
+    .await;
+    match moved {
+        Ok(lifecycle::Advanced::Moved { .. }) => {}
+        Ok(lifecycle::Advanced::Stayed(_)) => {
+            // The call moved on meanwhile: record the receipt's fate only.
+            let status = match &event {
+                Event::Delivered { .. } => ReceiptStatus::Delivered,
+                Event::FinalOrphaned { .. } => ReceiptStatus::Orphaned,
+                _ => ReceiptStatus::Rejected,
+            };
+            mark(store, r, status, (!delivered).then_some(outcome.to_owned())).await;
         }
-        changes.push(Change::PutCall(call.clone()));
+        Err(e) => {
+            tracing::error!(error = %e, "could not record a delivery; it will be sent again");
+            return Delivery::Later;
+        }
     }
-    if let Err(e) = store.commit(changes).await {
-        tracing::error!(error = %e, "could not record a delivery; it will be sent again");
-        return Delivery::Later;
-    }
-    match (status, state) {
-        (ReceiptStatus::Delivered, _) => Delivery::Delivered,
-        (_, None) => Delivery::Dropped,
-        _ => Delivery::Settled,
+    if delivered {
+        Delivery::Delivered
+    } else {
+        Delivery::Settled
     }
 }
 
@@ -220,6 +216,20 @@ enum Pass {
     Done,
     Again,
     OneByOne,
+}
+
+/// Decides `event` if the call still is as it was reported.
+fn still_as_sent(
+    sent: &LocalCall,
+    event: Event,
+) -> impl FnMut(&lifecycle::Snapshot) -> Option<Event> {
+    let (state, report) = (sent.state, sent.report);
+    move |s| {
+        s.call
+            .as_ref()
+            .filter(|c| c.state == state && c.report == report)
+            .map(|_| event.clone())
+    }
 }
 
 /// One pass, in reports of `size` calls.
@@ -261,26 +271,13 @@ async fn flush_reports_once(core: &Arc<Core>, size: usize) -> Pass {
             Ok(answer) => {
                 for (c, result) in chunk.iter().zip(answer.results) {
                     // The call may have moved on while the report was in
-                    // flight: clear the flag only on the call as it is now.
-                    let Ok(Some(mut now)) = core.store.call(&c.run_id, &c.call_id).await else {
-                        continue;
+                    // flight: clear the flag only on the call as it was sent.
+                    let event = Event::Reported {
+                        outcome: format!("{:?}", result.outcome),
                     };
-                    let mut changes = vec![Change::Note {
-                        run_id: c.run_id.clone(),
-                        call_id: c.call_id.clone(),
-                        what: "reported".into(),
-                        detail: Some(format!("{:?}", result.outcome)),
-                    }];
-                    if now.state == c.state && now.report == c.report {
-                        now.report = None;
-                        changes.push(Change::Expect {
-                            run_id: c.run_id.clone(),
-                            call_id: c.call_id.clone(),
-                            states: vec![c.state],
-                        });
-                        changes.push(Change::PutCall(now));
-                    }
-                    let _ = core.commit(changes, None).await;
+                    let _ = core
+                        .advance(&CallKey::of(c), Reads::Row, still_as_sent(c, event))
+                        .await;
                 }
             }
             Err(ClientError::Api(e)) if e.code() == "unknown_call" => {
@@ -294,19 +291,16 @@ async fn flush_reports_once(core: &Arc<Core>, size: usize) -> Pass {
                     .and_then(|p| p.strip_suffix(']'))
                     .and_then(|i| i.parse::<usize>().ok());
                 let index = index.or((chunk.len() == 1).then_some(0));
-                let Some(mut c) = index.and_then(|i| chunk.get(i)).cloned() else {
+                let Some(c) = index.and_then(|i| chunk.get(i)) else {
                     return Pass::OneByOne;
                 };
                 tracing::warn!(run_id = %c.run_id, call_id = %c.call_id, "the platform does not know this call: orphaned");
-                c.state = LocalState::Orphaned;
-                c.report = None;
-                c.reason = Some(format!("the platform does not know the call ({e})"));
-                let guard = Change::Expect {
-                    run_id: c.run_id.clone(),
-                    call_id: c.call_id.clone(),
-                    states: vec![chunk[index.unwrap_or(0)].state],
+                let event = Event::UnknownToPlatform {
+                    why: format!("the platform does not know the call ({e})"),
                 };
-                let _ = core.commit(vec![guard, Change::PutCall(c)], None).await;
+                let _ = core
+                    .advance(&CallKey::of(c), Reads::Row, still_as_sent(c, event))
+                    .await;
                 return Pass::Again;
             }
             Err(e) => {
@@ -335,24 +329,19 @@ pub(crate) async fn flush(core: &Arc<Core>) {
     let Ok(pending) = core.store.receipts_with(ReceiptStatus::Pending).await else {
         return;
     };
-    let mut by_call: BTreeMap<CallKey, ()> = BTreeMap::new();
     // `accepted` is sent only by the accept step, which acts on its answer.
-    for r in pending
+    let calls: BTreeSet<CallKey> = pending
         .into_iter()
         .filter(|r| r.kind != ReceiptKind::Accepted)
-    {
-        by_call.insert(
-            CallKey {
-                run_id: r.run_id,
-                call_id: r.call_id,
-            },
-            (),
-        );
-    }
-    for key in by_call.into_keys() {
-        if core.activate(&key).is_some() {
+        .map(|r| CallKey {
+            run_id: r.run_id,
+            call_id: r.call_id,
+        })
+        .collect();
+    for key in calls {
+        if let Some(active) = core.activate(&key) {
             deliver_call(core, &key).await;
-            core.deactivate(&key);
+            drop(active);
         }
     }
     flush_reports(core).await;
@@ -376,7 +365,7 @@ pub(crate) async fn outbox_loop(core: Arc<Core>) {
             .store
             .receipts_with(ReceiptStatus::Pending)
             .await
-            .map(|v| v.len())
+            .map(|v| v.iter().filter(|r| r.kind != ReceiptKind::Accepted).count())
             .unwrap_or(0);
         attempt = if left == 0 { 0 } else { attempt + 1 };
     }

@@ -5,14 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use toolrunner_protocol::wire::ReceiptKind;
 
 use super::{CallKey, Core, call, checks, outbox};
 use crate::context::CallContext;
 use crate::handler::Reconciled;
-use crate::store::{CallFilter, Change, LocalCall, LocalState};
+use crate::lifecycle::{self, Advanced, Event, Reads, Snapshot};
+use crate::store::{CallFilter, LocalCall, LocalState};
 
 /// What an automatic check did.
 #[allow(clippy::large_enum_variant)] // returned once per check
@@ -23,9 +22,29 @@ pub(crate) enum Checked {
     Stays,
 }
 
+/// Whether `accepted` of the call's current assignment was confirmed to
+/// this store.
+async fn accepted_confirmed(core: &Core, call: &LocalCall) -> Result<bool, String> {
+    let receipts = core
+        .store
+        .receipts(&call.run_id, &call.call_id)
+        .await
+        .map_err(|e| e.to_string())?;
+    let snapshot = Snapshot {
+        call: Some(call.clone()),
+        receipts: Some(receipts),
+    };
+    Ok(snapshot.accepted_confirmed() == Some(true))
+}
+
 /// Asks the tool's `reconcile` hook about one call in
-/// `reconciliation_required`.
-pub(crate) async fn check(core: &Arc<Core>, mut call: LocalCall) -> Result<Checked, String> {
+/// `reconciliation_required`. `cancel` is the call's token while this
+/// process drives it.
+pub(crate) async fn check(
+    core: &Arc<Core>,
+    call: LocalCall,
+    cancel: &CancellationToken,
+) -> Result<Checked, String> {
     let (Some(tool), Some(asg)) = (
         core.tools.get(&call.tool_name).cloned(),
         call.assignment.clone(),
@@ -35,65 +54,89 @@ pub(crate) async fn check(core: &Arc<Core>, mut call: LocalCall) -> Result<Check
     if !core.cfg.auto_reconcile {
         return Ok(Checked::Stays);
     }
-    let ctx = CallContext::new(core, &call, &asg, CancellationToken::new());
-    let found = tool.reconcile(&ctx).await;
-    let guard = Change::Expect {
-        run_id: call.run_id.clone(),
-        call_id: call.call_id.clone(),
-        states: vec![LocalState::ReconciliationRequired],
+    let key = CallKey::of(&call);
+    let at = (key.run_id.as_str(), key.call_id.as_str());
+    let ctx = CallContext::new(core, &call, &asg, cancel.clone());
+    let found = match super::unwind::catch(tool.reconcile(&ctx)).await {
+        Ok(found) => found,
+        Err(panic) => {
+            tracing::error!(%panic, "the reconcile hook panicked; the call waits for a human or the next check");
+            let _ = lifecycle::note(
+                core.store.as_ref(),
+                at,
+                "automatic check: the hook panicked",
+                Some(panic),
+            )
+            .await;
+            return Ok(Checked::Stays);
+        }
     };
-    let (kind, extra, why) = match found {
+    let event = match found {
         Reconciled::Unknown => {
-            let note = Change::Note {
-                run_id: call.run_id.clone(),
-                call_id: call.call_id.clone(),
-                what: "automatic check: unknown".into(),
-                detail: None,
-            };
-            let _ = core.commit(vec![note], None).await;
+            let _ =
+                lifecycle::note(core.store.as_ref(), at, "automatic check: unknown", None).await;
             return Ok(Checked::Stays);
         }
         Reconciled::Happened(result) => {
             if let Err(e) = checks::check_output(&asg, &result) {
-                let note = Change::Note {
-                    run_id: call.run_id.clone(),
-                    call_id: call.call_id.clone(),
-                    what: "automatic check: result refused".into(),
-                    detail: Some(e),
-                };
-                let _ = core.commit(vec![note], None).await;
+                let _ = lifecycle::note(
+                    core.store.as_ref(),
+                    at,
+                    "automatic check: result refused",
+                    Some(e),
+                )
+                .await;
                 return Ok(Checked::Stays);
             }
-            (
-                ReceiptKind::Completed,
-                json!({"result": result}),
-                "automatic check: the operation happened",
-            )
+            Event::HookHappened { result }
         }
         Reconciled::DidNotHappen if tool.rerun_when_not_performed() => {
-            // Run again only with a live lease (its heartbeat also brings any
-            // cancellation of the run): otherwise wait for the next check.
-            if super::connection::lease_check(core).await.is_err() {
-                return Ok(Checked::Stays);
+            if !accepted_confirmed(core, &call).await? {
+                // Never run under an assignment whose `accepted` this store
+                // did not see confirmed: settle "not performed" instead.
+                Event::HookDidNotHappen
+            } else {
+                // Run again only with a live lease; its heartbeat also
+                // brings any cancellation of the run.
+                if super::connection::lease_check(core).await.is_err() {
+                    return Ok(Checked::Stays);
+                }
+                if cancel.is_cancelled() || core.was_cancelled(&key) {
+                    Event::HookRunCancelled
+                } else {
+                    Event::HookRerun
+                }
             }
-            call.state = LocalState::Running;
-            call.reason =
-                Some("automatic check: the operation did not happen; running it again".into());
-            call.report = None;
-            core.commit(vec![guard, Change::PutCall(call.clone())], Some(&call))
-                .await
-                .map_err(|e| e.to_string())?;
-            return Ok(Checked::Moved(call));
         }
-        Reconciled::DidNotHappen => (
-            ReceiptKind::Failed,
-            json!({"error": {"code": "not_performed", "message": "the operation was not performed"}}),
-            "automatic check: the operation did not happen",
-        ),
+        Reconciled::DidNotHappen => Event::HookDidNotHappen,
     };
-    call.reason = Some(why.into());
-    let call = call::save_final_guarded(core, call, kind, extra, Some(guard)).await?;
-    Ok(Checked::Moved(call))
+    let reads = if matches!(event, Event::HookRerun) {
+        Reads::RowAndReceipts
+    } else {
+        Reads::Row
+    };
+    let moved = core
+        .advance(&key, reads, |s| {
+            // Only on the attempt the hook was asked about.
+            s.call
+                .as_ref()
+                .filter(|c| {
+                    c.state == LocalState::ReconciliationRequired
+                        && c.operation_key == call.operation_key
+                })
+                .map(|_| event.clone())
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    match moved {
+        Advanced::Moved { call, receipt } => {
+            if receipt.is_some() {
+                core.crash_point("after_final_saved")?;
+            }
+            Ok(Checked::Moved(call))
+        }
+        Advanced::Stayed(_) => Ok(Checked::Stays),
+    }
 }
 
 /// Checks every `reconciliation_required` call now and then, with backoff
@@ -116,24 +159,24 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                 if due > now {
                     continue;
                 }
-                let Some(token) = core.activate(&key) else {
+                let Some(active) = core.activate(&key) else {
                     continue;
                 };
                 // Re-read: the call may have been settled since the listing.
                 let c = match core.store.call(&key.run_id, &key.call_id).await {
                     Ok(Some(fresh)) if fresh.state == LocalState::ReconciliationRequired => fresh,
-                    _ => {
-                        core.deactivate(&key);
-                        continue;
-                    }
+                    _ => continue,
                 };
-                match check(&core, c).await {
+                let checked = super::unwind::catch(check(&core, c, &active.token))
+                    .await
+                    .unwrap_or_else(|panic| Err(format!("the check panicked: {panic}")));
+                match checked {
                     Ok(Checked::Moved(moved)) => {
                         next.remove(&key);
                         if moved.state == LocalState::Running {
                             // Still activated: the new task takes it over.
                             let permit = core.slots.clone().try_acquire_owned().ok();
-                            call::spawn_activated(core.clone(), moved, false, permit, token);
+                            call::spawn_activated(core.clone(), false, permit, active);
                             continue;
                         }
                         outbox::deliver_call(&core, &key).await;
@@ -145,7 +188,7 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                         );
                     }
                 }
-                core.deactivate(&key);
+                drop(active);
             }
         }
         tokio::select! {

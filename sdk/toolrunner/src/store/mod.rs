@@ -10,7 +10,7 @@ mod sqlite;
 use serde::{Deserialize, Serialize};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, StoreLock};
 
 /// Now, as RFC 3339 UTC with milliseconds (the form every stored time has).
 pub(crate) fn now_rfc3339() -> String {
@@ -139,6 +139,9 @@ pub struct LocalCall {
     pub created_at: String,
     /// RFC 3339.
     pub updated_at: String,
+    /// Bumped by every transition: a change is a compare-and-set on it, so a
+    /// decision taken on an old snapshot can never be written back.
+    pub version: u64,
 }
 
 impl LocalCall {
@@ -164,6 +167,7 @@ impl LocalCall {
             report: None,
             created_at: now.clone(),
             updated_at: now,
+            version: 0,
         }
     }
 }
@@ -251,16 +255,29 @@ pub struct Event {
     pub detail: Option<String>,
 }
 
-/// One change; a [`Store::commit`] applies a list in one transaction.
+/// One change; a [`Store::commit`] applies a list in one transaction, and
+/// fails it as a whole if any change fails.
+///
+/// Call rows change only through the lifecycle (`lifecycle.rs`), which
+/// produces these; a store only applies them.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 #[allow(clippy::large_enum_variant)] // short-lived values handed to the writer; boxing buys nothing
 pub enum Change {
-    /// Insert or replace a call (its state change goes to the timeline).
-    PutCall(LocalCall),
-    /// Add a receipt to the outbox.
+    /// Inserts a call row; fails with [`StoreError::Conflict`] if it exists.
+    InsertCall(LocalCall),
+    /// Replaces a call row if, and only if, its stored `version` is
+    /// `expect_version` (the new row carries `expect_version + 1`); fails
+    /// with [`StoreError::Conflict`] otherwise.
+    UpdateCall {
+        /// The version the change was decided on.
+        expect_version: u64,
+        /// The row as it is to be.
+        call: LocalCall,
+    },
+    /// Adds a receipt to the outbox.
     AddReceipt(OutboxReceipt),
-    /// Change a receipt's delivery status (counting an attempt if `attempt`).
+    /// Changes a receipt's delivery status (counting an attempt if `attempt`).
     ReceiptStatus {
         /// Which.
         receipt_id: String,
@@ -271,17 +288,25 @@ pub enum Change {
         /// Whether this was a delivery attempt.
         attempt: bool,
     },
-    /// Fails the whole commit unless the call is in one of `states` (so two
-    /// writers, e.g. an operator and the executor, cannot both settle it).
-    Expect {
+    /// Marks every `pending` receipt of a call `status`, except those of
+    /// the assignment `keep` and those of kind `except`.
+    SettlePending {
         /// Run.
         run_id: String,
         /// Call.
         call_id: String,
-        /// Allowed current states.
-        states: Vec<LocalState>,
+        /// Receipts of this assignment stay as they are.
+        keep: Option<String>,
+        /// Receipts of these kinds stay as they are.
+        only_kind: Option<ReceiptKind>,
+        /// The new status.
+        status: ReceiptStatus,
+        /// Why.
+        error: String,
     },
-    /// A timeline note.
+    /// Records an attempt: an operation key, and the assignment it got.
+    AddAttempt(Attempt),
+    /// A timeline entry.
     Note {
         /// Run.
         run_id: String,
@@ -292,6 +317,25 @@ pub enum Change {
         /// Details.
         detail: Option<String>,
     },
+}
+
+/// One attempt at a call: every operation key and every assignment a call
+/// ever had is kept, for the operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Run.
+    pub run_id: String,
+    /// Call.
+    pub call_id: String,
+    /// The operation key of the claim.
+    pub operation_key: String,
+    /// The executor id that claimed (unknown for attempts recorded before
+    /// the store kept them).
+    pub executor_id: Option<String>,
+    /// The assignment the claim got (none while the claim is unanswered).
+    pub assignment_id: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
 }
 
 /// Which calls to list.
@@ -320,9 +364,24 @@ pub enum StoreError {
     /// A stored row does not parse.
     #[error("store row is corrupt: {0}")]
     Corrupt(String),
-    /// A [`Change::Expect`] did not hold: someone else changed the call.
-    #[error("call {0} is no longer in the expected state: {1}")]
+    /// A compare-and-set lost: someone else changed the call first (or a
+    /// constraint refused a row that must never exist).
+    #[error("call {0} changed under this write: {1}")]
     Conflict(String, String),
+    /// Another process holds the store (two executors must never drive one
+    /// store file).
+    #[error(
+        "store {path} is in use by another executor process (it holds the lock file {path}-lock); give every executor process its own store file"
+    )]
+    Locked {
+        /// The store file.
+        path: String,
+    },
+    /// The schema refused a row that must never exist (a second live final
+    /// for a call, two receipts with one assignment and sequence, …): a bug
+    /// caught before it wrote a second truth.
+    #[error("store refused an impossible row: {0}")]
+    Refused(String),
     /// The writer task is gone (the store was closed).
     #[error("store writer has stopped")]
     Closed,
@@ -351,4 +410,6 @@ pub trait Store: Send + Sync + 'static {
     async fn receipts_with(&self, status: ReceiptStatus) -> Result<Vec<OutboxReceipt>, StoreError>;
     /// A call's timeline.
     async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError>;
+    /// A call's attempts, oldest first.
+    async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError>;
 }

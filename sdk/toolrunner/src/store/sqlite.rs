@@ -12,8 +12,8 @@ use tokio::sync::{mpsc, oneshot};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
 use super::{
-    CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus,
-    Store, StoreError,
+    Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport,
+    ReceiptStatus, Store, StoreError,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sdk");
@@ -56,6 +56,7 @@ impl SqliteStore {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
         let writer_pool = SqlitePoolOptions::new()
             .max_connections(1)
@@ -75,6 +76,69 @@ impl SqliteStore {
             readers,
             writer: tx,
         })
+    }
+}
+
+/// Holds a store file for one executor process; released when dropped (and
+/// by the operating system when the process dies, `kill -9` included).
+///
+/// Two executor processes on one store file would both resend the same
+/// `accepted` and both run the handler, so an executor takes this lock
+/// before it opens its store, and a second one fails at once. Operators'
+/// tools (the `Reconciler`, the CLI) read and write beside a running
+/// executor without it: their writes are compare-and-set transitions.
+#[derive(Debug)]
+pub struct StoreLock {
+    _file: std::fs::File,
+}
+
+impl SqliteStore {
+    /// Takes the process lock of the store at a `sqlite://PATH` URL: the
+    /// file `PATH-lock` beside it, locked exclusively. `None` for an
+    /// in-memory store.
+    ///
+    /// # Errors
+    /// [`StoreError::Locked`] if another process (or another executor in
+    /// this one) holds it; the URL does not parse; the lock file cannot be
+    /// created.
+    pub fn lock(url: &str) -> Result<Option<StoreLock>, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?;
+        let path = options.get_filename();
+        let name = path.to_string_lossy();
+        if name.is_empty() || name == ":memory:" || url.contains("mode=memory") {
+            return Ok(None);
+        }
+        Self::lock_path(path).map(Some)
+    }
+
+    /// [`lock`](Self::lock) for the store file at `path`, taken literally.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock).
+    pub fn lock_path(path: &std::path::Path) -> Result<StoreLock, StoreError> {
+        let mut lock_name = path.as_os_str().to_owned();
+        lock_name.push("-lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_name)
+            .map_err(|e| {
+                StoreError::Corrupt(format!(
+                    "cannot create the lock file {}: {e}",
+                    std::path::Path::new(&lock_name).display()
+                ))
+            })?;
+        match file.try_lock() {
+            Ok(()) => Ok(StoreLock { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
+                path: path.display().to_string(),
+            }),
+            Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Corrupt(format!(
+                "cannot lock {}: {e}",
+                std::path::Path::new(&lock_name).display()
+            ))),
+        }
     }
 }
 
@@ -117,33 +181,47 @@ async fn note(
     Ok(())
 }
 
+/// A constraint the schema enforces failed: a row that must never exist.
+fn refused(e: sqlx::Error, what: &str) -> StoreError {
+    match &e {
+        sqlx::Error::Database(db)
+            if db.is_unique_violation()
+                || db.is_check_violation()
+                || db.is_foreign_key_violation() =>
+        {
+            StoreError::Refused(format!("{what}: {}", db.message()))
+        }
+        _ => StoreError::Database(e),
+    }
+}
+
+fn seq(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn report_str(r: Option<PendingReport>) -> Option<&'static str> {
+    r.map(|r| match r {
+        PendingReport::ReconciliationRequired => "reconciliation_required",
+        PendingReport::PendingDelivery => "pending_delivery",
+        PendingReport::Released => "released",
+    })
+}
+
+fn assignment_json(c: &LocalCall) -> Result<Option<String>, StoreError> {
+    c.assignment
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
 async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), StoreError> {
     match change {
-        Change::PutCall(c) => {
-            let previous: Option<String> =
-                sqlx::query_scalar("SELECT state FROM calls WHERE run_id = ?1 AND call_id = ?2")
-                    .bind(&c.run_id)
-                    .bind(&c.call_id)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-            let assignment = c
-                .assignment
-                .as_ref()
-                .map(serde_json::to_string)
-                .transpose()
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let report = c.report.and_then(|r| {
-                serde_json::to_value(r)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-            });
-            sqlx::query(
-                "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-                 ON CONFLICT (run_id, call_id) DO UPDATE SET tool_name = excluded.tool_name,
-                   operation_key = excluded.operation_key, state = excluded.state, assignment = excluded.assignment,
-                   next_sequence = excluded.next_sequence, reason = excluded.reason, report = excluded.report,
-                   updated_at = excluded.updated_at",
+        Change::InsertCall(c) => {
+            let assignment = assignment_json(&c)?;
+            let inserted = sqlx::query(
+                "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, version, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) ON CONFLICT (run_id, call_id) DO NOTHING",
             )
             .bind(&c.run_id)
             .bind(&c.call_id)
@@ -151,22 +229,52 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .bind(&c.operation_key)
             .bind(c.state.as_str())
             .bind(assignment)
-            .bind(i64::try_from(c.next_sequence).unwrap_or(i64::MAX))
+            .bind(seq(c.next_sequence))
             .bind(&c.reason)
-            .bind(report)
+            .bind(report_str(c.report))
+            .bind(seq(c.version))
             .bind(&c.created_at)
-            .bind(super::now_rfc3339())
+            .bind(&c.updated_at)
             .execute(&mut **tx)
-            .await?;
-            if previous.as_deref() != Some(c.state.as_str()) {
-                note(
-                    tx,
-                    &c.run_id,
-                    &c.call_id,
-                    c.state.as_str(),
-                    c.reason.as_deref(),
-                )
-                .await?;
+            .await
+            .map_err(|e| refused(e, "call row"))?;
+            if inserted.rows_affected() == 0 {
+                return Err(StoreError::Conflict(
+                    format!("{}/{}", c.run_id, c.call_id),
+                    "the call is already stored".into(),
+                ));
+            }
+        }
+        Change::UpdateCall {
+            expect_version,
+            call: c,
+        } => {
+            let assignment = assignment_json(&c)?;
+            let updated = sqlx::query(
+                "UPDATE calls SET tool_name = ?3, operation_key = ?4, state = ?5, assignment = ?6, next_sequence = ?7,
+                   reason = ?8, report = ?9, version = ?10, updated_at = ?11
+                 WHERE run_id = ?1 AND call_id = ?2 AND version = ?12",
+            )
+            .bind(&c.run_id)
+            .bind(&c.call_id)
+            .bind(&c.tool_name)
+            .bind(&c.operation_key)
+            .bind(c.state.as_str())
+            .bind(assignment)
+            .bind(seq(c.next_sequence))
+            .bind(&c.reason)
+            .bind(report_str(c.report))
+            .bind(seq(c.version))
+            .bind(&c.updated_at)
+            .bind(seq(expect_version))
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| refused(e, "call row"))?;
+            if updated.rows_affected() == 0 {
+                return Err(StoreError::Conflict(
+                    format!("{}/{}", c.run_id, c.call_id),
+                    format!("it is no longer at version {expect_version}"),
+                ));
             }
         }
         Change::AddReceipt(r) => {
@@ -179,7 +287,7 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .bind(&r.call_id)
             .bind(&r.assignment_id)
             .bind(r.kind.as_str())
-            .bind(i64::try_from(r.sequence).unwrap_or(i64::MAX))
+            .bind(seq(r.sequence))
             .bind(&r.body)
             .bind(r.status.as_str())
             .bind(i64::from(r.attempts))
@@ -187,7 +295,8 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .bind(&r.created_at)
             .bind(&r.delivered_at)
             .execute(&mut **tx)
-            .await?;
+            .await
+            .map_err(|e| refused(e, "receipt"))?;
             let what = format!("receipt {} saved", r.kind.as_str());
             note(tx, &r.run_id, &r.call_id, &what, Some(&r.receipt_id)).await?;
         }
@@ -209,7 +318,8 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .bind(i64::from(attempt))
             .bind(delivered_at)
             .fetch_optional(&mut **tx)
-            .await?;
+            .await
+            .map_err(|e| refused(e, "receipt status"))?;
             if let Some(row) = row
                 && status != ReceiptStatus::Pending
             {
@@ -223,21 +333,56 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
                 note(tx, &run, &call, &what, Some(&detail)).await?;
             }
         }
-        Change::Expect {
+        Change::SettlePending {
             run_id,
             call_id,
-            states,
+            keep,
+            only_kind,
+            status,
+            error,
         } => {
-            let current: Option<String> =
-                sqlx::query_scalar("SELECT state FROM calls WHERE run_id = ?1 AND call_id = ?2")
-                    .bind(&run_id)
-                    .bind(&call_id)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-            let current = current.unwrap_or_else(|| "unknown".to_owned());
-            if !states.iter().any(|s| s.as_str() == current) {
-                return Err(StoreError::Conflict(format!("{run_id}/{call_id}"), current));
+            let rows = sqlx::query(
+                "UPDATE receipts SET status = ?3, last_error = ?4
+                 WHERE run_id = ?1 AND call_id = ?2 AND status = 'pending'
+                   AND (?5 IS NULL OR assignment_id <> ?5) AND (?6 IS NULL OR kind = ?6)
+                 RETURNING receipt_id, kind",
+            )
+            .bind(&run_id)
+            .bind(&call_id)
+            .bind(status.as_str())
+            .bind(&error)
+            .bind(&keep)
+            .bind(only_kind.map(|k| k.as_str()))
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| refused(e, "receipt status"))?;
+            for row in rows {
+                let (id, kind): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+                let what = format!("receipt {kind} {}", status.as_str());
+                note(
+                    tx,
+                    &run_id,
+                    &call_id,
+                    &what,
+                    Some(&format!("{id}: {error}")),
+                )
+                .await?;
             }
+        }
+        Change::AddAttempt(a) => {
+            sqlx::query(
+                "INSERT INTO attempts (run_id, call_id, operation_key, executor_id, assignment_id, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .bind(&a.run_id)
+            .bind(&a.call_id)
+            .bind(&a.operation_key)
+            .bind(&a.executor_id)
+            .bind(&a.assignment_id)
+            .bind(&a.created_at)
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| refused(e, "attempt"))?;
         }
         Change::Note {
             run_id,
@@ -255,6 +400,11 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
+/// A stored state name (the schema's CHECK admits only known ones).
+fn parse_state(name: &str) -> Result<LocalState, StoreError> {
+    LocalState::parse(name).ok_or_else(|| corrupt(format!("unknown call state {name}")))
+}
+
 fn call_row(row: &SqliteRow) -> Result<LocalCall, StoreError> {
     let state: String = row.try_get("state")?;
     let assignment: Option<String> = row.try_get("assignment")?;
@@ -265,8 +415,7 @@ fn call_row(row: &SqliteRow) -> Result<LocalCall, StoreError> {
         call_id: row.try_get("call_id")?,
         tool_name: row.try_get("tool_name")?,
         operation_key: row.try_get("operation_key")?,
-        state: LocalState::parse(&state)
-            .ok_or_else(|| corrupt(format!("unknown call state {state}")))?,
+        state: parse_state(&state)?,
         assignment: assignment
             .map(|a| serde_json::from_str::<Assignment>(&a))
             .transpose()
@@ -279,6 +428,7 @@ fn call_row(row: &SqliteRow) -> Result<LocalCall, StoreError> {
             .map_err(corrupt)?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        version: u64::try_from(row.try_get::<i64, _>("version")?).map_err(corrupt)?,
     })
 }
 
@@ -396,6 +546,29 @@ impl Store for SqliteStore {
                 .fetch_all(&self.readers)
                 .await?;
         rows.iter().map(receipt_row).collect()
+    }
+
+    async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT run_id, call_id, operation_key, executor_id, assignment_id, created_at
+             FROM attempts WHERE run_id = ?1 AND call_id = ?2 ORDER BY id",
+        )
+        .bind(run_id)
+        .bind(call_id)
+        .fetch_all(&self.readers)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Attempt {
+                    run_id: r.try_get(0)?,
+                    call_id: r.try_get(1)?,
+                    operation_key: r.try_get(2)?,
+                    executor_id: r.try_get(3)?,
+                    assignment_id: r.try_get(4)?,
+                    created_at: r.try_get(5)?,
+                })
+            })
+            .collect()
     }
 
     async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError> {

@@ -1,0 +1,62 @@
+//! The store as the runner sees it: once the process is fenced (a crash, a
+//! detach), nothing more is written, as after a real process loss.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{
+    Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store,
+    StoreError,
+};
+
+pub(crate) struct FencedStore {
+    pub(crate) inner: Arc<dyn Store>,
+    pub(crate) fence: CancellationToken,
+}
+
+#[async_trait::async_trait]
+impl Store for FencedStore {
+    async fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
+        if self.fence.is_cancelled() {
+            return Err(StoreError::Closed);
+        }
+        self.inner.commit(changes).await
+    }
+
+    async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {
+        self.inner.call(run_id, call_id).await
+    }
+
+    async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError> {
+        self.inner.calls(filter).await
+    }
+
+    async fn count_by_state(&self) -> Result<BTreeMap<LocalState, u64>, StoreError> {
+        self.inner.count_by_state().await
+    }
+
+    async fn receipts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<OutboxReceipt>, StoreError> {
+        self.inner.receipts(run_id, call_id).await
+    }
+
+    async fn receipt(&self, receipt_id: &str) -> Result<Option<OutboxReceipt>, StoreError> {
+        self.inner.receipt(receipt_id).await
+    }
+
+    async fn receipts_with(&self, status: ReceiptStatus) -> Result<Vec<OutboxReceipt>, StoreError> {
+        self.inner.receipts_with(status).await
+    }
+
+    async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError> {
+        self.inner.events(run_id, call_id).await
+    }
+
+    async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError> {
+        self.inner.attempts(run_id, call_id).await
+    }
+}
