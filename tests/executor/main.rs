@@ -10,6 +10,7 @@ mod failures;
 mod fixture;
 mod happy;
 mod lifecycle;
+mod migration;
 mod review_accept_missing_scope;
 mod review_commit_point_cancel;
 mod review_report_poison;
