@@ -105,6 +105,10 @@ pub(crate) async fn inject(
     req: Request,
     next: Next,
 ) -> Response {
+    let req = match &shared.receipt_log {
+        Some(log) if req.uri().path().ends_with("/receipts") => record(log, req).await,
+        _ => req,
+    };
     let (fail, drop, latency) = shared
         .faults
         .lock()
@@ -127,4 +131,29 @@ pub(crate) async fn inject(
         response.extensions_mut().insert(DropConnection);
     }
     response
+}
+
+/// Keeps a receipt request's body (before any fault decides its fate) and
+/// hands the request on unchanged. A body too large to keep goes on as is.
+async fn record(log: &std::sync::Mutex<Vec<crate::ReceivedReceipt>>, req: Request) -> Request {
+    let (parts, body) = req.into_parts();
+    let limit = toolrunner_protocol::json::MAX_BODY_BYTES * 2;
+    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
+        return Request::from_parts(parts, axum::body::Body::empty());
+    };
+    let receipt_id = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| {
+            v.get("receipt_id")
+                .and_then(|r| r.as_str())
+                .map(str::to_owned)
+        });
+    if let Ok(mut log) = log.lock() {
+        log.push(crate::ReceivedReceipt {
+            receipt_id,
+            path: parts.uri.path().to_owned(),
+            body: bytes.to_vec(),
+        });
+    }
+    Request::from_parts(parts, axum::body::Body::from(bytes))
 }

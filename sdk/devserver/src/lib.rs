@@ -9,4 +9,4 @@ mod stream;
 
 pub use faults::Faults;
 pub use http::auth::Scope;
-pub use server::{DEFAULT_TOKENS, DevServer, DevServerBuilder, Error};
+pub use server::{DEFAULT_TOKENS, DevServer, DevServerBuilder, Error, ReceivedReceipt};

@@ -52,6 +52,7 @@ pub struct DevServerBuilder {
     run_ttl_ms: u64,
     faults: Faults,
     stream: bool,
+    record_receipts: bool,
 }
 
 impl Default for DevServerBuilder {
@@ -65,6 +66,7 @@ impl Default for DevServerBuilder {
             run_ttl_ms: 0,
             faults: Faults::default(),
             stream: true,
+            record_receipts: false,
         }
     }
 }
@@ -132,6 +134,15 @@ impl DevServerBuilder {
         self
     }
 
+    /// Keeps every receipt request body that reaches the platform, also
+    /// those then refused or answered with an injected fault, for
+    /// [`DevServer::received_receipts`] (tests that check an executor
+    /// never sends one receipt id with two bodies). Default off.
+    pub fn record_receipts(mut self) -> Self {
+        self.record_receipts = true;
+        self
+    }
+
     /// Opens the database, binds the address and starts serving.
     ///
     /// # Errors
@@ -174,6 +185,8 @@ impl DevServerBuilder {
             faults: StdMutex::new(FaultState::new(self.faults)),
             notices: broadcast::channel(4096).0,
             shutdown,
+            clock_offset_ms: std::sync::atomic::AtomicI64::new(0),
+            receipt_log: self.record_receipts.then(|| StdMutex::new(Vec::new())),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(accept_loop(listener, shared.clone(), self.stream));
@@ -230,6 +243,26 @@ impl DevServer {
         self.addr
     }
 
+    /// Moves the platform's clock forward by `by`: leases and run TTLs lapse
+    /// as if that much time had passed (tests: "the lease expired while the
+    /// executor was down" without waiting for it).
+    pub fn advance_clock(&self, by: Duration) {
+        let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.shared
+            .clock_offset_ms
+            .fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Every receipt request that reached the platform, in arrival order,
+    /// when [`DevServerBuilder::record_receipts`] is on (empty otherwise).
+    pub fn received_receipts(&self) -> Vec<ReceivedReceipt> {
+        self.shared
+            .receipt_log
+            .as_ref()
+            .map(|log| log.lock().map(|l| l.clone()).unwrap_or_default())
+            .unwrap_or_default()
+    }
+
     /// Stops accepting, lets open requests finish (up to 5 s), closes streams
     /// and the database.
     pub async fn shutdown(mut self) {
@@ -249,6 +282,17 @@ impl DevServer {
         signal.await;
         self.shutdown().await;
     }
+}
+
+/// One receipt request as it reached the platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedReceipt {
+    /// The body's `receipt_id`, if it has one.
+    pub receipt_id: Option<String>,
+    /// The request path (names the run and the call).
+    pub path: String,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
 }
 
 /// The connection failed on purpose: fault injection dropped the answer.

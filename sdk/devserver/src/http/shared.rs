@@ -24,6 +24,10 @@ pub(crate) struct Shared {
     pub(crate) notices: broadcast::Sender<Notice>,
     /// Flips to `true` when the server stops.
     pub(crate) shutdown: watch::Sender<bool>,
+    /// Added to the wall clock (tests move the platform's time forward).
+    pub(crate) clock_offset_ms: std::sync::atomic::AtomicI64,
+    /// Every receipt request body that reached the platform, when recorded.
+    pub(crate) receipt_log: Option<StdMutex<Vec<crate::ReceivedReceipt>>>,
 }
 
 impl HasTokens for Arc<Shared> {
@@ -41,7 +45,10 @@ impl Shared {
         op: impl FnOnce(&mut State, i64) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
         let mut engine = self.engine.clone().lock_owned().await;
-        let now = now_ms();
+        let now = now_ms().saturating_add(
+            self.clock_offset_ms
+                .load(std::sync::atomic::Ordering::SeqCst),
+        );
         engine.state.sweep(now, &self.limits);
         let result = op(&mut engine.state, now);
         let dirty = engine.state.take_dirty();

@@ -1,0 +1,1153 @@
+//! The seeded simulation: hunts for the paths nobody thought of.
+//!
+//! Per seed, a schedule is drawn at random and played against the real
+//! runner code and the development platform, in this process: several
+//! executors (each its own store file), started, crashed at any durable
+//! step (their own fail points), killed, drained and detached; 503s and
+//! dropped answers; the platform's clock moved past the lease while
+//! executors are down; runs cancelled; operators resolving, compensating
+//! and redelivering while executors run; and product code that succeeds,
+//! fails, errs before or after its effect, panics, reports progress, runs
+//! slowly, honours its cancellation, and a reconcile hook that answers
+//! truthfully, cannot tell, or panics, with re-runs allowed or not.
+//!
+//! Then everything calms down (no faults, every executor up) and the seed
+//! is checked: a write handler's effect happened at most once per call
+//! across all executors and assignments; no handler started before its
+//! assignment's `accepted` was confirmed; every receipt id reached the
+//! platform with one body only; no call has two live finals; every call
+//! ends settled, `reconciliation_required` or back on the platform; a
+//! `completed` write call has exactly one effect and a `failed` or
+//! `cancelled` one none; the stores and the platform agree.
+//!
+//! ```text
+//! cargo test --release --test simulation                       # 2,000 seeds
+//! TOOLRUNNER_SIM_SEEDS=100000 cargo test --release --test simulation
+//! TOOLRUNNER_SIM_SEED=1234 cargo test --release --test simulation  # replay one, verbosely
+//! TOOLRUNNER_SIM_SEEDS=200 cargo test --release --test simulation --features planted-bug  # must fail
+//! ```
+//!
+//! A seed fixes the schedule (every random choice), not the thread
+//! interleaving: a replay plays the same schedule, and a failure almost
+//! always shows again (`TOOLRUNNER_SIM_REPEAT=N` plays it N times).
+//! `TOOLRUNNER_SIM_FIRST` is the first seed (default 0) and
+//! `TOOLRUNNER_SIM_PARALLEL` how many seeds run at once (default 12).
+
+#![allow(missing_docs)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use toolrunner::protocol::json::{canonical, parse_strict};
+use toolrunner::store::{CallFilter, LocalState, ReceiptStatus, SqliteStore, Store};
+use toolrunner::{
+    CallContext, Effect, Evidence, Executor, Outcome, Reconciled, Reconciler, RunningExecutor,
+    Shutdown, Tool, ToolError, async_trait,
+};
+use toolrunner_devserver::DevServer;
+
+const ADMIN: &str = "sim-admin";
+const EXEC: &str = "sim-executor";
+const LEASE_TTL_MS: u64 = 2_000;
+const STEPS: [&str; 7] = [
+    "after_operation_key_saved",
+    "after_claim_answer",
+    "after_assignment_saved",
+    "after_accepted_saved",
+    "after_accepted_confirmed",
+    "after_handler",
+    "after_final_saved",
+];
+const BEHAVIOURS: [&str; 11] = [
+    "ok",
+    "ok",
+    "fail",
+    "unknown_before",
+    "unknown_after",
+    "panic_before",
+    "panic_after",
+    "slow",
+    "progress",
+    "commit_point",
+    "retry",
+];
+const HOOKS: [&str; 4] = ["truthful", "truthful", "unknown", "panic"];
+const TOOLS: [&str; 3] = ["sim.write", "sim.write_rerun", "sim.read"];
+
+// ------------------------------------------------------------ the schedule
+
+#[derive(Debug, Clone)]
+enum Action {
+    /// Starts executor `slot` if it is down; a crash at the `nth` pass of
+    /// `step`, if any.
+    Start {
+        slot: usize,
+        crash: Option<(&'static str, u32)>,
+        capacity: u32,
+        stream: bool,
+    },
+    /// The process is lost (dropped without a word).
+    Kill { slot: usize },
+    /// `Shutdown::Drain` with this deadline.
+    Drain { slot: usize, deadline_ms: u64 },
+    /// `Shutdown::Detach`.
+    Detach { slot: usize },
+    /// The platform's clock moves past every lease.
+    LapseLeases,
+    /// Fault injection on executor endpoints.
+    Faults { error_rate: f64, drop_rate: f64 },
+    /// A platform cancel of run `run` (by index).
+    CancelRun { run: usize },
+    /// A new run with these `(tool, behaviour, hook)` calls.
+    NewRun { calls: Vec<(usize, usize, usize)> },
+    /// An operator on `slot`'s store: resolve or compensate one call,
+    /// redeliver the outbox.
+    Operator { slot: usize, pick: u32 },
+    /// Time passes.
+    Sleep { ms: u64 },
+}
+
+#[derive(Debug, Clone)]
+struct Schedule {
+    executors: usize,
+    actions: Vec<Action>,
+}
+
+fn draw_calls(rng: &mut StdRng) -> Vec<(usize, usize, usize)> {
+    (0..rng.random_range(1..=3))
+        .map(|_| {
+            (
+                rng.random_range(0..TOOLS.len()),
+                rng.random_range(0..BEHAVIOURS.len()),
+                rng.random_range(0..HOOKS.len()),
+            )
+        })
+        .collect()
+}
+
+fn draw(seed: u64) -> Schedule {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let executors = rng.random_range(1..=3);
+    let mut actions = vec![Action::NewRun {
+        calls: draw_calls(&mut rng),
+    }];
+    for _ in 0..rng.random_range(6..=16) {
+        let slot = rng.random_range(0..executors);
+        let action = match rng.random_range(0..100) {
+            0..=24 => Action::Start {
+                slot,
+                crash: rng.random_bool(0.6).then(|| {
+                    (
+                        STEPS[rng.random_range(0..STEPS.len())],
+                        rng.random_range(1..=2),
+                    )
+                }),
+                capacity: rng.random_range(1..=4),
+                stream: rng.random_bool(0.7),
+            },
+            25..=34 => Action::Kill { slot },
+            35..=39 => Action::Drain {
+                slot,
+                deadline_ms: rng.random_range(0..=300),
+            },
+            40..=44 => Action::Detach { slot },
+            45..=51 => Action::LapseLeases,
+            52..=58 => Action::Faults {
+                error_rate: [0.0, 0.0, 0.1, 0.3][rng.random_range(0..4)],
+                drop_rate: [0.0, 0.0, 0.1, 0.3][rng.random_range(0..4)],
+            },
+            59..=62 => Action::CancelRun {
+                run: rng.random_range(0..4),
+            },
+            63..=70 => Action::NewRun {
+                calls: draw_calls(&mut rng),
+            },
+            71..=78 => Action::Operator {
+                slot,
+                pick: rng.random(),
+            },
+            _ => Action::Sleep {
+                ms: rng.random_range(5..=150),
+            },
+        };
+        actions.push(action);
+    }
+    Schedule { executors, actions }
+}
+
+// ------------------------------------------------------------- the product
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SimInput {
+    /// Which call of the seed.
+    n: u64,
+    /// What the handler does.
+    behaviour: String,
+    /// What the reconcile hook does.
+    hook: String,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+struct SimOutput {
+    /// The call's number.
+    n: u64,
+}
+
+/// The business system of one seed: it outlives every executor process.
+#[derive(Default)]
+struct Business {
+    /// `(call_id, operation_key)` of every effect of a write tool.
+    effects: Vec<(String, String)>,
+    /// Handler starts: `(call_id, assignment_id)`.
+    starts: Vec<(String, String)>,
+    /// Operation keys whose `retry` behaviour already asked to retry.
+    retried: Vec<String>,
+    violations: Vec<String>,
+}
+
+#[derive(Clone)]
+struct World {
+    business: Arc<Mutex<Business>>,
+    base: String,
+    http: reqwest::Client,
+}
+
+impl World {
+    fn with<T>(&self, f: impl FnOnce(&mut Business) -> T) -> T {
+        f(&mut self.business.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    async fn get(&self, path: &str) -> Option<Value> {
+        let resp = self
+            .http
+            .get(format!("{}/v1{path}", self.base))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .ok()?;
+        resp.json().await.ok()
+    }
+}
+
+struct SimTool {
+    name: &'static str,
+    world: World,
+}
+
+#[async_trait]
+impl Tool for SimTool {
+    type Input = SimInput;
+    type Output = SimOutput;
+
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn description(&self) -> &str {
+        "A simulated business operation"
+    }
+
+    fn effect(&self) -> Effect {
+        if self.name == "sim.read" {
+            Effect::Read
+        } else {
+            Effect::Write
+        }
+    }
+
+    fn rerun_when_not_performed(&self) -> bool {
+        self.name == "sim.write_rerun"
+    }
+
+    async fn call(&self, ctx: &CallContext, input: SimInput) -> Result<SimOutput, ToolError> {
+        let call_id = ctx.call_id().to_owned();
+        let key = ctx.operation_key().to_owned();
+        let asg = ctx.assignment_id().to_owned();
+        self.world
+            .with(|b| b.starts.push((call_id.clone(), asg.clone())));
+        // The platform must hold this assignment's `accepted` already.
+        let run = self.world.get(&format!("/runs/{}", ctx.run_id())).await;
+        let accepted = run.as_ref().is_some_and(|run| {
+            run["tool_calls"].as_array().into_iter().flatten().any(|c| {
+                c["call_id"] == call_id.as_str()
+                    && c["receipts"].as_array().into_iter().flatten().any(|r| {
+                        r["kind"] == "accepted" && r["body"]["assignment_id"] == asg.as_str()
+                    })
+            })
+        });
+        if run.is_some() && !accepted {
+            self.world.with(|b| {
+                b.violations.push(format!(
+                    "the handler of {call_id} started under {asg} before the platform held its accepted"
+                ))
+            });
+        }
+        let write = self.name != "sim.read";
+        let effect = || {
+            if write {
+                self.world
+                    .with(|b| b.effects.push((call_id.clone(), key.clone())));
+            }
+        };
+        let out = SimOutput { n: input.n };
+        match input.behaviour.as_str() {
+            "fail" => Err(ToolError::failed("declined", "the bank declined")),
+            "unknown_before" => Err(ToolError::unknown("timed out before the effect")),
+            "unknown_after" => {
+                effect();
+                Err(ToolError::unknown("timed out after the effect"))
+            }
+            "panic_before" => panic!("simulated handler panic before the effect"),
+            "panic_after" => {
+                effect();
+                panic!("simulated handler panic after the effect")
+            }
+            "slow" => {
+                tokio::select! {
+                    _ = ctx.cancellation().cancelled() => {
+                        return Err(ToolError::cancelled("the customer cancelled"));
+                    }
+                    _ = tokio::time::sleep(Duration::from_millis(40 + input.n % 5 * 30)) => {}
+                }
+                effect();
+                Ok(out)
+            }
+            "progress" => {
+                let _ = ctx.progress("half way", Some(0.5), json!({})).await;
+                let _ = ctx.progress("nearly", Some(0.9), json!({})).await;
+                effect();
+                Ok(out)
+            }
+            "commit_point" => {
+                ctx.commit_point().await?;
+                effect();
+                Ok(out)
+            }
+            "retry" => {
+                let first = self.world.with(|b| {
+                    let first = !b.retried.contains(&key);
+                    b.retried.push(key.clone());
+                    first
+                });
+                if first {
+                    return Err(ToolError::retry("the bank asked to try again"));
+                }
+                effect();
+                Ok(out)
+            }
+            _ => {
+                effect();
+                Ok(out)
+            }
+        }
+    }
+
+    async fn reconcile(&self, ctx: &CallContext) -> Reconciled<SimOutput> {
+        let Ok(input) = serde_json::from_value::<SimInput>(
+            self.world
+                .get(&format!("/runs/{}", ctx.run_id()))
+                .await
+                .and_then(|run| {
+                    run["tool_calls"]
+                        .as_array()?
+                        .iter()
+                        .find(|c| c["call_id"] == ctx.call_id())
+                        .map(|c| c["arguments"].clone())
+                })
+                .unwrap_or(Value::Null),
+        ) else {
+            return Reconciled::Unknown;
+        };
+        match input.hook.as_str() {
+            "unknown" => Reconciled::Unknown,
+            "panic" => panic!("simulated reconcile hook panic"),
+            _ => {
+                let key = ctx.operation_key().to_owned();
+                if self
+                    .world
+                    .with(|b| b.effects.iter().any(|(_, k)| *k == key))
+                {
+                    Reconciled::Happened(SimOutput { n: input.n })
+                } else {
+                    Reconciled::DidNotHappen
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------- one seed
+
+struct Slot {
+    id: String,
+    store_url: String,
+    running: Option<RunningExecutor>,
+    crashed: Arc<AtomicBool>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Stats {
+    calls: u64,
+    starts: u64,
+    crashes: u64,
+    effects: u64,
+    reconciliation_required: u64,
+}
+
+struct Seed {
+    seed: u64,
+    verbose: bool,
+    server: DevServer,
+    world: World,
+    agent_version: String,
+    binding_id: String,
+    slots: Vec<Slot>,
+    runs: Vec<String>,
+    calls: u64,
+    stats: Stats,
+    _dir: tempfile::TempDir,
+}
+
+fn log(verbose: bool, line: impl FnOnce() -> String) {
+    if verbose {
+        eprintln!("[sim] {}", line());
+    }
+}
+
+impl Seed {
+    async fn new(seed: u64, executors: usize, verbose: bool) -> Result<Seed, String> {
+        let server = DevServer::builder()
+            .listen("127.0.0.1:0".parse().expect("addr"))
+            .token(ADMIN, "*")
+            .token(EXEC, "executors:connect,tools:execute")
+            .lease_ttl_ms(LEASE_TTL_MS)
+            .heartbeat_interval_ms(300)
+            .record_receipts()
+            .start()
+            .await
+            .map_err(|e| format!("platform: {e}"))?;
+        let world = World {
+            business: Arc::default(),
+            base: server.base_url(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("client"),
+        };
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            tempfile::tempdir_in(shm)
+        } else {
+            tempfile::tempdir()
+        }
+        .map_err(|e| e.to_string())?;
+        let slots = (0..executors)
+            .map(|i| Slot {
+                id: format!("sim-exe-{i}"),
+                store_url: format!(
+                    "sqlite://{}",
+                    dir.path().join(format!("exe-{i}.db")).display()
+                ),
+                running: None,
+                crashed: Arc::default(),
+            })
+            .collect();
+        let mut s = Seed {
+            seed,
+            verbose,
+            server,
+            world,
+            agent_version: String::new(),
+            binding_id: String::new(),
+            slots,
+            runs: Vec::new(),
+            calls: 0,
+            stats: Stats::default(),
+            _dir: dir,
+        };
+        let agent = s.post("/agents", json!({"name": "sim"})).await?;
+        let agent_id = agent["agent_id"].as_str().unwrap_or_default().to_owned();
+        let binding = s
+            .post(
+                "/executor-bindings",
+                json!({"agent_id": agent_id, "name": "sim", "tool_names": TOOLS}),
+            )
+            .await?;
+        s.binding_id = binding["binding_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let definitions = s
+            .builder(0, None, 1, true)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let version = s
+            .post(
+                &format!("/agents/{agent_id}/versions"),
+                json!({"tools": definitions.tool_definitions()}),
+            )
+            .await?;
+        s.agent_version = version["agent_version"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        Ok(s)
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder, what: &str) -> Result<Value, String> {
+        let resp = req
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .map_err(|e| format!("{what}: {e}"))?;
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            return Err(format!("{what}: {status} {body}"));
+        }
+        Ok(body)
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value, String> {
+        let url = format!("{}/v1{path}", self.world.base);
+        self.send(self.world.http.post(url).json(&body), path).await
+    }
+
+    fn builder(
+        &self,
+        slot: usize,
+        crash: Option<(&'static str, u32)>,
+        capacity: u32,
+        stream: bool,
+    ) -> toolrunner::ExecutorBuilder {
+        self.builder_with(slot, crash, capacity, stream, true)
+    }
+
+    fn builder_with(
+        &self,
+        slot: usize,
+        crash: Option<(&'static str, u32)>,
+        capacity: u32,
+        stream: bool,
+        auto_reconcile: bool,
+    ) -> toolrunner::ExecutorBuilder {
+        let s = &self.slots[slot];
+        let mut b = Executor::builder()
+            .base_url(&self.world.base)
+            .token(EXEC)
+            .executor_id(&s.id)
+            .binding_id(&self.binding_id)
+            .store_url(&s.store_url)
+            .capacity(capacity)
+            .stream(stream)
+            .poll_interval(Duration::from_millis(25))
+            .request_timeout(Duration::from_secs(2))
+            .handler_timeout(Duration::from_secs(2))
+            .backoff(Duration::from_millis(5), Duration::from_millis(60), 3)
+            .reconcile_interval(Duration::from_millis(40))
+            .auto_reconcile(auto_reconcile)
+            .allow_all();
+        for name in TOOLS {
+            b = b.tool(SimTool {
+                name,
+                world: self.world.clone(),
+            });
+        }
+        if let Some((step, nth)) = crash {
+            let passes = AtomicU32::new(0);
+            let crashed = s.crashed.clone();
+            b = b.crash_plan(move |at| {
+                if at != step || passes.fetch_add(1, Ordering::SeqCst) + 1 != nth {
+                    return false;
+                }
+                crashed.store(true, Ordering::SeqCst);
+                true
+            });
+        }
+        b
+    }
+
+    /// Drops the processes that crashed at their fail point.
+    fn reap(&mut self) {
+        for s in &mut self.slots {
+            if s.crashed.swap(false, Ordering::SeqCst) && s.running.take().is_some() {
+                self.stats.crashes += 1;
+                log(self.verbose, || {
+                    format!("{} crashed at its fail point", s.id)
+                });
+            }
+        }
+    }
+
+    async fn play(&mut self, action: &Action) -> Result<(), String> {
+        self.reap();
+        log(self.verbose, || format!("{action:?}"));
+        match action.clone() {
+            Action::Start {
+                slot,
+                crash,
+                capacity,
+                stream,
+            } => {
+                if self.slots[slot].running.is_some() {
+                    return Ok(());
+                }
+                self.slots[slot].crashed.store(false, Ordering::SeqCst);
+                let exec = self
+                    .builder(slot, crash, capacity, stream)
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                match tokio::time::timeout(Duration::from_secs(10), exec.start()).await {
+                    Ok(Ok(r)) => {
+                        self.stats.starts += 1;
+                        self.slots[slot].running = Some(r);
+                    }
+                    Ok(Err(e)) => log(self.verbose, || format!("start failed: {e}")),
+                    Err(_) => return Err(format!("executor {slot} did not start within 10 s")),
+                }
+            }
+            Action::Kill { slot } => {
+                self.slots[slot].running.take();
+            }
+            Action::Drain { slot, deadline_ms } => {
+                if let Some(r) = self.slots[slot].running.take() {
+                    let how = Shutdown::Drain {
+                        deadline: Duration::from_millis(deadline_ms),
+                    };
+                    bounded(Duration::from_secs(15), "drain", r.shutdown(how)).await?;
+                }
+            }
+            Action::Detach { slot } => {
+                if let Some(r) = self.slots[slot].running.take() {
+                    bounded(
+                        Duration::from_secs(15),
+                        "detach",
+                        r.shutdown(Shutdown::Detach),
+                    )
+                    .await?;
+                }
+            }
+            Action::LapseLeases => {
+                self.server
+                    .advance_clock(Duration::from_millis(LEASE_TTL_MS + 100));
+            }
+            Action::Faults {
+                error_rate,
+                drop_rate,
+            } => {
+                let url = format!("{}/v1/dev/faults", self.world.base);
+                let body = json!({"error_rate": error_rate, "drop_response_rate": drop_rate,
+                                  "latency_ms": 0, "seed": self.seed});
+                self.send(self.world.http.put(url).json(&body), "faults")
+                    .await?;
+            }
+            Action::CancelRun { run } => {
+                if let Some(run_id) = self.runs.get(run) {
+                    let _ = self
+                        .post(&format!("/runs/{run_id}/cancel"), json!({}))
+                        .await;
+                }
+            }
+            Action::NewRun { calls } => {
+                let calls: Vec<Value> = calls
+                    .into_iter()
+                    .map(|(t, b, h)| {
+                        self.calls += 1;
+                        json!({"tool_name": TOOLS[t], "arguments": {
+                            "n": self.calls, "behaviour": BEHAVIOURS[b], "hook": HOOKS[h]}})
+                    })
+                    .collect();
+                let run = self
+                    .post(
+                        "/runs",
+                        json!({"agent_version": self.agent_version, "subject": "sim",
+                               "tool_calls": calls}),
+                    )
+                    .await?;
+                self.runs
+                    .push(run["run_id"].as_str().unwrap_or_default().to_owned());
+            }
+            Action::Operator { slot, pick } => self.operator(slot, pick).await?,
+            Action::Sleep { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
+        Ok(())
+    }
+
+    /// An operator settles one call of `slot`'s store the way the business
+    /// records say, records a compensation, and redelivers the outbox.
+    async fn operator(&self, slot: usize, pick: u32) -> Result<(), String> {
+        let url = &self.slots[slot].store_url;
+        let Ok(reconciler) = Reconciler::open(url).await else {
+            return Ok(()); // nothing stored yet
+        };
+        let reconciler = reconciler
+            .with_platform(&self.world.base, EXEC)
+            .map_err(|e| e.to_string())?;
+        let filter = CallFilter {
+            states: vec![LocalState::ReconciliationRequired, LocalState::Rejected],
+            ..CallFilter::default()
+        };
+        let calls = reconciler.list(&filter).await.map_err(|e| e.to_string())?;
+        let evidence = Evidence {
+            who: "sim-operator".into(),
+            why: "looked it up".into(),
+            reference: None,
+        };
+        if !calls.is_empty() {
+            let c = &calls[pick as usize % calls.len()];
+            let happened = self
+                .world
+                .with(|b| b.effects.iter().any(|(_, k)| *k == c.operation_key));
+            let result = if c.state == LocalState::Rejected && pick % 2 == 0 {
+                reconciler
+                    .compensated(&c.run_id, &c.call_id, &evidence)
+                    .await
+                    .map(|_| ())
+            } else {
+                let outcome = if happened {
+                    Outcome::Completed(json!({"n": 0}))
+                } else {
+                    Outcome::Failed {
+                        code: "declined".into(),
+                        message: "it did not happen".into(),
+                    }
+                };
+                reconciler
+                    .resolve(&c.run_id, &c.call_id, outcome, &evidence)
+                    .await
+                    .map(|_| ())
+            };
+            log(self.verbose, || {
+                format!("operator on {}: {result:?}", c.call_id)
+            });
+        }
+        let redelivered = reconciler.redeliver(None).await;
+        log(self.verbose, || {
+            format!("operator redeliver: {redelivered:?}")
+        });
+        Ok(())
+    }
+
+    /// Faults off, every executor up until nothing moves; then every
+    /// process is lost once more and restarted without automatic
+    /// reconciliation, so that nothing moves while the seed is checked.
+    async fn calm(&mut self) -> Result<(), String> {
+        self.play(&Action::Faults {
+            error_rate: 0.0,
+            drop_rate: 0.0,
+        })
+        .await?;
+        self.settle(true).await?;
+        for s in &mut self.slots {
+            s.running.take();
+        }
+        self.settle(false).await?;
+        // Quiet twice in a row.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match self.unsettled().await? {
+            None => Ok(()),
+            Some(why) => Err(format!("the seed moved after it had settled: {why}")),
+        }
+    }
+
+    /// Starts every executor that is down and waits until nothing is left
+    /// to do.
+    async fn settle(&mut self, auto_reconcile: bool) -> Result<(), String> {
+        let started = Instant::now();
+        let mut last = String::new();
+        while started.elapsed() < Duration::from_secs(20) {
+            self.reap();
+            for slot in 0..self.slots.len() {
+                if self.slots[slot].running.is_none() {
+                    let exec = self
+                        .builder_with(slot, None, 4, true, auto_reconcile)
+                        .build()
+                        .map_err(|e| e.to_string())?;
+                    match tokio::time::timeout(Duration::from_secs(10), exec.start()).await {
+                        Ok(Ok(r)) => self.slots[slot].running = Some(r),
+                        Ok(Err(e)) => {
+                            log(self.verbose, || format!("start failed: {e}"));
+                        }
+                        Err(_) => return Err(format!("executor {slot} did not start within 10 s")),
+                    }
+                }
+            }
+            match self.unsettled().await? {
+                None => return Ok(()),
+                Some(why) => last = why,
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!("the seed did not settle within 20 s: {last}"))
+    }
+
+    /// Why the seed is not settled yet, if it is not.
+    async fn unsettled(&self) -> Result<Option<String>, String> {
+        for run_id in &self.runs {
+            let run = self.world.get(&format!("/runs/{run_id}")).await;
+            for c in run
+                .iter()
+                .flat_map(|r| r["tool_calls"].as_array().cloned().unwrap_or_default())
+            {
+                let state = c["state"].as_str().unwrap_or("?");
+                if !matches!(
+                    state,
+                    "completed" | "failed" | "cancelled" | "terminated" | "reconciliation_required"
+                ) {
+                    return Ok(Some(format!("platform call {} is {state}", c["call_id"])));
+                }
+            }
+        }
+        for s in &self.slots {
+            let store = SqliteStore::open(&s.store_url)
+                .await
+                .map_err(|e| e.to_string())?;
+            for c in store
+                .calls(&CallFilter::default())
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                if matches!(
+                    c.state,
+                    LocalState::Claiming
+                        | LocalState::Assigned
+                        | LocalState::Running
+                        | LocalState::Settled
+                ) || c.report.is_some()
+                {
+                    return Ok(Some(format!(
+                        "{} holds {} {} (report {:?})",
+                        s.id,
+                        c.call_id,
+                        c.state.as_str(),
+                        c.report
+                    )));
+                }
+            }
+            let pending = store
+                .receipts_with(ReceiptStatus::Pending)
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Some(r) = pending.first() {
+                return Ok(Some(format!("{} has {} undelivered", s.id, r.receipt_id)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every invariant, once settled.
+    async fn check(&mut self) -> Result<(), String> {
+        let mut problems = self.world.with(|b| b.violations.clone());
+        // One body per receipt id, for everything that reached the platform.
+        let mut bodies: HashMap<String, String> = HashMap::new();
+        for r in self.server.received_receipts() {
+            let Some(id) = r.receipt_id else { continue };
+            let Ok(v) = parse_strict(&r.body) else {
+                problems.push(format!("receipt {id} was sent as invalid JSON"));
+                continue;
+            };
+            let text = canonical(&v);
+            if let Some(before) = bodies.insert(id.clone(), text.clone())
+                && before != text
+            {
+                problems.push(format!(
+                    "receipt {id} was sent with two bodies:\n  {before}\n  {text}"
+                ));
+            }
+        }
+        // The stores.
+        let mut local: HashMap<String, Vec<(usize, toolrunner::store::LocalCall)>> = HashMap::new();
+        let mut local_receipts: HashMap<String, (usize, String, ReceiptStatus)> = HashMap::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            let store = SqliteStore::open(&s.store_url)
+                .await
+                .map_err(|e| e.to_string())?;
+            for c in store
+                .calls(&CallFilter::default())
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                let receipts = store
+                    .receipts(&c.run_id, &c.call_id)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let live_finals = receipts
+                    .iter()
+                    .filter(|r| {
+                        r.kind.is_final()
+                            && matches!(r.status, ReceiptStatus::Pending | ReceiptStatus::Delivered)
+                    })
+                    .count();
+                if live_finals > 1 {
+                    problems.push(format!(
+                        "{} holds {live_finals} live finals for {}",
+                        s.id, c.call_id
+                    ));
+                }
+                for r in &receipts {
+                    if r.kind.as_str() == "accepted"
+                        && r.status == ReceiptStatus::Pending
+                        && !matches!(c.state, LocalState::Assigned | LocalState::Claiming)
+                    {
+                        problems.push(format!(
+                            "{} keeps a pending accepted for {} in {}",
+                            s.id,
+                            c.call_id,
+                            c.state.as_str()
+                        ));
+                    }
+                    let v = parse_strict(r.body.as_bytes()).map_err(|e| e.to_string())?;
+                    local_receipts.insert(r.receipt_id.clone(), (i, canonical(&v), r.status));
+                }
+                if c.state == LocalState::Orphaned {
+                    problems.push(format!(
+                        "{} orphaned {} though the platform never forgets",
+                        s.id, c.call_id
+                    ));
+                }
+                local.entry(c.call_id.clone()).or_default().push((i, c));
+            }
+        }
+        // The platform, call by call.
+        let effects: BTreeMap<String, usize> = self.world.with(|b| {
+            let mut m = BTreeMap::new();
+            for (call, _) in &b.effects {
+                *m.entry(call.clone()).or_insert(0) += 1;
+            }
+            m
+        });
+        for run_id in &self.runs {
+            let Some(run) = self.world.get(&format!("/runs/{run_id}")).await else {
+                return Err(format!("run {run_id} cannot be read"));
+            };
+            for p in run["tool_calls"].as_array().cloned().unwrap_or_default() {
+                let call_id = p["call_id"].as_str().unwrap_or_default().to_owned();
+                let state = p["state"].as_str().unwrap_or("?").to_owned();
+                let tool = p["tool_name"].as_str().unwrap_or_default();
+                self.stats.calls += 1;
+                if state == "reconciliation_required" {
+                    self.stats.reconciliation_required += 1;
+                }
+                let n = effects.get(&call_id).copied().unwrap_or(0);
+                if n > 1 {
+                    problems.push(format!("{tool} {call_id}: the effect happened {n} times"));
+                }
+                if tool != "sim.read" {
+                    match state.as_str() {
+                        "completed" if n != 1 => {
+                            problems.push(format!("{tool} {call_id} is completed with {n} effects"))
+                        }
+                        "failed" | "cancelled" if n != 0 => problems.push(format!(
+                            "{tool} {call_id} is {state} though its effect happened"
+                        )),
+                        _ => {}
+                    }
+                }
+                for r in p["receipts"].as_array().cloned().unwrap_or_default() {
+                    let id = r["receipt_id"].as_str().unwrap_or_default();
+                    match local_receipts.get(id) {
+                        None => problems
+                            .push(format!("platform receipt {id} of {call_id} is in no store")),
+                        Some((_, body, _)) if *body != canonical(&r["body"]) => problems
+                            .push(format!("platform receipt {id} differs from the stored one")),
+                        Some(_) => {}
+                    }
+                }
+                let holders = local.get(&call_id).cloned().unwrap_or_default();
+                for (i, c) in &holders {
+                    let who = &self.slots[*i].id;
+                    let same_asg = c.assignment.as_ref().map(|a| a.assignment_id.as_str())
+                        == p["assignment_id"].as_str();
+                    let bad = match c.state {
+                        LocalState::Delivered => {
+                            !matches!(state.as_str(), "completed" | "failed" | "cancelled")
+                        }
+                        LocalState::ReconciliationRequired => {
+                            !(state == "terminated"
+                                || (state == "reconciliation_required"
+                                    && same_asg
+                                    && p["executor_id"] == who.as_str()))
+                        }
+                        LocalState::Abandoned | LocalState::Released => {
+                            same_asg
+                                && p["executor_id"] == who.as_str()
+                                && matches!(
+                                    state.as_str(),
+                                    "claimed" | "running" | "reconciliation_required"
+                                )
+                        }
+                        LocalState::Rejected | LocalState::Compensated => !matches!(
+                            state.as_str(),
+                            "completed" | "failed" | "cancelled" | "terminated"
+                        ),
+                        _ => true,
+                    };
+                    if bad {
+                        problems.push(format!(
+                            "{who} holds {call_id} {} ({:?}) while the platform says {state}",
+                            c.state.as_str(),
+                            c.reason
+                        ));
+                    }
+                }
+                if matches!(state.as_str(), "reconciliation_required" | "running") {
+                    let owner = p["executor_id"].as_str().unwrap_or_default();
+                    let known = holders.iter().any(|(i, c)| {
+                        self.slots[*i].id == owner && c.state == LocalState::ReconciliationRequired
+                    });
+                    if !known {
+                        problems.push(format!(
+                            "the platform holds {call_id} {state} for {owner}, whose store does not"
+                        ));
+                    }
+                }
+            }
+        }
+        self.stats.effects = effects.values().map(|n| *n as u64).sum();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+
+    async fn finish(mut self) {
+        for s in &mut self.slots {
+            s.running.take();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server.shutdown()).await;
+    }
+}
+
+async fn bounded<T>(
+    within: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, toolrunner::Error>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(within, fut).await {
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!("{what} did not finish within {within:?}")),
+    }
+}
+
+async fn run_seed(seed: u64, verbose: bool) -> Result<Stats, String> {
+    let schedule = draw(seed);
+    log(verbose, || format!("seed {seed}: {schedule:#?}"));
+    let mut s = Seed::new(seed, schedule.executors, verbose).await?;
+    let mut result = Ok(());
+    for action in &schedule.actions {
+        if let Err(e) = s.play(action).await {
+            result = Err(e);
+            break;
+        }
+    }
+    if result.is_ok() {
+        result = s.calm().await;
+    }
+    if result.is_ok() {
+        result = s.check().await;
+    }
+    let stats = s.stats;
+    s.finish().await;
+    result
+        .map(|()| stats)
+        .map_err(|e| format!("{e}\nschedule: {schedule:#?}"))
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn simulation() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let replay = env_u64("TOOLRUNNER_SIM_SEED");
+    let default_seeds = if cfg!(debug_assertions) { 60 } else { 2_000 };
+    let count = env_u64("TOOLRUNNER_SIM_SEEDS").unwrap_or(default_seeds);
+    let first = env_u64("TOOLRUNNER_SIM_FIRST").unwrap_or(0);
+    let parallel = env_u64("TOOLRUNNER_SIM_PARALLEL").unwrap_or(12).max(1) as usize;
+    let repeat = env_u64("TOOLRUNNER_SIM_REPEAT").unwrap_or(1).max(1);
+    let seeds: Vec<u64> = match replay {
+        Some(s) => std::iter::repeat_n(s, repeat as usize).collect(),
+        None => (first..first + count).collect(),
+    };
+    let features = if cfg!(feature = "planted-bug") {
+        " --features planted-bug"
+    } else {
+        ""
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let started = Instant::now();
+    let failures: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
+    let done = Arc::new(AtomicU64::new(0));
+    let totals: Arc<Mutex<Stats>> = Arc::default();
+    runtime.block_on(async {
+        let gate = Arc::new(tokio::sync::Semaphore::new(parallel));
+        let mut tasks = tokio::task::JoinSet::new();
+        for seed in seeds.clone() {
+            let permit = gate.clone().acquire_owned().await.expect("gate");
+            if !failures.lock().expect("lock").is_empty() && replay.is_none() {
+                break;
+            }
+            let (failures, done, totals) = (failures.clone(), done.clone(), totals.clone());
+            tasks.spawn(async move {
+                let outcome =
+                    tokio::time::timeout(Duration::from_secs(90), run_seed(seed, replay.is_some()))
+                        .await
+                        .unwrap_or_else(|_| Err("the seed hung for 90 s".into()));
+                match outcome {
+                    Ok(s) => {
+                        let mut t = totals.lock().expect("lock");
+                        t.calls += s.calls;
+                        t.starts += s.starts;
+                        t.crashes += s.crashes;
+                        t.effects += s.effects;
+                        t.reconciliation_required += s.reconciliation_required;
+                    }
+                    Err(e) => failures.lock().expect("lock").push((seed, e)),
+                }
+                let n = done.fetch_add(1, Ordering::SeqCst) + 1;
+                if n % 1000 == 0 {
+                    eprintln!("simulation: {n} seeds played");
+                }
+                drop(permit);
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    });
+    let elapsed = started.elapsed();
+    let played = done.load(Ordering::SeqCst);
+    let t = *totals.lock().expect("lock");
+    let failures = failures.lock().expect("lock").clone();
+    eprintln!(
+        "simulation: {played} seeds in {:.1} s ({:.1} seeds/s), {} failed; {} calls, {} executor starts, {} crashes at fail points, {} effects, {} calls left in reconciliation_required",
+        elapsed.as_secs_f64(),
+        played as f64 / elapsed.as_secs_f64(),
+        failures.len(),
+        t.calls,
+        t.starts,
+        t.crashes,
+        t.effects,
+        t.reconciliation_required,
+    );
+    if let Some((seed, why)) = failures.iter().min_by_key(|(s, _)| *s) {
+        eprintln!("simulation: seed {seed} failed:\n{why}");
+        for (other, _) in failures.iter().filter(|(s, _)| s != seed) {
+            eprintln!("simulation: seed {other} failed too");
+        }
+        panic!(
+            "seed {seed} failed; replay it with:\n  TOOLRUNNER_SIM_SEED={seed} cargo test --release --test simulation{features}"
+        );
+    }
+}
