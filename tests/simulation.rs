@@ -705,7 +705,7 @@ impl Seed {
             let happened = self
                 .world
                 .with(|b| b.effects.iter().any(|(_, k)| *k == c.operation_key));
-            let result = if c.state == LocalState::Rejected && pick % 2 == 0 {
+            let result = if c.state == LocalState::Rejected && pick.is_multiple_of(2) {
                 reconciler
                     .compensated(&c.run_id, &c.call_id, &evidence)
                     .await
@@ -1118,7 +1118,7 @@ fn simulation() {
                     Err(e) => failures.lock().expect("lock").push((seed, e)),
                 }
                 let n = done.fetch_add(1, Ordering::SeqCst) + 1;
-                if n % 1000 == 0 {
+                if n.is_multiple_of(1000) {
                     eprintln!("simulation: {n} seeds played");
                 }
                 drop(permit);
