@@ -1065,9 +1065,27 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
+/// Keeps the product's simulated panics (which the SDK catches) out of the
+/// output; every other panic is reported as usual.
+fn quiet_simulated_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("");
+        if !message.starts_with("simulated ") {
+            default(info);
+        }
+    }));
+}
+
 #[test]
 fn simulation() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    quiet_simulated_panics();
     let replay = env_u64("TOOLRUNNER_SIM_SEED");
     let default_seeds = if cfg!(debug_assertions) { 60 } else { 2_000 };
     let count = env_u64("TOOLRUNNER_SIM_SEEDS").unwrap_or(default_seeds);
