@@ -17,4 +17,5 @@ mod review_report_poison;
 mod review_stuck_running;
 mod review_unknown_fields;
 mod secrets;
+mod store_rules;
 mod tools;
