@@ -531,6 +531,98 @@ async fn accepted_left_behind(world: &World) -> (String, String) {
     (run_id, call_id)
 }
 
+type BeforeCommit = Box<
+    dyn Fn(&[toolrunner::store::Change]) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The executor's SQLite store with two hooks of a test: one awaited before
+/// every commit, one applied to every call row read.
+struct Hooked {
+    inner: SqliteStore,
+    before_commit: BeforeCommit,
+    on_read: Box<dyn Fn(LocalCall) -> LocalCall + Send + Sync>,
+}
+
+impl Hooked {
+    fn new(inner: SqliteStore) -> Hooked {
+        Hooked {
+            inner,
+            before_commit: Box::new(|_| Box::pin(async {})),
+            on_read: Box::new(|c| c),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for Hooked {
+    async fn commit(
+        &self,
+        changes: Vec<toolrunner::store::Change>,
+    ) -> Result<(), toolrunner::store::StoreError> {
+        (self.before_commit)(&changes).await;
+        self.inner.commit(changes).await
+    }
+    async fn call(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Option<LocalCall>, toolrunner::store::StoreError> {
+        Ok(self.inner.call(run_id, call_id).await?.map(&self.on_read))
+    }
+    async fn calls(
+        &self,
+        filter: &toolrunner::store::CallFilter,
+    ) -> Result<Vec<LocalCall>, toolrunner::store::StoreError> {
+        Ok(self
+            .inner
+            .calls(filter)
+            .await?
+            .into_iter()
+            .map(&self.on_read)
+            .collect())
+    }
+    async fn count_by_state(
+        &self,
+    ) -> Result<std::collections::BTreeMap<LocalState, u64>, toolrunner::store::StoreError> {
+        self.inner.count_by_state().await
+    }
+    async fn receipts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
+        self.inner.receipts(run_id, call_id).await
+    }
+    async fn receipt(
+        &self,
+        receipt_id: &str,
+    ) -> Result<Option<OutboxReceipt>, toolrunner::store::StoreError> {
+        self.inner.receipt(receipt_id).await
+    }
+    async fn receipts_with(
+        &self,
+        status: ReceiptStatus,
+    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
+        self.inner.receipts_with(status).await
+    }
+    async fn events(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<toolrunner::store::Event>, toolrunner::store::StoreError> {
+        self.inner.events(run_id, call_id).await
+    }
+    async fn attempts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<toolrunner::store::Attempt>, toolrunner::store::StoreError> {
+        self.inner.attempts(run_id, call_id).await
+    }
+}
+
 // ---------------------------------------------------------------- tests
 
 /// 3a: an `accepted` saved before a crash must not stay `pending` for ever
@@ -1017,82 +1109,6 @@ fn finding_e_a_panicking_hook_does_not_stop_reconciliation() {
     });
 }
 
-/// A store that holds back every commit carrying a progress receipt until
-/// the test lets it go.
-struct HoldProgress {
-    inner: SqliteStore,
-    held: Arc<Notify>,
-    release: Arc<Notify>,
-}
-
-#[async_trait]
-impl Store for HoldProgress {
-    async fn commit(
-        &self,
-        changes: Vec<toolrunner::store::Change>,
-    ) -> Result<(), toolrunner::store::StoreError> {
-        let progress = changes.iter().any(|c| {
-            matches!(c, toolrunner::store::Change::AddReceipt(r) if r.kind.as_str() == "progress")
-        });
-        if progress {
-            self.held.notify_one();
-            self.release.notified().await;
-        }
-        self.inner.commit(changes).await
-    }
-    async fn call(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Option<LocalCall>, toolrunner::store::StoreError> {
-        self.inner.call(run_id, call_id).await
-    }
-    async fn calls(
-        &self,
-        filter: &toolrunner::store::CallFilter,
-    ) -> Result<Vec<LocalCall>, toolrunner::store::StoreError> {
-        self.inner.calls(filter).await
-    }
-    async fn count_by_state(
-        &self,
-    ) -> Result<std::collections::BTreeMap<LocalState, u64>, toolrunner::store::StoreError> {
-        self.inner.count_by_state().await
-    }
-    async fn receipts(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
-        self.inner.receipts(run_id, call_id).await
-    }
-    async fn receipt(
-        &self,
-        receipt_id: &str,
-    ) -> Result<Option<OutboxReceipt>, toolrunner::store::StoreError> {
-        self.inner.receipt(receipt_id).await
-    }
-    async fn receipts_with(
-        &self,
-        status: ReceiptStatus,
-    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
-        self.inner.receipts_with(status).await
-    }
-    async fn events(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Vec<toolrunner::store::Event>, toolrunner::store::StoreError> {
-        self.inner.events(run_id, call_id).await
-    }
-    async fn attempts(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Vec<toolrunner::store::Attempt>, toolrunner::store::StoreError> {
-        self.inner.attempts(run_id, call_id).await
-    }
-}
-
 /// 3f: a progress receipt saved while an operator resolves the call must
 /// not undo the resolve (no state written back from an old snapshot), and
 /// no second final receipt appears.
@@ -1106,11 +1122,21 @@ fn finding_f_progress_cannot_undo_an_operator_resolve() {
         });
         let held = Arc::new(Notify::new());
         let release = Arc::new(Notify::new());
-        let store = HoldProgress {
-            inner: world.store("a.db").await,
-            held: held.clone(),
-            release: release.clone(),
-        };
+        // Every commit carrying a progress receipt waits for the test.
+        let mut store = Hooked::new(world.store("a.db").await);
+        let (h, r) = (held.clone(), release.clone());
+        store.before_commit = Box::new(move |changes| {
+            let progress = changes.iter().any(|c| {
+                matches!(c, toolrunner::store::Change::AddReceipt(r) if r.kind.as_str() == "progress")
+            });
+            let (h, r) = (h.clone(), r.clone());
+            Box::pin(async move {
+                if progress {
+                    h.notify_one();
+                    r.notified().await;
+                }
+            })
+        });
         let a = world
             .builder("exe-a", "a.db")
             .build()
@@ -1183,97 +1209,6 @@ fn finding_g_a_second_process_on_one_store_fails_fast() {
     });
 }
 
-/// A store whose reads return a forged grant for the first assignment it
-/// sees (the platform answers `invalid_grant` while the claim stays live).
-struct ForgeFirstGrant {
-    inner: SqliteStore,
-    first: Mutex<Option<String>>,
-}
-
-impl ForgeFirstGrant {
-    fn forge(&self, mut c: LocalCall) -> LocalCall {
-        if let Some(asg) = c.assignment.as_mut() {
-            let mut first = self.first.lock().expect("not poisoned");
-            let first = first.get_or_insert_with(|| asg.assignment_id.clone());
-            if *first == asg.assignment_id {
-                asg.grant = serde_json::from_value(json!("grt_forged")).expect("a grant");
-            }
-        }
-        c
-    }
-}
-
-#[async_trait]
-impl Store for ForgeFirstGrant {
-    async fn commit(
-        &self,
-        changes: Vec<toolrunner::store::Change>,
-    ) -> Result<(), toolrunner::store::StoreError> {
-        self.inner.commit(changes).await
-    }
-    async fn call(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Option<LocalCall>, toolrunner::store::StoreError> {
-        Ok(self
-            .inner
-            .call(run_id, call_id)
-            .await?
-            .map(|c| self.forge(c)))
-    }
-    async fn calls(
-        &self,
-        filter: &toolrunner::store::CallFilter,
-    ) -> Result<Vec<LocalCall>, toolrunner::store::StoreError> {
-        Ok(self
-            .inner
-            .calls(filter)
-            .await?
-            .into_iter()
-            .map(|c| self.forge(c))
-            .collect())
-    }
-    async fn count_by_state(
-        &self,
-    ) -> Result<std::collections::BTreeMap<LocalState, u64>, toolrunner::store::StoreError> {
-        self.inner.count_by_state().await
-    }
-    async fn receipts(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
-        self.inner.receipts(run_id, call_id).await
-    }
-    async fn receipt(
-        &self,
-        receipt_id: &str,
-    ) -> Result<Option<OutboxReceipt>, toolrunner::store::StoreError> {
-        self.inner.receipt(receipt_id).await
-    }
-    async fn receipts_with(
-        &self,
-        status: ReceiptStatus,
-    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
-        self.inner.receipts_with(status).await
-    }
-    async fn events(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Vec<toolrunner::store::Event>, toolrunner::store::StoreError> {
-        self.inner.events(run_id, call_id).await
-    }
-    async fn attempts(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Vec<toolrunner::store::Attempt>, toolrunner::store::StoreError> {
-        self.inner.attempts(run_id, call_id).await
-    }
-}
-
 /// 3g (confirmed): `403 invalid_grant` on `accepted` while the platform
 /// still holds the claim (no release) must not loop for ever. The process
 /// stops right after saving its assignment; it restarts on a store whose
@@ -1292,10 +1227,18 @@ fn finding_g_invalid_grant_without_a_release_does_not_loop() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         drop(a);
         fail::remove("after_assignment_saved");
-        let forging = ForgeFirstGrant {
-            inner: world.store("a.db").await,
-            first: Mutex::new(None),
-        };
+        // Reads return a forged grant for the first assignment they see.
+        let mut forging = Hooked::new(world.store("a.db").await);
+        let first = Mutex::new(None::<String>);
+        forging.on_read = Box::new(move |mut c| {
+            if let Some(asg) = c.assignment.as_mut() {
+                let mut first = first.lock().expect("not poisoned");
+                if *first.get_or_insert_with(|| asg.assignment_id.clone()) == asg.assignment_id {
+                    asg.grant = serde_json::from_value(json!("grt_forged")).expect("a grant");
+                }
+            }
+            c
+        });
         let a = world
             .builder("exe-a", "a.db")
             .build()

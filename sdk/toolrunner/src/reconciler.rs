@@ -326,31 +326,18 @@ impl Reconciler {
             reason: format!("resolved by {}: {}", evidence.who, evidence.why),
             evidence: serde_json::to_string(evidence).unwrap_or_default(),
         };
-        let moved = lifecycle::advance(
-            self.store.as_ref(),
-            &executor_id,
-            (run_id, call_id),
-            Reads::Row,
-            |s| {
-                s.call
-                    .as_ref()
-                    .filter(|c| allowed.contains(&c.state))
-                    .map(|_| event.clone())
-            },
-        )
-        .await
-        .map_err(|e| refused(format!("not resolved: {e}")))?;
-        let receipt = match moved {
-            Advanced::Moved {
-                receipt: Some(r), ..
-            } => r,
-            Advanced::Moved { .. } => return Err(refused("not resolved: no receipt was written")),
-            Advanced::Stayed(now) => {
-                return Err(refused(format!(
-                    "not resolved: the call is now {}",
-                    now.map_or("gone", |c| c.state.as_str())
-                )));
-            }
+        let receipt = match self
+            .transition(
+                &executor_id,
+                (run_id, call_id),
+                &allowed,
+                event,
+                "not resolved",
+            )
+            .await?
+        {
+            Some(r) => r,
+            None => return Err(refused("not resolved: no receipt was written")),
         };
         let mut delivered = false;
         if let Some(client) = &self.client {
@@ -393,24 +380,40 @@ impl Reconciler {
             reason: format!("compensated per {}: {}", evidence.who, evidence.why),
             evidence: serde_json::to_string(evidence).unwrap_or_default(),
         };
-        let moved = lifecycle::advance(
-            self.store.as_ref(),
+        self.transition(
             &executor_id,
             (run_id, call_id),
-            Reads::Row,
-            |s| {
-                s.call
-                    .as_ref()
-                    .filter(|c| c.state == LocalState::Rejected)
-                    .map(|_| event.clone())
-            },
+            &[LocalState::Rejected],
+            event,
+            "not recorded",
         )
+        .await?;
+        Ok(())
+    }
+
+    /// An operator's transition of a call in one of `states`; refused (and
+    /// nothing written) if the call is elsewhere by now. The receipt it
+    /// wrote, if any.
+    async fn transition(
+        &self,
+        executor_id: &str,
+        key: (&str, &str),
+        states: &[LocalState],
+        event: Event,
+        refusal: &str,
+    ) -> Result<Option<OutboxReceipt>> {
+        let moved = lifecycle::advance(self.store.as_ref(), executor_id, key, Reads::Row, |s| {
+            s.call
+                .as_ref()
+                .filter(|c| states.contains(&c.state))
+                .map(|_| event.clone())
+        })
         .await
-        .map_err(|e| refused(format!("not recorded: {e}")))?;
+        .map_err(|e| refused(format!("{refusal}: {e}")))?;
         match moved {
-            Advanced::Moved { .. } => Ok(()),
+            Advanced::Moved { receipt, .. } => Ok(receipt),
             Advanced::Stayed(now) => Err(refused(format!(
-                "not recorded: the call is now {}",
+                "{refusal}: the call is now {}",
                 now.map_or("gone", |c| c.state.as_str())
             ))),
         }

@@ -215,68 +215,63 @@ fn assignment_json(c: &LocalCall) -> Result<Option<String>, StoreError> {
         .map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
+/// Inserts a call row (`expect_version` `None`) or replaces it if its
+/// stored version is `expect_version`; a conflict otherwise.
+async fn write_call(
+    tx: &mut Transaction<'_, Sqlite>,
+    c: &LocalCall,
+    expect_version: Option<u64>,
+) -> Result<(), StoreError> {
+    let sql = match expect_version {
+        None => {
+            "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, version, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) ON CONFLICT (run_id, call_id) DO NOTHING"
+        }
+        Some(_) => {
+            "UPDATE calls SET tool_name = ?3, operation_key = ?4, state = ?5, assignment = ?6, next_sequence = ?7,
+               reason = ?8, report = ?9, version = ?10, created_at = ?11, updated_at = ?12
+             WHERE run_id = ?1 AND call_id = ?2 AND version = ?13"
+        }
+    };
+    let mut query = sqlx::query(sql)
+        .bind(&c.run_id)
+        .bind(&c.call_id)
+        .bind(&c.tool_name)
+        .bind(&c.operation_key)
+        .bind(c.state.as_str())
+        .bind(assignment_json(c)?)
+        .bind(seq(c.next_sequence))
+        .bind(&c.reason)
+        .bind(report_str(c.report))
+        .bind(seq(c.version))
+        .bind(&c.created_at)
+        .bind(&c.updated_at);
+    if let Some(v) = expect_version {
+        query = query.bind(seq(v));
+    }
+    let written = query
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| refused(e, "call row"))?;
+    if written.rows_affected() == 0 {
+        return Err(StoreError::Conflict(
+            format!("{}/{}", c.run_id, c.call_id),
+            match expect_version {
+                None => "the call is already stored".into(),
+                Some(v) => format!("it is no longer at version {v}"),
+            },
+        ));
+    }
+    Ok(())
+}
+
 async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), StoreError> {
     match change {
-        Change::InsertCall(c) => {
-            let assignment = assignment_json(&c)?;
-            let inserted = sqlx::query(
-                "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, version, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) ON CONFLICT (run_id, call_id) DO NOTHING",
-            )
-            .bind(&c.run_id)
-            .bind(&c.call_id)
-            .bind(&c.tool_name)
-            .bind(&c.operation_key)
-            .bind(c.state.as_str())
-            .bind(assignment)
-            .bind(seq(c.next_sequence))
-            .bind(&c.reason)
-            .bind(report_str(c.report))
-            .bind(seq(c.version))
-            .bind(&c.created_at)
-            .bind(&c.updated_at)
-            .execute(&mut **tx)
-            .await
-            .map_err(|e| refused(e, "call row"))?;
-            if inserted.rows_affected() == 0 {
-                return Err(StoreError::Conflict(
-                    format!("{}/{}", c.run_id, c.call_id),
-                    "the call is already stored".into(),
-                ));
-            }
-        }
+        Change::InsertCall(c) => write_call(tx, &c, None).await?,
         Change::UpdateCall {
             expect_version,
-            call: c,
-        } => {
-            let assignment = assignment_json(&c)?;
-            let updated = sqlx::query(
-                "UPDATE calls SET tool_name = ?3, operation_key = ?4, state = ?5, assignment = ?6, next_sequence = ?7,
-                   reason = ?8, report = ?9, version = ?10, updated_at = ?11
-                 WHERE run_id = ?1 AND call_id = ?2 AND version = ?12",
-            )
-            .bind(&c.run_id)
-            .bind(&c.call_id)
-            .bind(&c.tool_name)
-            .bind(&c.operation_key)
-            .bind(c.state.as_str())
-            .bind(assignment)
-            .bind(seq(c.next_sequence))
-            .bind(&c.reason)
-            .bind(report_str(c.report))
-            .bind(seq(c.version))
-            .bind(&c.updated_at)
-            .bind(seq(expect_version))
-            .execute(&mut **tx)
-            .await
-            .map_err(|e| refused(e, "call row"))?;
-            if updated.rows_affected() == 0 {
-                return Err(StoreError::Conflict(
-                    format!("{}/{}", c.run_id, c.call_id),
-                    format!("it is no longer at version {expect_version}"),
-                ));
-            }
-        }
+            call,
+        } => write_call(tx, &call, Some(expect_version)).await?,
         Change::AddReceipt(r) => {
             sqlx::query(
                 "INSERT INTO receipts (receipt_id, run_id, call_id, assignment_id, kind, sequence, body, status, attempts, last_error, created_at, delivered_at)
