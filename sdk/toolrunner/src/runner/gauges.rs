@@ -3,7 +3,7 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `toolrunner_call_transitions_total` | counter | `state` | calls entering a local state |
+//! | `toolrunner_call_transitions_total` | counter | `event`, `state` | lifecycle transitions by event and the state they led to |
 //! | `toolrunner_receipt_deliveries_total` | counter | `kind`, `outcome` | delivery attempts and how they ended |
 //! | `toolrunner_store_commit_seconds` | histogram | | latency of one store commit |
 //! | `toolrunner_calls` | gauge | `state` | calls by local state |

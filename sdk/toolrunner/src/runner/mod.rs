@@ -251,8 +251,10 @@ pub enum Shutdown {
         /// How long to wait for in-flight calls.
         deadline: Duration,
     },
-    /// Stop claiming, signal handlers to cancel, then disconnect with
-    /// `detach`: running calls stay bound for the next start.
+    /// Stop at once, as a lost process would: nothing more is written or
+    /// sent for the calls in flight (their handlers are dropped, no
+    /// receipt goes out), then disconnect with `detach`. Running calls stay
+    /// `running` and bound; the next start resumes them by the crash table.
     Detach,
 }
 

@@ -368,6 +368,9 @@ pub enum StoreError {
     /// constraint refused a row that must never exist).
     #[error("call {0} changed under this write: {1}")]
     Conflict(String, String),
+    /// The store's lock file cannot be created or locked.
+    #[error("cannot lock the store: {0}")]
+    Lock(String),
     /// Another process holds the store (two executors must never drive one
     /// store file).
     #[error(

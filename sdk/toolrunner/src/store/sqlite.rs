@@ -124,7 +124,7 @@ impl SqliteStore {
             .write(true)
             .open(&lock_name)
             .map_err(|e| {
-                StoreError::Corrupt(format!(
+                StoreError::Lock(format!(
                     "cannot create the lock file {}: {e}",
                     std::path::Path::new(&lock_name).display()
                 ))
@@ -134,7 +134,7 @@ impl SqliteStore {
             Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
                 path: path.display().to_string(),
             }),
-            Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Corrupt(format!(
+            Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Lock(format!(
                 "cannot lock {}: {e}",
                 std::path::Path::new(&lock_name).display()
             ))),
