@@ -1310,3 +1310,66 @@ fn finding_g_output_failing_its_schema_is_kept_as_evidence() {
         drop(a);
     });
 }
+
+/// From the review of the lifecycle change: only the task that moved a call
+/// to `running` itself may start its handler. Here another writer (a
+/// process that died with its commit in flight, say) writes `running` just
+/// before the executor's own `accepted: true` is recorded; the executor
+/// loses the race and finds the call `running`. It must resume it as after
+/// a crash (a write tool goes to `reconciliation_required`), never run it.
+#[test]
+fn review_a_running_row_another_writer_wrote_is_resumed_not_run() {
+    with_failpoints(async {
+        let world = World::new(15_000, 1_000, true).await;
+        let inner = world.store("a.db").await;
+        let mut store = Hooked::new(inner.clone());
+        let raced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = raced.clone();
+        store.before_commit = Box::new(move |changes| {
+            use toolrunner::store::Change;
+            let confirming = changes.iter().find_map(|c| match c {
+                Change::UpdateCall {
+                    expect_version,
+                    call,
+                } if call.state == LocalState::Running => Some((*expect_version, call.clone())),
+                _ => None,
+            });
+            let (inner, flag) = (inner.clone(), flag.clone());
+            Box::pin(async move {
+                let Some((version, call)) = confirming else {
+                    return;
+                };
+                if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                // The other writer's `running` lands first.
+                inner
+                    .commit(vec![Change::UpdateCall {
+                        expect_version: version,
+                        call,
+                    }])
+                    .await
+                    .expect("the other writer's commit");
+            })
+        });
+        let a = world
+            .builder("exe-a", "a.db")
+            .auto_reconcile(false)
+            .build()
+            .expect("builds")
+            .start_with_store(Arc::new(store))
+            .await
+            .expect("starts");
+        let (run_id, calls) = world.run(1).await;
+        world
+            .wait_platform(&run_id, &calls[0], "reconciliation_required")
+            .await;
+        assert!(raced.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(
+            world.shared.starts_of(&calls[0]),
+            0,
+            "the handler started on a `running` another writer recorded"
+        );
+        drop(a);
+    });
+}

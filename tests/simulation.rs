@@ -785,7 +785,56 @@ impl Seed {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err(format!("the seed did not settle within 20 s: {last}"))
+        Err(format!(
+            "the seed did not settle within 20 s: {last}\n{}",
+            self.dump().await
+        ))
+    }
+
+    /// Every store's view of every call, with its timeline (for a report).
+    async fn dump(&self) -> String {
+        let mut out = String::new();
+        for s in &self.slots {
+            let Ok(r) = Reconciler::open(&s.store_url).await else {
+                continue;
+            };
+            for c in r.list(&CallFilter::default()).await.unwrap_or_default() {
+                out.push_str(&format!(
+                    "{} {} {} {}: {:?}\n",
+                    s.id,
+                    c.tool_name,
+                    c.call_id,
+                    c.state.as_str(),
+                    c.reason
+                ));
+                if let Ok(t) = r.show(&c.run_id, &c.call_id).await {
+                    for e in t.events {
+                        out.push_str(&format!("    {} {} {:?}\n", e.at, e.what, e.detail));
+                    }
+                }
+            }
+        }
+        for run_id in &self.runs {
+            if let Some(run) = self.world.get(&format!("/runs/{run_id}")).await {
+                for c in run["tool_calls"].as_array().cloned().unwrap_or_default() {
+                    let kinds: Vec<String> = c["receipts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|r| format!("{}@{}", r["kind"].as_str().unwrap_or("?"), r["sequence"]))
+                        .collect();
+                    out.push_str(&format!(
+                        "platform {} {} {} by {} under {}: {kinds:?}\n",
+                        c["tool_name"],
+                        c["call_id"],
+                        c["state"],
+                        c["executor_id"],
+                        c["assignment_id"]
+                    ));
+                }
+            }
+        }
+        out
     }
 
     /// Why the seed is not settled yet, if it is not.
@@ -1014,7 +1063,7 @@ impl Seed {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(problems.join("\n"))
+            Err(format!("{}\n{}", problems.join("\n"), self.dump().await))
         }
     }
 
@@ -1061,6 +1110,16 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<Stats, String> {
         .map_err(|e| format!("{e}\nschedule: {schedule:#?}"))
 }
 
+/// Seeds that once failed, played before the others every time (a seed
+/// fixes the schedule, not the interleaving, hence the repeats).
+///
+/// - 7172: a claim deferred for capacity (`409 capacity_exhausted`) was
+///   retried at once, for ever, and took the only slot before the call
+///   whose claim held the platform's capacity (its `accepted` had gone
+///   through, the answer was lost): neither ever moved. Failed 33 of 300
+///   replays before the fix.
+const REGRESSIONS: &[(u64, usize)] = &[(7172, 40)];
+
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
@@ -1087,6 +1146,13 @@ fn simulation() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     quiet_simulated_panics();
     let replay = env_u64("TOOLRUNNER_SIM_SEED");
+    if replay.is_some() && std::env::var_os("RUST_LOG").is_some() {
+        // A replay may show the executors' own logs too.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let default_seeds = if cfg!(debug_assertions) { 60 } else { 2_000 };
     let count = env_u64("TOOLRUNNER_SIM_SEEDS").unwrap_or(default_seeds);
     let first = env_u64("TOOLRUNNER_SIM_FIRST").unwrap_or(0);
@@ -1094,7 +1160,11 @@ fn simulation() {
     let repeat = env_u64("TOOLRUNNER_SIM_REPEAT").unwrap_or(1).max(1);
     let seeds: Vec<u64> = match replay {
         Some(s) => std::iter::repeat_n(s, repeat as usize).collect(),
-        None => (first..first + count).collect(),
+        None => REGRESSIONS
+            .iter()
+            .flat_map(|(seed, times)| std::iter::repeat_n(*seed, *times))
+            .chain(first..first + count)
+            .collect(),
     };
     let features = if cfg!(feature = "planted-bug") {
         " --features planted-bug"

@@ -5,7 +5,8 @@
 -- SQLite cannot add CHECKs, foreign keys or table constraints to a table in
 -- place, so `calls` and `receipts` are rebuilt and their rows copied. Rows
 -- written before this migration that break the new rules are mended first
--- (each mend is described where it happens); nothing is deleted.
+-- (each mend is described where it happens); nothing is deleted: a receipt
+-- that cannot stay in `receipts` moves to `receipts_set_aside`.
 
 ALTER TABLE calls RENAME TO calls_v1;
 ALTER TABLE receipts RENAME TO receipts_v1;
@@ -100,15 +101,21 @@ SELECT run_id, call_id, tool_name, operation_key, state, assignment, next_sequen
        reason, report, 0, created_at, updated_at
 FROM calls_v1;
 
--- Mend: a second receipt under one (assignment_id, sequence) is set aside.
+-- Mend: a second receipt under one (assignment_id, sequence) is set aside,
+-- and so is a receipt whose call row is missing.
 INSERT INTO receipts_set_aside
 SELECT r.receipt_id, r.run_id, r.call_id, r.assignment_id, r.kind, r.sequence, r.body, r.status,
        r.attempts, r.last_error, r.created_at, r.delivered_at,
-       'a second receipt with this assignment and sequence (set aside by the lifecycle migration)'
+       CASE
+           WHEN NOT EXISTS (SELECT 1 FROM calls_v1 c WHERE c.run_id = r.run_id AND c.call_id = r.call_id)
+               THEN 'its call is not in the store (set aside by the lifecycle migration)'
+           ELSE 'a second receipt with this assignment and sequence (set aside by the lifecycle migration)'
+       END
 FROM receipts_v1 r
 WHERE EXISTS (SELECT 1 FROM receipts_v1 o
               WHERE o.assignment_id = r.assignment_id AND o.sequence = r.sequence
-                AND (o.created_at < r.created_at OR (o.created_at = r.created_at AND o.rowid < r.rowid)));
+                AND (o.created_at < r.created_at OR (o.created_at = r.created_at AND o.rowid < r.rowid)))
+   OR NOT EXISTS (SELECT 1 FROM calls_v1 c WHERE c.run_id = r.run_id AND c.call_id = r.call_id);
 
 INSERT INTO receipts (receipt_id, run_id, call_id, assignment_id, kind, sequence, body, status,
                       attempts, last_error, created_at, delivered_at)
@@ -119,14 +126,19 @@ SELECT r.receipt_id, r.run_id, r.call_id, r.assignment_id, r.kind, r.sequence, r
            -- left pending in any other state it is never to be sent.
            WHEN r.kind = 'accepted' AND r.status = 'pending'
                 AND c.state NOT IN ('assigned', 'claiming') THEN 'superseded'
-           -- Mend: of two live finals of one call, only the first stays live.
+           -- Mend: of two live finals of one call, one stays live: the one
+           -- the platform has (delivered), else the first.
            WHEN r.kind IN ('completed', 'failed', 'cancelled') AND r.status IN ('pending', 'delivered')
                 AND EXISTS (SELECT 1 FROM receipts_v1 o
                             WHERE o.run_id = r.run_id AND o.call_id = r.call_id
+                              AND o.receipt_id <> r.receipt_id
+                              AND o.receipt_id NOT IN (SELECT receipt_id FROM receipts_set_aside)
                               AND o.kind IN ('completed', 'failed', 'cancelled')
                               AND o.status IN ('pending', 'delivered')
-                              AND (o.created_at < r.created_at
-                                   OR (o.created_at = r.created_at AND o.rowid < r.rowid)))
+                              AND ((o.status = 'delivered') > (r.status = 'delivered')
+                                   OR ((o.status = 'delivered') = (r.status = 'delivered')
+                                       AND (o.created_at < r.created_at
+                                            OR (o.created_at = r.created_at AND o.rowid < r.rowid)))))
                 THEN 'rejected'
            ELSE r.status
        END,
@@ -140,6 +152,53 @@ SELECT r.receipt_id, r.run_id, r.call_id, r.assignment_id, r.kind, r.sequence, r
 FROM receipts_v1 r
 JOIN calls_v1 c ON c.run_id = r.run_id AND c.call_id = r.call_id
 WHERE r.receipt_id NOT IN (SELECT receipt_id FROM receipts_set_aside);
+
+-- Mend the calls whose receipts were mended. A `settled` call whose live
+-- final the platform has is `delivered`; one left without a pending final
+-- (it was set aside or demoted above) no longer knows its outcome is
+-- delivered: `reconciliation_required`, reported, for a new final.
+INSERT INTO events (run_id, call_id, at, what, detail)
+SELECT c.run_id, c.call_id, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'delivered',
+       'its final receipt was delivered (lifecycle migration)'
+FROM calls c
+WHERE c.state = 'settled'
+  AND EXISTS (SELECT 1 FROM receipts r WHERE r.run_id = c.run_id AND r.call_id = c.call_id
+              AND r.kind IN ('completed', 'failed', 'cancelled') AND r.status = 'delivered');
+UPDATE calls SET state = 'delivered', report = NULL
+WHERE state = 'settled'
+  AND EXISTS (SELECT 1 FROM receipts r WHERE r.run_id = calls.run_id AND r.call_id = calls.call_id
+              AND r.kind IN ('completed', 'failed', 'cancelled') AND r.status = 'delivered');
+
+INSERT INTO events (run_id, call_id, at, what, detail)
+SELECT c.run_id, c.call_id, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'reconciliation_required',
+       'its final receipt was set aside by the lifecycle migration: settle it again'
+FROM calls c
+WHERE c.state = 'settled'
+  AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.run_id = c.run_id AND r.call_id = c.call_id
+                  AND r.kind IN ('completed', 'failed', 'cancelled') AND r.status = 'pending');
+UPDATE calls SET state = 'reconciliation_required', report = 'reconciliation_required',
+                 reason = 'its final receipt was set aside by the lifecycle migration: settle it again'
+WHERE state = 'settled'
+  AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.run_id = calls.run_id AND r.call_id = calls.call_id
+                  AND r.kind IN ('completed', 'failed', 'cancelled') AND r.status = 'pending');
+
+-- Mend: the next receipt of the current assignment comes after every one
+-- it already had.
+UPDATE calls SET next_sequence = (
+    SELECT MAX(s) + 1 FROM (
+        SELECT sequence AS s FROM receipts
+        WHERE assignment_id = json_extract(calls.assignment, '$.assignment_id')
+        UNION ALL
+        SELECT sequence FROM receipts_set_aside
+        WHERE assignment_id = json_extract(calls.assignment, '$.assignment_id')))
+WHERE assignment IS NOT NULL
+  AND next_sequence <= (
+    SELECT MAX(s) FROM (
+        SELECT sequence AS s FROM receipts
+        WHERE assignment_id = json_extract(calls.assignment, '$.assignment_id')
+        UNION ALL
+        SELECT sequence FROM receipts_set_aside
+        WHERE assignment_id = json_extract(calls.assignment, '$.assignment_id')));
 
 -- The attempts an older store knew of: the current key, and its assignment.
 INSERT INTO attempts (run_id, call_id, operation_key, executor_id, assignment_id, created_at)

@@ -254,6 +254,44 @@ async fn the_migration_mends_rows_the_new_schema_refuses() -> Result<()> {
             "pending",
             "2026-11-30T00:00:02.000Z",
         ),
+        // A pending final that reused a progress receipt's sequence.
+        call("aside", "settled"),
+        receipt("rcp_s0", "aside", "accepted", 0, "delivered", now),
+        receipt(
+            "rcp_s1",
+            "aside",
+            "progress",
+            1,
+            "delivered",
+            "2026-11-30T00:00:01.000Z",
+        ),
+        receipt(
+            "rcp_s2",
+            "aside",
+            "completed",
+            1,
+            "pending",
+            "2026-11-30T00:00:02.000Z",
+        ),
+        // The later final is the one the platform has.
+        call("later", "settled"),
+        receipt("rcp_l0", "later", "accepted", 0, "delivered", now),
+        receipt(
+            "rcp_l1",
+            "later",
+            "completed",
+            1,
+            "pending",
+            "2026-11-30T00:00:01.000Z",
+        ),
+        receipt(
+            "rcp_l2",
+            "later",
+            "completed",
+            2,
+            "delivered",
+            "2026-11-30T00:00:02.000Z",
+        ),
     ] {
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .execute(&mut conn)
@@ -271,11 +309,39 @@ async fn the_migration_mends_rows_the_new_schema_refuses() -> Result<()> {
     assert_eq!(status("rcp_d2").await, None, "set aside");
     assert_eq!(status("rcp_t1").await, Some(ReceiptStatus::Delivered));
     assert_eq!(status("rcp_t2").await, Some(ReceiptStatus::Rejected));
+    assert_eq!(status("rcp_s2").await, None, "set aside");
+    assert_eq!(status("rcp_l1").await, Some(ReceiptStatus::Rejected));
+    assert_eq!(status("rcp_l2").await, Some(ReceiptStatus::Delivered));
     let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
-    let aside: (String, String) = sqlx::query_as("SELECT receipt_id, why FROM receipts_set_aside")
-        .fetch_one(&mut conn)
-        .await?;
-    assert_eq!(aside.0, "rcp_d2");
+    let aside: Vec<(String, String)> =
+        sqlx::query_as("SELECT receipt_id, why FROM receipts_set_aside ORDER BY receipt_id")
+            .fetch_all(&mut conn)
+            .await?;
+    let ids: Vec<&str> = aside.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["rcp_d2", "rcp_s2"]);
+    // The calls follow their receipts: no call waits for a receipt that was
+    // set aside, and the next sequence comes after every stored one.
+    let calls: Vec<(String, String, Option<String>, i64)> =
+        sqlx::query_as("SELECT call_id, state, report, next_sequence FROM calls ORDER BY call_id")
+            .fetch_all(&mut conn)
+            .await?;
+    let expected = [
+        ("abandoned", "abandoned", None, 2),
+        (
+            "aside",
+            "reconciliation_required",
+            Some("reconciliation_required"),
+            2,
+        ),
+        ("dup", "reconciliation_required", None, 2),
+        ("later", "delivered", None, 3),
+        ("twice", "delivered", None, 3),
+    ];
+    let expected: Vec<(String, String, Option<String>, i64)> = expected
+        .iter()
+        .map(|(c, s, r, n)| ((*c).into(), (*s).into(), r.map(str::to_owned), *n))
+        .collect();
+    assert_eq!(calls, expected);
     // The schema now refuses what must never exist.
     for bad in [
         "UPDATE calls SET state = 'lost' WHERE call_id = 'dup'",

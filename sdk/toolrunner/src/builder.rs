@@ -368,7 +368,10 @@ impl Executor {
         self.start_locked(Arc::new(store), lock).await
     }
 
-    /// Like [`start`](Self::start) with a store of your own.
+    /// Like [`start`](Self::start) with a store of your own. No lock is
+    /// taken: never let two executor processes drive one store (for a
+    /// [`SqliteStore`], hold [`SqliteStore::lock`] for as long as the
+    /// executor runs).
     ///
     /// # Errors
     /// The platform refuses the connect.

@@ -230,7 +230,13 @@ impl Client {
         executor_id: &str,
         body: &Disconnect,
     ) -> Result<Disconnected, ClientError> {
-        self.post(&format!("/executors/{executor_id}/disconnect"), body)
+        // The last word of a stopping executor goes out past the fence.
+        let last_word = Client {
+            fence: tokio_util::sync::CancellationToken::new(),
+            ..self.clone()
+        };
+        last_word
+            .post(&format!("/executors/{executor_id}/disconnect"), body)
             .await
     }
 

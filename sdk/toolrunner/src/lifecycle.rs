@@ -1016,10 +1016,8 @@ pub(crate) async fn advance(
             }
             // A commit reported as failed may have happened (an interrupted
             // COMMIT): look before trying again.
-            Err(e) => match store.call(key.0, key.1).await {
-                Ok(Some(now))
-                    if now.version == plan.call.version && now.state == plan.call.state =>
-                {
+            Err(e) => match landed(store, key, &plan).await {
+                Ok(true) => {
                     tracing::warn!(error = %e, "a commit reported an error but its changes are stored");
                     true
                 }
@@ -1039,6 +1037,24 @@ pub(crate) async fn advance(
             call: plan.call,
             receipt: plan.receipt,
         });
+    }
+}
+
+/// Whether `plan` is what the store now holds: its very row (version and
+/// time of the change) and, if it wrote one, its very receipt.
+async fn landed(store: &dyn Store, key: (&str, &str), plan: &Plan) -> Result<bool, StoreError> {
+    let row = store.call(key.0, key.1).await?;
+    let same_row = row.is_some_and(|now| {
+        now.version == plan.call.version
+            && now.state == plan.call.state
+            && now.updated_at == plan.call.updated_at
+    });
+    if !same_row {
+        return Ok(false);
+    }
+    match &plan.receipt {
+        Some(r) => Ok(store.receipt(&r.receipt_id).await?.is_some()),
+        None => Ok(true),
     }
 }
 

@@ -19,56 +19,73 @@ use crate::store::{LocalCall, LocalState, ReceiptStatus};
 
 /// Starts driving a call on its own task. (A plain function with a boxed
 /// future: it breaks the async cycle drive → connect → resume → drive.)
-pub(crate) fn spawn_drive(
-    core: Arc<Core>,
-    key: CallKey,
-    resumed: bool,
-    permit: Option<OwnedSemaphorePermit>,
-) {
+/// A call this task finds `running` is resumed as after a crash: only the
+/// task that moved a call to `running` itself may start its handler.
+pub(crate) fn spawn_drive(core: Arc<Core>, key: CallKey, permit: Option<OwnedSemaphorePermit>) {
     // Activated here, synchronously, so no other task can pick the call up
     // between this decision and the new task's start.
     let Some(active) = core.activate(&key) else {
         return;
     };
-    spawn_activated(core, resumed, permit, active);
+    spawn_activated(core, permit, active, false);
 }
 
-/// [`spawn_drive`] for a call the caller has already activated.
+/// [`spawn_drive`] for a call the caller has already activated;
+/// `confirmed` says the caller itself just moved it to `running` (an
+/// automatic check allowing a re-run), so its handler may start.
 pub(crate) fn spawn_activated(
     core: Arc<Core>,
-    resumed: bool,
     permit: Option<OwnedSemaphorePermit>,
     active: Active,
+    confirmed: bool,
 ) {
     let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-        Box::pin(drive(core, resumed, permit, active));
+        Box::pin(drive(core, confirmed, permit, active));
     tokio::spawn(fut);
 }
 
 /// Drives one call until it is final or must wait (platform unreachable,
-/// capacity); `resumed` means the process may have died inside a step.
+/// capacity).
 async fn drive(
     core: Arc<Core>,
-    resumed: bool,
+    confirmed: bool,
     permit: Option<OwnedSemaphorePermit>,
     active: Active,
 ) {
     let key = active.key.clone();
     let span = tracing::info_span!("call", run_id = %key.run_id, call_id = %key.call_id);
     let result = tokio::select! {
+        biased;
         // The executor stopped (dropped, crashed, detached): stop where we
         // are, as a lost process would.
         _ = core.done.cancelled() => return,
-        r = steps(&core, &key, resumed, &active.token).instrument(span) => r,
+        r = steps(&core, &key, confirmed, &active.token).instrument(span) => r,
     };
     if let Err(e) = result
         && e != super::CRASH
     {
         tracing::warn!(run_id = %key.run_id, call_id = %key.call_id, error = %e, "call paused; it resumes from the store");
+        if e.starts_with(DEFERRED) {
+            // The platform has no capacity (or this executor drains): give
+            // the slot to another call, and keep this one off for a while
+            // rather than asking again at once.
+            drop(permit);
+            tokio::select! {
+                _ = core.done.cancelled() => {}
+                _ = tokio::time::sleep(core.cfg.poll_interval.clamp(
+                    std::time::Duration::from_millis(50),
+                    std::time::Duration::from_secs(1),
+                )) => {}
+            }
+            return;
+        }
     }
     drop(active);
     drop(permit);
 }
+
+/// How a claim the platform asked to defer ends its step.
+const DEFERRED: &str = "claim deferred";
 
 /// The stored row of a call.
 async fn read(core: &Core, key: &CallKey) -> Result<LocalCall, String> {
@@ -87,10 +104,15 @@ fn row(advanced: Advanced) -> Result<LocalCall, String> {
     }
 }
 
+/// The steps of one call. `confirmed` is true while the row's `running`
+/// was written by this very task (its own `accepted: true`, or its own
+/// automatic check allowing a re-run): only then may the handler start. A
+/// `running` row found any other way is resumed as after a crash (a write
+/// tool goes to `reconciliation_required`, a read tool runs again).
 async fn steps(
     core: &Arc<Core>,
     key: &CallKey,
-    mut resumed: bool,
+    mut confirmed: bool,
     cancel: &CancellationToken,
 ) -> Result<(), String> {
     let mut checked = false;
@@ -98,9 +120,16 @@ async fn steps(
     loop {
         let before = (call.state, call.version);
         let next = match call.state {
-            LocalState::Claiming => claim(core, call).await?,
-            LocalState::Assigned => accept(core, call).await?,
-            LocalState::Running => run(core, call, resumed, cancel).await?,
+            LocalState::Claiming => {
+                confirmed = false;
+                claim(core, call).await?
+            }
+            LocalState::Assigned => {
+                let (next, mine) = accept(core, call).await?;
+                confirmed = mine;
+                next
+            }
+            LocalState::Running => run(core, call, !confirmed, cancel).await?,
             LocalState::Settled => {
                 outbox::deliver_call(core, key).await;
                 outbox::flush_reports(core).await;
@@ -109,7 +138,10 @@ async fn steps(
             LocalState::ReconciliationRequired if !checked => {
                 checked = true;
                 match super::reconcile::check(core, call.clone(), cancel).await? {
-                    super::reconcile::Checked::Moved(next) => next,
+                    super::reconcile::Checked::Moved(next) => {
+                        confirmed = next.state == LocalState::Running;
+                        next
+                    }
                     super::reconcile::Checked::Stays => call,
                 }
             }
@@ -123,7 +155,6 @@ async fn steps(
             // Nothing moved (another writer had the call, or the step waits).
             return Ok(());
         }
-        resumed = false;
         call = next;
     }
 }
@@ -159,7 +190,7 @@ async fn claim(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> {
                 }
                 return match e.code() {
                     Some("capacity_exhausted" | "executor_draining") => {
-                        Err(format!("claim deferred: {e}"))
+                        Err(format!("{DEFERRED}: {e}"))
                     }
                     Some("lease_expired" | "connection_superseded") => Err(e.to_string()),
                     _ => {
@@ -248,7 +279,8 @@ fn while_in(
 }
 
 /// Checks, then `accepted`; the handler may start only on `accepted: true`.
-async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> {
+/// The flag says whether this task itself moved the call to `running`.
+async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<(LocalCall, bool), String> {
     let key = CallKey::of(&call);
     let asg = assignment(&call)?;
     let id = asg.assignment_id.clone();
@@ -273,7 +305,7 @@ async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> 
                 .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
                 .await
                 .map_err(|e| e.to_string())?;
-            return row(moved);
+            return Ok((row(moved)?, false));
         }
         None => {
             let refusal = match core.tools.get(&call.tool_name).cloned() {
@@ -297,7 +329,7 @@ async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> 
                 if call.state == LocalState::Settled {
                     core.crash_point("after_final_saved")?;
                 }
-                return Ok(call);
+                return Ok((call, false));
             }
             match core
                 .advance(
@@ -314,7 +346,7 @@ async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> 
                     core.crash_point("after_accepted_saved")?;
                     r
                 }
-                other => return row(other),
+                other => return Ok((row(other)?, false)),
             }
         }
     };
@@ -368,11 +400,13 @@ async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> 
             }
         }
     };
+    let confirming = matches!(event, Event::AcceptConfirmed { .. });
     let moved = core
         .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
         .await
         .map_err(|e| e.to_string())?;
-    row(moved)
+    let mine = confirming && matches!(moved, Advanced::Moved { .. });
+    Ok((row(moved)?, mine))
 }
 
 /// Whether this build re-runs a write tool after a crash: the deliberate
@@ -411,6 +445,9 @@ async fn run(
             .map_err(|e| e.to_string())?;
         return row(moved);
     };
+    if core.fence.is_cancelled() {
+        return Err(super::CRASH.into());
+    }
     let ctx = CallContext::new(core, &call, &asg, cancel.clone());
     let outcome = attempt_handler(core, tool.as_ref(), &ctx, &asg).await;
     core.crash_point("after_handler")?;

@@ -35,9 +35,13 @@ async fn resume_waiting(core: &Arc<Core>) {
         ],
         ..CallFilter::default()
     };
-    let Ok(calls) = core.store.calls(&filter).await else {
+    let Ok(mut calls) = core.store.calls(&filter).await else {
         return;
     };
+    // Calls the platform already counts against this executor's capacity
+    // (`running`, `assigned`) go first: a claim waiting for capacity must
+    // never starve the very call that holds it.
+    calls.sort_by_key(|c| c.state != LocalState::Running && c.state != LocalState::Assigned);
     for c in calls {
         if core.is_active(&CallKey::of(&c)) {
             continue;
@@ -46,9 +50,8 @@ async fn resume_waiting(core: &Arc<Core>) {
             return;
         };
         // A `running` call that no task drives lost its task to an error:
-        // resume it as after a crash (a write tool is never re-run).
-        let resumed = c.state == LocalState::Running;
-        call::spawn_drive(core.clone(), CallKey::of(&c), resumed, Some(permit));
+        // it is resumed as after a crash (a write tool is never re-run).
+        call::spawn_drive(core.clone(), CallKey::of(&c), Some(permit));
     }
 }
 
@@ -109,7 +112,7 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
             continue;
         }
         core.crash_point("after_operation_key_saved")?;
-        call::spawn_drive(core.clone(), key, false, Some(permit));
+        call::spawn_drive(core.clone(), key, Some(permit));
     }
     Ok(())
 }

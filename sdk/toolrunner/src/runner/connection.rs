@@ -32,6 +32,7 @@ pub(crate) async fn connect(core: &Arc<Core>) -> Result<(), Error> {
         }),
     };
     let mut attempt = 0;
+    let asked_at = crate::store::now_rfc3339();
     let connected = loop {
         match core.client.connect(&body).await {
             Ok(c) => break c,
@@ -57,7 +58,7 @@ pub(crate) async fn connect(core: &Arc<Core>) -> Result<(), Error> {
         stream_path: connected.stream_path.clone(),
     });
     drop(_guard);
-    super::recovery::resume(core, connected.outstanding).await;
+    super::recovery::resume(core, connected.outstanding, &asked_at).await;
     Ok(())
 }
 

@@ -28,7 +28,7 @@ use crate::client::Client;
 use crate::error::{Error, Kind};
 use crate::handler::Tools;
 use crate::lifecycle::{self, Advanced, Event, Reads, Snapshot};
-use crate::store::{LocalCall, LocalState, Store, StoreError};
+use crate::store::{LocalCall, Store, StoreError};
 
 pub(crate) use call::progress;
 pub(crate) use connection::lease_check;
@@ -126,23 +126,6 @@ impl Core {
             reads,
             decide,
         )
-        .await
-    }
-
-    /// [`advance`](Self::advance) with an event that applies in `states`.
-    pub(crate) async fn advance_from(
-        &self,
-        key: &CallKey,
-        states: &[LocalState],
-        event: Event,
-    ) -> Result<Advanced, StoreError> {
-        let mut event = Some(event);
-        self.advance(key, Reads::Row, |s| {
-            s.call
-                .as_ref()
-                .filter(|c| states.contains(&c.state))
-                .and_then(|_| event.take())
-        })
         .await
     }
 
@@ -326,9 +309,10 @@ impl RunningExecutor {
             }
             outbox::flush(&self.core).await;
         } else {
-            // Nothing more is written for the calls in flight: their
+            // Nothing more is written or sent for the calls in flight: their
             // handlers are dropped where they are, without a receipt.
             self.core.fence.cancel();
+            self.core.client.fence();
             self.core.done.cancel();
             let active: Vec<CancellationToken> = self
                 .core

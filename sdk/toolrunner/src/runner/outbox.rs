@@ -157,11 +157,16 @@ pub(crate) async fn deliver(
         }
     };
     let delivered = matches!(event, Event::Delivered { .. });
-    let moved = lifecycle::advance(store, executor_id, key, Reads::Row, |s| {
-        // The call's live final is this receipt while the call is settled.
-        s.call
-            .as_ref()
-            .filter(|c| c.state == LocalState::Settled)
+    let moved = lifecycle::advance(store, executor_id, key, Reads::RowAndReceipts, |s| {
+        // Only while this very receipt is the settled call's live final:
+        // a late answer to another sender's attempt changes no state.
+        let call = s.call.as_ref().filter(|c| c.state == LocalState::Settled)?;
+        let current = call.assignment.as_ref()?.assignment_id.as_str();
+        s.receipts
+            .iter()
+            .flatten()
+            .find(|x| x.receipt_id == r.receipt_id)
+            .filter(|x| x.status == ReceiptStatus::Pending && x.assignment_id == current)
             .map(|_| event.clone())
     })
     .await;

@@ -176,7 +176,7 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                         if moved.state == LocalState::Running {
                             // Still activated: the new task takes it over.
                             let permit = core.slots.clone().try_acquire_owned().ok();
-                            call::spawn_activated(core.clone(), false, permit, active);
+                            call::spawn_activated(core.clone(), permit, active, true);
                             continue;
                         }
                         outbox::deliver_call(&core, &key).await;

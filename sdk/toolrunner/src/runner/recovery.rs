@@ -9,7 +9,10 @@ use super::{CallKey, Core, call, outbox};
 use crate::lifecycle::{Event, Reads};
 use crate::store::{CallFilter, LocalState};
 
-pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
+/// `outstanding` is the connect answer's list; `asked_at` (RFC 3339) when
+/// the connect was sent: a call changed since may have been claimed on the
+/// new connection after the list was made.
+pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>, asked_at: &str) {
     let bound: HashSet<CallKey> = outstanding
         .iter()
         .map(|o| CallKey {
@@ -62,15 +65,26 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
     if let Ok(calls) = core.store.calls(&filter).await {
         for c in calls {
             let key = CallKey::of(&c);
-            if core.is_active(&key) {
+            // Taken before deciding: no task drives the call meanwhile.
+            let Some(active) = core.activate(&key) else {
                 continue;
-            }
-            if c.state == LocalState::Assigned && !bound.contains(&key) {
+            };
+            if c.state == LocalState::Assigned
+                && !bound.contains(&key)
+                && c.updated_at.as_str() < asked_at
+            {
                 // The platform released the claim while we were away (a
                 // lapsed lease): claim again with the same key; the claim's
                 // answer decides about the saved `accepted`.
                 let lapsed = core
-                    .advance_from(&key, &[LocalState::Assigned], Event::ClaimLapsed)
+                    .advance(&key, Reads::Row, |s| {
+                        s.call
+                            .as_ref()
+                            .filter(|now| {
+                                now.state == LocalState::Assigned && now.version == c.version
+                            })
+                            .map(|_| Event::ClaimLapsed)
+                    })
                     .await;
                 if let Err(e) = lapsed {
                     tracing::error!(error = %e, "cannot record a released claim");
@@ -78,7 +92,7 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>) {
                 }
             }
             let permit = core.slots.clone().try_acquire_owned().ok();
-            call::spawn_drive(core.clone(), key, true, permit);
+            call::spawn_activated(core.clone(), permit, active, false);
         }
     }
     outbox::spawn_flush_reports(core.clone());

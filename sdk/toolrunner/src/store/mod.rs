@@ -277,7 +277,8 @@ pub enum Change {
     },
     /// Adds a receipt to the outbox.
     AddReceipt(OutboxReceipt),
-    /// Changes a receipt's delivery status (counting an attempt if `attempt`).
+    /// Changes a `pending` receipt's delivery status (counting an attempt
+    /// if `attempt`); a receipt that has left `pending` keeps its status.
     ReceiptStatus {
         /// Which.
         receipt_id: String,

@@ -116,6 +116,16 @@ impl SqliteStore {
     /// # Errors
     /// As [`lock`](Self::lock).
     pub fn lock_path(path: &std::path::Path) -> Result<StoreLock, StoreError> {
+        // One lock per file, whatever the path that names it (links,
+        // `..`, relative paths).
+        let resolved = std::fs::canonicalize(path).or_else(|_| {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => std::path::Path::new("."),
+            };
+            std::fs::canonicalize(parent).map(|dir| dir.join(path.file_name().unwrap_or_default()))
+        });
+        let path = resolved.as_deref().unwrap_or(path);
         let mut lock_name = path.as_os_str().to_owned();
         lock_name.push("-lock");
         let file = std::fs::OpenOptions::new()
@@ -305,7 +315,7 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             let row = sqlx::query(
                 "UPDATE receipts SET status = ?2, last_error = COALESCE(?3, last_error), attempts = attempts + ?4,
                    delivered_at = COALESCE(?5, delivered_at)
-                 WHERE receipt_id = ?1 RETURNING run_id, call_id, kind",
+                 WHERE receipt_id = ?1 AND status = 'pending' RETURNING run_id, call_id, kind",
             )
             .bind(&receipt_id)
             .bind(status.as_str())
