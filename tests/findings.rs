@@ -156,7 +156,7 @@ impl Tool for Pay {
                 Err(ToolError::unknown("the bank timed out after charging"))
             }
             Mode::HonourCancel => {
-                ctx.cancellation().cancelled().await;
+                ctx.cancelled().await;
                 Err(ToolError::cancelled("the customer cancelled"))
             }
             Mode::BadOutput => {

@@ -311,7 +311,7 @@ impl Tool for SimTool {
             }
             "slow" => {
                 tokio::select! {
-                    _ = ctx.cancellation().cancelled() => {
+                    _ = ctx.cancelled() => {
                         return Err(ToolError::cancelled("the customer cancelled"));
                     }
                     _ = tokio::time::sleep(Duration::from_millis(40 + input.n % 5 * 30)) => {}

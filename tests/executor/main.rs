@@ -8,6 +8,7 @@
 
 mod failures;
 mod fixture;
+mod function_tools;
 mod happy;
 mod lifecycle;
 mod migration;

@@ -216,7 +216,7 @@ impl Tool for WriteTool {
             Mode::WaitCancel(max) => {
                 let start = Instant::now();
                 tokio::select! {
-                    _ = ctx.cancellation().cancelled() => {
+                    _ = ctx.cancelled() => {
                         self.probe.note(format!("cancelled after {} ms", start.elapsed().as_millis()));
                         return Err(ToolError::cancelled("the run was cancelled"));
                     }
@@ -240,7 +240,7 @@ impl Tool for WriteTool {
                 let end = tokio::time::sleep(d);
                 tokio::pin!(end);
                 tokio::select! {
-                    _ = ctx.cancellation().cancelled() => {
+                    _ = ctx.cancelled() => {
                         self.probe.note("cancel signalled");
                         end.await;
                     }

@@ -13,7 +13,8 @@ use toolrunner_protocol::tooldef::{self, check_version};
 use crate::authorizer::{AllowAll, Authorizer};
 use crate::client::{Backoff, Client};
 use crate::error::{Error, Kind, Result};
-use crate::handler::{Erased, ErasedTool, Tool};
+use crate::function::{IntoTool, Registered, States};
+use crate::handler::ErasedTool;
 use crate::runner::fenced::FencedStore;
 use crate::runner::{self, Config, Core, CrashPlan, RunningExecutor};
 use crate::store::{SqliteStore, Store};
@@ -36,7 +37,8 @@ pub struct ExecutorBuilder {
     auto_reconcile: bool,
     reconcile_interval: Duration,
     authorizer: Option<Arc<dyn Authorizer>>,
-    tools: Vec<Arc<dyn ErasedTool>>,
+    tools: Vec<Registered>,
+    states: States,
     crash_plan: Option<CrashPlan>,
 }
 
@@ -76,6 +78,7 @@ impl Default for ExecutorBuilder {
             reconcile_interval: Duration::from_secs(30),
             authorizer: None,
             tools: Vec::new(),
+            states: States::default(),
             crash_plan: None,
         }
     }
@@ -201,9 +204,18 @@ impl ExecutorBuilder {
         self
     }
 
-    /// Registers a tool.
-    pub fn tool<T: Tool>(mut self, tool: T) -> Self {
-        self.tools.push(Arc::new(Erased(tool)));
+    /// Registers a tool: a function marked `#[toolrunner::tool]`, a
+    /// [`tool::write`](crate::tool::write) / [`tool::read`](crate::tool::read),
+    /// or a [`Tool`](crate::Tool) implementation.
+    pub fn tool(mut self, tool: impl IntoTool) -> Self {
+        self.tools.push(tool.into_tool());
+        self
+    }
+
+    /// Shared state that handlers and hooks take as `State<T>` (one value
+    /// per type; cloned for every call, so wrap large things in an `Arc`).
+    pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.states.insert(value);
         self
     }
 
@@ -256,8 +268,23 @@ impl ExecutorBuilder {
                 "register at least one tool with .tool(...)",
             ));
         }
-        let mut tools = BTreeMap::new();
         for t in &self.tools {
+            if let Some(need) = t.needs().iter().find(|n| !self.states.has(n)) {
+                return Err(Error::new(
+                    Kind::Builder,
+                    format!(
+                        "tool {} takes State<{}>: give it with .state(..) on the builder",
+                        t.name(),
+                        need.name
+                    ),
+                ));
+            }
+        }
+        let states = Arc::new(self.states);
+        let bound: Vec<Arc<dyn ErasedTool>> =
+            self.tools.into_iter().map(|t| t.bind(&states)).collect();
+        let mut tools = BTreeMap::new();
+        for t in &bound {
             if tools.insert(t.name().to_owned(), t.clone()).is_some() {
                 return Err(Error::new(
                     Kind::Builder,
@@ -265,7 +292,7 @@ impl ExecutorBuilder {
                 ));
             }
         }
-        let definitions = definitions(&self.tools, &binding_id);
+        let definitions = definitions(&bound, &binding_id);
         if let Err(problems) = check_version(&definitions, None) {
             let list: Vec<String> = problems
                 .iter()

@@ -47,7 +47,9 @@ impl From<CommitPointError> for ToolError {
 #[error("progress could not be stored: {0}")]
 pub struct ProgressError(pub(crate) String);
 
-/// The context of one call.
+/// The context of one call: owned and cheap to clone, so a handler may
+/// hand it to tasks of its own.
+#[derive(Clone)]
 pub struct CallContext {
     pub(crate) core: Arc<Core>,
     pub(crate) key: crate::runner::CallKey,
@@ -131,10 +133,16 @@ impl CallContext {
         &self.tool_name
     }
 
-    /// Fired when the platform asks to cancel the call (its run was
-    /// cancelled or expired) or the executor shuts down without waiting.
-    pub fn cancellation(&self) -> &CancellationToken {
-        &self.cancel
+    /// Completes when the platform asks to cancel the call (its run was
+    /// cancelled or expired). A handler that honours it stops and answers
+    /// [`ToolError::cancelled`] if nothing happened yet.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await;
+    }
+
+    /// Whether the platform has asked to cancel the call.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
     }
 
     /// Stores, then sends, a progress receipt.

@@ -5,6 +5,7 @@ mod builder;
 mod client;
 mod context;
 mod error;
+mod function;
 mod handler;
 mod lifecycle;
 mod reconciler;
@@ -16,7 +17,18 @@ pub use authorizer::{AllowAll, AuthorizationRequest, Authorizer, Denied};
 pub use builder::{Executor, ExecutorBuilder};
 pub use context::{CallContext, CommitPointError, ProgressError};
 pub use error::{Error, Result};
+pub use function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
+#[doc(hidden)]
+pub use function::{Registered, StateNeed, States};
 pub use handler::{Effect, Reconciled, Tool, ToolError};
+pub use toolrunner_macros::{schema, tool};
+
+/// Function tools: [`write`](tool::write) and [`read`](tool::read) make a
+/// tool of an `async fn` (the `#[toolrunner::tool]` attribute does the
+/// same from the function's doc comment).
+pub mod tool {
+    pub use crate::function::{read, write};
+}
 pub use reconciler::{
     CallSummary, Evidence, OutboxStatus, Outcome, ReceiptView, Reconciler, Resolved, Timeline,
 };

@@ -1,0 +1,218 @@
+#![doc = include_str!("../README.md")]
+
+use proc_macro::TokenStream;
+use proc_macro2::Span;
+use quote::{format_ident, quote};
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, Ident, ItemFn, Lit, LitStr, Meta, Path, Token};
+
+/// What `#[tool(...)]` was given.
+struct ToolArgs {
+    name: LitStr,
+    write: bool,
+    reconcile: Option<Path>,
+    rerun: bool,
+}
+
+impl Parse for ToolArgs {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let metas = Punctuated::<Meta, Token![,]>::parse_terminated(input)?;
+        let mut name = None;
+        let mut effect = None;
+        let mut reconcile = None;
+        let mut rerun = false;
+        for meta in metas {
+            match &meta {
+                Meta::NameValue(nv) if nv.path.is_ident("name") => match &nv.value {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Str(s), ..
+                    }) => name = Some(s.clone()),
+                    other => {
+                        return Err(syn::Error::new_spanned(
+                            other,
+                            "`name` takes a string: name = \"payments.charge\"",
+                        ));
+                    }
+                },
+                Meta::NameValue(nv) if nv.path.is_ident("effect") => {
+                    let word = match &nv.value {
+                        Expr::Path(p) => p.path.get_ident().map(Ident::to_string),
+                        _ => None,
+                    };
+                    effect = Some(match word.as_deref() {
+                        Some("write") => true,
+                        Some("read") => false,
+                        _ => {
+                            return Err(syn::Error::new_spanned(
+                                &nv.value,
+                                "`effect` is `write` (side effects: runs at most once) or `read` (none: may run again)",
+                            ));
+                        }
+                    });
+                }
+                Meta::NameValue(nv) if nv.path.is_ident("reconcile") => match &nv.value {
+                    Expr::Path(p) => reconcile = Some(p.path.clone()),
+                    other => {
+                        return Err(syn::Error::new_spanned(
+                            other,
+                            "`reconcile` names an async fn: reconcile = find_charge",
+                        ));
+                    }
+                },
+                Meta::Path(p) if p.is_ident("rerun") => rerun = true,
+                other => {
+                    return Err(syn::Error::new_spanned(
+                        other,
+                        "unknown setting; #[tool] takes name = \"…\", effect = write | read, reconcile = fn_name, rerun",
+                    ));
+                }
+            }
+        }
+        let name = name.ok_or_else(|| {
+            syn::Error::new(
+                Span::call_site(),
+                "#[tool] needs a name: #[toolrunner::tool(name = \"payments.charge\", effect = write)]",
+            )
+        })?;
+        let write = effect.ok_or_else(|| {
+            syn::Error::new(
+                Span::call_site(),
+                "#[tool] needs an effect: effect = write (side effects) or effect = read (none)",
+            )
+        })?;
+        if rerun && reconcile.is_none() {
+            return Err(syn::Error::new(
+                Span::call_site(),
+                "`rerun` lets the `reconcile` hook's DidNotHappen run the tool again: it needs reconcile = fn_name",
+            ));
+        }
+        Ok(ToolArgs {
+            name,
+            write,
+            reconcile,
+            rerun,
+        })
+    }
+}
+
+/// The doc comment of an item, as one text.
+fn doc_of(attrs: &[syn::Attribute]) -> String {
+    let lines: Vec<String> = attrs
+        .iter()
+        .filter(|a| a.path().is_ident("doc"))
+        .filter_map(|a| match &a.meta {
+            Meta::NameValue(nv) => match &nv.value {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Str(s), ..
+                }) => Some(s.value().trim().to_owned()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    lines.join("\n").trim().to_owned()
+}
+
+/// Turns an `async fn` into a tool.
+///
+/// ```ignore
+/// /// Charges the customer's card.
+/// #[toolrunner::tool(name = "payments.charge", effect = write, reconcile = find_charge)]
+/// async fn charge(ctx: CallContext, input: Charge) -> Result<Charged, ToolError> { … }
+/// ```
+///
+/// The function's doc comment is the tool's description (the model reads
+/// it). The function becomes a value of the same name that
+/// `ExecutorBuilder::tool` takes; its body stays as written. Settings:
+/// `name` (required), `effect = write | read` (required), `reconcile =
+/// fn_name` (an `async fn(CallContext) -> Reconciled<Output>`, optionally
+/// with `State<T>` first) and `rerun` (a `DidNotHappen` from the hook may
+/// run the tool again).
+#[proc_macro_attribute]
+pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let args = syn::parse_macro_input!(attr as ToolArgs);
+    let func = syn::parse_macro_input!(item as ItemFn);
+    match expand_tool(args, func) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::TokenStream> {
+    if func.sig.asyncness.is_none() {
+        return Err(syn::Error::new_spanned(
+            func.sig.fn_token,
+            "a tool is an `async fn(ctx: CallContext, input: Input) -> Result<Output, ToolError>`",
+        ));
+    }
+    let description = doc_of(&func.attrs);
+    if description.is_empty() {
+        return Err(syn::Error::new_spanned(
+            &func.sig.ident,
+            "a tool needs a doc comment: the model reads it as the tool's description",
+        ));
+    }
+    let vis = func.vis.clone();
+    let ident = func.sig.ident.clone();
+    let inner = format_ident!("__toolrunner_{}", ident);
+    func.sig.ident = inner.clone();
+    func.vis = syn::Visibility::Inherited;
+    let name = &args.name;
+    let constructor = if args.write {
+        quote!(::toolrunner::tool::write)
+    } else {
+        quote!(::toolrunner::tool::read)
+    };
+    let reconcile = args.reconcile.as_ref().map(|p| quote!(.reconcile(#p)));
+    let rerun = args.rerun.then(|| quote!(.rerun_when_not_performed()));
+    let doc = format!("The tool `{}`: {description}", args.name.value());
+    Ok(quote! {
+        #[allow(non_snake_case)]
+        #func
+
+        #[doc = #doc]
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy)]
+        #vis struct #ident;
+
+        impl ::toolrunner::IntoTool for #ident {
+            fn into_tool(self) -> ::toolrunner::Registered {
+                ::toolrunner::IntoTool::into_tool(
+                    #constructor(#name, #inner)
+                        .describe(#description)
+                        #reconcile
+                        #rerun
+                )
+            }
+        }
+    })
+}
+
+/// Derives a type's JSON Schema through `toolrunner`'s own `schemars`, so
+/// a crate needs no `schemars` dependency of its own. Its doc comments
+/// become the schema's descriptions.
+///
+/// ```ignore
+/// /// What to charge.
+/// #[toolrunner::schema]
+/// #[derive(serde::Deserialize)]
+/// struct Charge {
+///     /// Amount in minor units.
+///     amount: u64,
+/// }
+/// ```
+#[proc_macro_attribute]
+pub fn schema(attr: TokenStream, item: TokenStream) -> TokenStream {
+    if !attr.is_empty() {
+        let e = syn::Error::new(Span::call_site(), "#[schema] takes no settings");
+        return e.to_compile_error().into();
+    }
+    let item = proc_macro2::TokenStream::from(item);
+    quote! {
+        #[derive(::toolrunner::schemars::JsonSchema)]
+        #[schemars(crate = "::toolrunner::schemars")]
+        #item
+    }
+    .into()
+}

@@ -1,0 +1,486 @@
+//! Function tools: a tool is an `async fn`.
+//!
+//! ```rust
+//! use toolrunner::{CallContext, Reconciled, ToolError};
+//!
+//! /// What to charge.
+//! #[toolrunner::schema]
+//! #[derive(serde::Deserialize)]
+//! struct Charge {
+//!     /// Amount in minor units.
+//!     amount: u64,
+//! }
+//!
+//! /// The charge made.
+//! #[toolrunner::schema]
+//! #[derive(serde::Serialize)]
+//! struct Charged {
+//!     /// The provider's id.
+//!     charge_id: String,
+//! }
+//!
+//! async fn charge(ctx: CallContext, input: Charge) -> Result<Charged, ToolError> {
+//!     ctx.commit_point().await?; // right before the irreversible step
+//!     Ok(Charged { charge_id: format!("ch_{}_{}", ctx.operation_key(), input.amount) })
+//! }
+//!
+//! async fn find_charge(ctx: CallContext) -> Reconciled<Charged> {
+//!     let _ = ctx.operation_key(); // look it up in the business system
+//!     Reconciled::Unknown
+//! }
+//!
+//! let tool = toolrunner::tool::write("payments.charge", charge)
+//!     .describe("Charges the customer's card")
+//!     .reconcile(find_charge);
+//! # let _ = toolrunner::Executor::builder().tool(tool);
+//! ```
+//!
+//! With the attribute macro the same tool is `#[toolrunner::tool(name =
+//! "payments.charge", effect = write, reconcile = find_charge)]` on
+//! `charge`, its doc comment the description.
+//!
+//! Shared state is handed in the way axum does it: give it once with
+//! [`ExecutorBuilder::state`](crate::ExecutorBuilder::state), and take it
+//! as the first argument, `State(db): State<Db>`.
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::context::CallContext;
+use crate::handler::{Effect, ErasedTool, Reconciled, Tool, ToolError};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Shared state a handler takes as its first argument, given once with
+/// [`ExecutorBuilder::state`](crate::ExecutorBuilder::state).
+///
+/// ```rust
+/// # use toolrunner::{CallContext, State, ToolError};
+/// #[derive(Clone)]
+/// struct Db;
+/// # #[toolrunner::schema] #[derive(serde::Deserialize)] struct In {}
+/// # #[toolrunner::schema] #[derive(serde::Serialize)] struct Out {}
+/// async fn lookup(State(db): State<Db>, ctx: CallContext, input: In) -> Result<Out, ToolError> {
+///     let _ = (db, ctx, input);
+///     Ok(Out {})
+/// }
+/// # let _ = toolrunner::Executor::builder().state(Db).tool(toolrunner::tool::read("db.lookup", lookup).describe("Looks up"));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct State<T>(pub T);
+
+/// The shared states by type (the executor's business).
+#[doc(hidden)]
+#[derive(Clone, Default)]
+pub struct States(HashMap<TypeId, Arc<dyn Any + Send + Sync>>);
+
+impl States {
+    pub(crate) fn insert<T: Clone + Send + Sync + 'static>(&mut self, value: T) {
+        self.0.insert(TypeId::of::<T>(), Arc::new(value));
+    }
+
+    fn get<T: Clone + Send + Sync + 'static>(&self) -> Option<T> {
+        self.0
+            .get(&TypeId::of::<T>())
+            .and_then(|v| v.downcast_ref::<T>())
+            .cloned()
+    }
+
+    pub(crate) fn has(&self, need: &StateNeed) -> bool {
+        self.0.contains_key(&need.id)
+    }
+}
+
+/// A state type a handler takes.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct StateNeed {
+    id: TypeId,
+    pub(crate) name: &'static str,
+}
+
+impl StateNeed {
+    fn of<T: 'static>() -> StateNeed {
+        StateNeed {
+            id: TypeId::of::<T>(),
+            name: std::any::type_name::<T>(),
+        }
+    }
+}
+
+fn missing<T>() -> ToolError {
+    ToolError::unknown(format!(
+        "no State<{}> was given to the executor",
+        std::any::type_name::<T>()
+    ))
+}
+
+/// An `async fn` that handles a tool's calls: `async fn(ctx: CallContext,
+/// input: Input) -> Result<Output, ToolError>`, optionally with
+/// `State<T>` first. Implemented for such functions; you do not implement
+/// it yourself.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a tool handler",
+    label = "expected `async fn(ctx: CallContext, input: Input) -> Result<Output, ToolError>`",
+    note = "a tool handler is `async fn(ctx: CallContext, input: Input) -> Result<Output, ToolError>`, with `Input: Deserialize + JsonSchema` and `Output: Serialize + JsonSchema` (derive them, or put #[toolrunner::schema] on the types)",
+    note = "shared state comes first: `async fn(State(db): State<Db>, ctx: CallContext, input: Input) -> Result<Output, ToolError>`"
+)]
+pub trait Handler<Args, I, O>: Clone + Send + Sync + 'static {
+    #[doc(hidden)]
+    fn call(&self, states: &States, ctx: CallContext, input: I) -> BoxFuture<Result<O, ToolError>>;
+    #[doc(hidden)]
+    fn needs() -> Vec<StateNeed>;
+}
+
+impl<F, Fut, I, O> Handler<(CallContext, I), I, O> for F
+where
+    F: Fn(CallContext, I) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<O, ToolError>> + Send + 'static,
+{
+    fn call(&self, _: &States, ctx: CallContext, input: I) -> BoxFuture<Result<O, ToolError>> {
+        Box::pin(self(ctx, input))
+    }
+
+    fn needs() -> Vec<StateNeed> {
+        Vec::new()
+    }
+}
+
+impl<F, Fut, S, I, O> Handler<(State<S>, CallContext, I), I, O> for F
+where
+    F: Fn(State<S>, CallContext, I) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<O, ToolError>> + Send + 'static,
+    S: Clone + Send + Sync + 'static,
+    I: Send + 'static,
+    O: 'static,
+{
+    fn call(&self, states: &States, ctx: CallContext, input: I) -> BoxFuture<Result<O, ToolError>> {
+        match states.get::<S>() {
+            Some(s) => Box::pin(self(State(s), ctx, input)),
+            None => Box::pin(async { Err(missing::<S>()) }),
+        }
+    }
+
+    fn needs() -> Vec<StateNeed> {
+        vec![StateNeed::of::<S>()]
+    }
+}
+
+/// An `async fn` that looks an operation up to settle an unknown outcome:
+/// `async fn(ctx: CallContext) -> Reconciled<Output>`, optionally with
+/// `State<T>` first.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a reconcile hook for this tool",
+    label = "expected `async fn(ctx: CallContext) -> Reconciled<Output>`",
+    note = "a reconcile hook is `async fn(ctx: CallContext) -> Reconciled<Output>` with the tool's own Output type; it looks ctx.operation_key() up in the business system",
+    note = "shared state comes first: `async fn(State(db): State<Db>, ctx: CallContext) -> Reconciled<Output>`"
+)]
+pub trait ReconcileHandler<Args, O>: Clone + Send + Sync + 'static {
+    #[doc(hidden)]
+    fn call(&self, states: &States, ctx: CallContext) -> BoxFuture<Reconciled<O>>;
+    #[doc(hidden)]
+    fn needs() -> Vec<StateNeed>;
+}
+
+impl<F, Fut, O> ReconcileHandler<(CallContext,), O> for F
+where
+    F: Fn(CallContext) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Reconciled<O>> + Send + 'static,
+{
+    fn call(&self, _: &States, ctx: CallContext) -> BoxFuture<Reconciled<O>> {
+        Box::pin(self(ctx))
+    }
+
+    fn needs() -> Vec<StateNeed> {
+        Vec::new()
+    }
+}
+
+impl<F, Fut, S, O> ReconcileHandler<(State<S>, CallContext), O> for F
+where
+    F: Fn(State<S>, CallContext) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Reconciled<O>> + Send + 'static,
+    S: Clone + Send + Sync + 'static,
+    O: 'static,
+{
+    fn call(&self, states: &States, ctx: CallContext) -> BoxFuture<Reconciled<O>> {
+        match states.get::<S>() {
+            Some(s) => Box::pin(self(State(s), ctx)),
+            None => Box::pin(async { Reconciled::Unknown }),
+        }
+    }
+
+    fn needs() -> Vec<StateNeed> {
+        vec![StateNeed::of::<S>()]
+    }
+}
+
+type CallFn =
+    Arc<dyn Fn(&States, CallContext, Value) -> BoxFuture<Result<Value, ToolError>> + Send + Sync>;
+type HookFn = Arc<dyn Fn(&States, CallContext) -> BoxFuture<Reconciled<Value>> + Send + Sync>;
+
+/// A tool made of functions (see [`tool::write`](crate::tool::write)).
+#[must_use = "a tool does nothing until it is given to `ExecutorBuilder::tool`"]
+pub struct FnTool<O> {
+    name: String,
+    description: String,
+    effect: Effect,
+    input_schema: Value,
+    output_schema: Value,
+    check_input: fn(&Value) -> Result<(), String>,
+    call: CallFn,
+    reconcile: Option<HookFn>,
+    rerun: bool,
+    needs: Vec<StateNeed>,
+    _output: PhantomData<fn() -> O>,
+}
+
+impl<O> std::fmt::Debug for FnTool<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FnTool")
+            .field("name", &self.name)
+            .field("effect", &self.effect)
+            .field("reconcile", &self.reconcile.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn schema_of<S: JsonSchema>() -> Value {
+    serde_json::to_value(schemars::schema_for!(S)).unwrap_or(Value::Null)
+}
+
+fn check_input<I: DeserializeOwned>(arguments: &Value) -> Result<(), String> {
+    I::deserialize(arguments)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+fn new<H, A, I, O>(name: &str, effect: Effect, handler: H) -> FnTool<O>
+where
+    H: Handler<A, I, O>,
+    I: DeserializeOwned + JsonSchema + Send + 'static,
+    O: Serialize + JsonSchema + Send + 'static,
+{
+    let call: CallFn = Arc::new(move |states, ctx, arguments| {
+        let input = match I::deserialize(arguments) {
+            Ok(i) => i,
+            Err(e) => {
+                let e = ToolError::unknown(format!("arguments changed shape: {e}"));
+                return Box::pin(async move { Err(e) });
+            }
+        };
+        let fut = handler.call(states, ctx, input);
+        Box::pin(async move {
+            let output = fut.await?;
+            serde_json::to_value(output)
+                .map_err(|e| ToolError::unknown(format!("the output does not serialize: {e}")))
+        })
+    });
+    FnTool {
+        name: name.to_owned(),
+        description: String::new(),
+        effect,
+        input_schema: schema_of::<I>(),
+        output_schema: schema_of::<O>(),
+        check_input: check_input::<I>,
+        call,
+        reconcile: None,
+        rerun: false,
+        needs: H::needs(),
+        _output: PhantomData,
+    }
+}
+
+/// A tool with side effects (runs at most once per call; an unknown
+/// outcome goes to `reconciliation_required`) made of an `async fn`.
+/// Add a description with [`FnTool::describe`] before registering it.
+pub fn write<H, A, I, O>(name: &str, handler: H) -> FnTool<O>
+where
+    H: Handler<A, I, O>,
+    I: DeserializeOwned + JsonSchema + Send + 'static,
+    O: Serialize + JsonSchema + Send + 'static,
+{
+    new(name, Effect::Write, handler)
+}
+
+/// A tool free of side effects (may run again after a crash) made of an
+/// `async fn`.
+pub fn read<H, A, I, O>(name: &str, handler: H) -> FnTool<O>
+where
+    H: Handler<A, I, O>,
+    I: DeserializeOwned + JsonSchema + Send + 'static,
+    O: Serialize + JsonSchema + Send + 'static,
+{
+    new(name, Effect::Read, handler)
+}
+
+impl<O: Serialize + Send + 'static> FnTool<O> {
+    /// What the model reads about the tool (required).
+    pub fn describe(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+
+    /// The hook that looks an unknown outcome up by
+    /// [`CallContext::operation_key`].
+    pub fn reconcile<H, A>(mut self, hook: H) -> Self
+    where
+        H: ReconcileHandler<A, O>,
+    {
+        self.needs.extend(H::needs());
+        self.reconcile = Some(Arc::new(move |states, ctx| {
+            let fut = hook.call(states, ctx);
+            Box::pin(async move {
+                match fut.await {
+                    Reconciled::Happened(output) => match serde_json::to_value(output) {
+                        Ok(v) => Reconciled::Happened(v),
+                        Err(_) => Reconciled::Unknown,
+                    },
+                    Reconciled::DidNotHappen => Reconciled::DidNotHappen,
+                    Reconciled::Unknown => Reconciled::Unknown,
+                }
+            })
+        }));
+        self
+    }
+
+    /// A [`DidNotHappen`](Reconciled::DidNotHappen) from the hook may run
+    /// the tool again (same operation key) instead of settling `failed`
+    /// with code `not_performed`.
+    pub fn rerun_when_not_performed(mut self) -> Self {
+        self.rerun = true;
+        self
+    }
+}
+
+/// Something [`ExecutorBuilder::tool`](crate::ExecutorBuilder::tool)
+/// takes: a [`Tool`] implementation, a [`FnTool`], or a function marked
+/// `#[toolrunner::tool]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a tool",
+    label = "not a tool",
+    note = "give `.tool(..)` a function marked #[toolrunner::tool(name = \"…\", effect = write)], a `toolrunner::tool::write(\"name\", handler)`, or a type that implements `toolrunner::Tool`"
+)]
+pub trait IntoTool {
+    /// Registers it (the executor's business).
+    #[doc(hidden)]
+    fn into_tool(self) -> Registered;
+}
+
+/// A tool as registered, before the executor binds its state.
+#[doc(hidden)]
+pub struct Registered(pub(crate) Kind);
+
+pub(crate) enum Kind {
+    Trait(Arc<dyn ErasedTool>),
+    Function(FnTool<()>),
+}
+
+impl<T: Tool> IntoTool for T {
+    fn into_tool(self) -> Registered {
+        Registered(Kind::Trait(Arc::new(crate::handler::Erased(self))))
+    }
+}
+
+impl<O> IntoTool for FnTool<O> {
+    fn into_tool(self) -> Registered {
+        Registered(Kind::Function(FnTool {
+            name: self.name,
+            description: self.description,
+            effect: self.effect,
+            input_schema: self.input_schema,
+            output_schema: self.output_schema,
+            check_input: self.check_input,
+            call: self.call,
+            reconcile: self.reconcile,
+            rerun: self.rerun,
+            needs: self.needs,
+            _output: PhantomData,
+        }))
+    }
+}
+
+impl Registered {
+    /// The state types it takes.
+    pub(crate) fn needs(&self) -> &[StateNeed] {
+        match &self.0 {
+            Kind::Trait(_) => &[],
+            Kind::Function(f) => &f.needs,
+        }
+    }
+
+    /// The tool's name.
+    pub(crate) fn name(&self) -> &str {
+        match &self.0 {
+            Kind::Trait(t) => t.name(),
+            Kind::Function(f) => &f.name,
+        }
+    }
+
+    /// The tool as the runner holds it, with the executor's states.
+    pub(crate) fn bind(self, states: &Arc<States>) -> Arc<dyn ErasedTool> {
+        match self.0 {
+            Kind::Trait(t) => t,
+            Kind::Function(f) => Arc::new(Bound {
+                tool: f,
+                states: states.clone(),
+            }),
+        }
+    }
+}
+
+/// A function tool with the executor's states.
+struct Bound {
+    tool: FnTool<()>,
+    states: Arc<States>,
+}
+
+#[async_trait::async_trait]
+impl ErasedTool for Bound {
+    fn name(&self) -> &str {
+        &self.tool.name
+    }
+
+    fn description(&self) -> &str {
+        &self.tool.description
+    }
+
+    fn effect(&self) -> Effect {
+        self.tool.effect
+    }
+
+    fn input_schema(&self) -> Value {
+        self.tool.input_schema.clone()
+    }
+
+    fn output_schema(&self) -> Value {
+        self.tool.output_schema.clone()
+    }
+
+    fn check_input(&self, arguments: &Value) -> Result<(), String> {
+        (self.tool.check_input)(arguments)
+    }
+
+    async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<Value, ToolError> {
+        (self.tool.call)(&self.states, ctx.clone(), arguments).await
+    }
+
+    async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Value> {
+        match &self.tool.reconcile {
+            Some(hook) => hook(&self.states, ctx.clone()).await,
+            None => Reconciled::Unknown,
+        }
+    }
+
+    fn rerun_when_not_performed(&self) -> bool {
+        self.tool.rerun
+    }
+}
