@@ -312,7 +312,7 @@ impl Row {
             &Options::new(&store_url, &Log::default()),
         )
         .tool_definitions()
-        .clone();
+        .to_vec();
         let version = platform
             .post(
                 &format!("/agents/{agent_id}/versions"),

@@ -307,7 +307,7 @@ impl World {
             .build()
             .expect("builds")
             .tool_definitions()
-            .clone();
+            .to_vec();
         let version = world
             .post(
                 &format!("/agents/{agent_id}/versions"),

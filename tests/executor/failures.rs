@@ -190,7 +190,10 @@ async fn output_violating_its_schema_needs_reconciliation() -> Result<()> {
         })
         .build()?;
     assert_eq!(
-        exec.tool_definitions()[0]["output_schema"]["required"],
+        exec.tool_definitions()[0]
+            .output_schema
+            .as_ref()
+            .expect("an output schema")["required"],
         json!(["entry"]),
         "the published output schema is the type's"
     );

@@ -124,7 +124,7 @@ impl Env {
     }
 
     /// Publishes a version with these tool definitions; its `agent_version`.
-    pub async fn publish(&self, tools: &Value) -> Result<String> {
+    pub async fn publish(&self, tools: &[toolrunner::platform::ToolDefinition]) -> Result<String> {
         let v = self
             .post(
                 &format!("/agents/{}/versions", self.agent_id),

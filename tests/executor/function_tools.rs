@@ -82,19 +82,17 @@ async fn function_tools_serve_calls_and_their_hook_settles_the_unknown() -> Resu
         .tool(post)
         .tool(toolrunner::tool::read("ledger.total", total).describe("The ledger's total"))
         .build()?;
-    let defs = exec.tool_definitions().clone();
-    let post_def = defs
-        .as_array()
-        .expect("definitions")
+    let post_def = exec
+        .tool_definitions()
         .iter()
-        .find(|d| d["name"] == "ledger.post")
+        .find(|d| d.name == "ledger.post")
         .expect("ledger.post");
     assert_eq!(
-        post_def["description"],
+        post_def.description,
         "Posts an amount to the ledger (the model reads this)."
     );
     assert_eq!(
-        post_def["input_schema"]["properties"]["amount"]["description"],
+        post_def.input_schema["properties"]["amount"]["description"],
         "Amount in minor units."
     );
     let agv = env.publish_for(&exec).await?;

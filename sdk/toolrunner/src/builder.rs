@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, RwLock, Semaphore};
 use tokio_util::sync::CancellationToken;
-use toolrunner_protocol::tooldef::{self, check_version};
+use toolrunner_protocol::tooldef::{self, ToolDefinition, check_version};
 
 use crate::authorizer::{AllowAll, Authorizer};
 use crate::client::{Backoff, Client};
@@ -39,6 +39,7 @@ pub struct ExecutorBuilder {
     authorizer: Option<Arc<dyn Authorizer>>,
     tools: Vec<Registered>,
     states: States,
+    allow_insecure_http: bool,
     crash_plan: Option<CrashPlan>,
 }
 
@@ -79,12 +80,57 @@ impl Default for ExecutorBuilder {
             authorizer: None,
             tools: Vec::new(),
             states: States::default(),
+            allow_insecure_http: false,
             crash_plan: None,
         }
     }
 }
 
+/// The environment variables [`Executor::from_env`] reads.
+pub const ENV_VARS: [(&str, &str); 5] = [
+    (
+        "TOOLRUNNER_BASE_URL",
+        "the platform, e.g. https://platform.example",
+    ),
+    (
+        "TOOLRUNNER_TOKEN",
+        "the bearer token (scopes executors:connect, tools:execute)",
+    ),
+    (
+        "TOOLRUNNER_EXECUTOR_ID",
+        "this deployment slot's executor id",
+    ),
+    ("TOOLRUNNER_BINDING_ID", "the executor binding it serves"),
+    (
+        "TOOLRUNNER_STORE_URL",
+        "the store, sqlite://PATH (default sqlite://toolrunner.db)",
+    ),
+];
+
 impl ExecutorBuilder {
+    /// A builder with the settings of the environment (see [`ENV_VARS`]);
+    /// what is not set there can still be set on the builder.
+    pub fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let defaults = ExecutorBuilder::default();
+        ExecutorBuilder {
+            base_url: var("TOOLRUNNER_BASE_URL"),
+            token: var("TOOLRUNNER_TOKEN"),
+            executor_id: var("TOOLRUNNER_EXECUTOR_ID"),
+            binding_id: var("TOOLRUNNER_BINDING_ID"),
+            store_url: var("TOOLRUNNER_STORE_URL").unwrap_or(defaults.store_url.clone()),
+            ..defaults
+        }
+    }
+
+    /// Allows a plain `http://` base URL to a host other than this machine.
+    /// Without it such a URL is refused at [`build`](Self::build): the token
+    /// and every grant would cross the network in clear.
+    pub fn allow_insecure_http(mut self) -> Self {
+        self.allow_insecure_http = true;
+        self
+    }
+
     /// The platform, e.g. `http://127.0.0.1:8700` (paths go under `/v1`).
     pub fn base_url(mut self, url: impl Into<String>) -> Self {
         self.base_url = Some(url.into());
@@ -226,29 +272,38 @@ impl ExecutorBuilder {
     /// invalid executor id; capacity 0; no tools; duplicate tool names; a
     /// tool whose schemas fail the protocol's tool-definition checks.
     pub fn build(self) -> Result<Executor> {
-        let missing = |what: &str| {
+        let missing = |what: &str, var: &str| {
             Error::new(
                 Kind::Builder,
-                format!("missing {what}: set it on Executor::builder()"),
+                format!("missing {what}: call .{what}(..) on the builder or set {var}"),
             )
         };
-        let base_url = self.base_url.clone().ok_or_else(|| missing("base_url"))?;
+        let base_url = self
+            .base_url
+            .clone()
+            .ok_or_else(|| missing("base_url", "TOOLRUNNER_BASE_URL"))?;
+        check_base_url(&base_url, self.allow_insecure_http)?;
         let token = self
             .token
             .clone()
-            .ok_or_else(|| missing("token (or the TOOLRUNNER_TOKEN variable)"))?;
+            .ok_or_else(|| missing("token", "TOOLRUNNER_TOKEN"))?;
         let executor_id = self
             .executor_id
             .clone()
-            .ok_or_else(|| missing("executor_id"))?;
+            .ok_or_else(|| missing("executor_id", "TOOLRUNNER_EXECUTOR_ID"))?;
         let binding_id = self
             .binding_id
             .clone()
-            .ok_or_else(|| missing("binding_id"))?;
+            .ok_or_else(|| missing("binding_id", "TOOLRUNNER_BINDING_ID"))?;
         let authorizer = self
             .authorizer
             .clone()
-            .ok_or_else(|| missing("authorizer (or allow_all() for development)"))?;
+            .ok_or_else(|| {
+                Error::new(
+                    Kind::Builder,
+                    "missing authorizer: call .authorizer(..) with the product's own checks (or .allow_all() in development)",
+                )
+            })?;
         let valid_id = (1..=128).contains(&executor_id.len())
             && executor_id
                 .bytes()
@@ -292,20 +347,22 @@ impl ExecutorBuilder {
                 ));
             }
         }
-        let definitions = definitions(&bound, &binding_id);
-        if let Err(problems) = check_version(&definitions, None) {
-            let list: Vec<String> = problems
-                .iter()
-                .map(|p| format!("{}: {}", p.param, p.message))
-                .collect();
-            return Err(Error::new(
-                Kind::Builder,
-                format!(
-                    "tool definitions fail the protocol's checks: {}",
-                    list.join("; ")
-                ),
-            ));
-        }
+        let definitions = match check_version(&definitions(&bound, &binding_id), None) {
+            Ok(checked) => checked.tools,
+            Err(problems) => {
+                let list: Vec<String> = problems
+                    .iter()
+                    .map(|p| format!("{}: {}", p.param, p.message))
+                    .collect();
+                return Err(Error::new(
+                    Kind::Builder,
+                    format!(
+                        "tool definitions fail the protocol's checks: {}",
+                        list.join("; ")
+                    ),
+                ));
+            }
+        };
         let client = Client::new(&base_url, &token, self.request_timeout, self.backoff)
             .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?;
         Ok(Executor {
@@ -331,6 +388,31 @@ impl ExecutorBuilder {
     }
 }
 
+/// A base URL must be `http(s)://HOST…`, and plain `http` only to this
+/// machine unless explicitly allowed.
+fn check_base_url(url: &str, allow_insecure_http: bool) -> Result<()> {
+    let bad = |why: &str| Error::new(Kind::Builder, format!("base_url {url:?} {why}"));
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| bad("is not a URL: write it as https://HOST[:PORT]"))?;
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = match authority.rsplit_once(':') {
+        Some((h, port)) if !h.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => authority,
+    };
+    if host.is_empty() {
+        return Err(bad("names no host"));
+    }
+    match scheme {
+        "https" => Ok(()),
+        "http" if allow_insecure_http || crate::tls::is_loopback(host) => Ok(()),
+        "http" => Err(bad(
+            "is plain http to another machine: the token and every grant would cross the network in clear; use https, or call .allow_insecure_http() if the network is private",
+        )),
+        _ => Err(bad("must start with https:// (or http:// to this machine)")),
+    }
+}
+
 fn definitions(tools: &[Arc<dyn ErasedTool>], binding_id: &str) -> Value {
     let list: Vec<Value> = tools
         .iter()
@@ -346,13 +428,14 @@ fn definitions(tools: &[Arc<dyn ErasedTool>], binding_id: &str) -> Value {
 }
 
 /// An executor, built and checked, not yet connected.
+#[must_use = "an executor does nothing until it is started: call .serve(signal) or .start()"]
 pub struct Executor {
     cfg: Config,
     client: Client,
     store_url: String,
     tools: crate::handler::Tools,
     authorizer: Arc<dyn Authorizer>,
-    definitions: Value,
+    definitions: Vec<ToolDefinition>,
     crash_plan: Option<CrashPlan>,
 }
 
@@ -372,9 +455,35 @@ impl Executor {
         ExecutorBuilder::default()
     }
 
+    /// A builder with the settings of the environment (see [`ENV_VARS`]).
+    pub fn from_env() -> ExecutorBuilder {
+        ExecutorBuilder::from_env()
+    }
+
+    /// Starts, serves until `shutdown` completes (for example
+    /// [`shutdown_signal`](crate::shutdown_signal)), then drains for up to
+    /// 30 seconds and disconnects.
+    ///
+    /// # Errors
+    /// The executor could not start, or stopped by itself (refused
+    /// credentials, another process took its executor id): the error says
+    /// which and what to do.
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        let running = self.start().await?;
+        tokio::select! {
+            stopped = running.wait() => {
+                let _ = running.shutdown(crate::Shutdown::Drain { deadline: Duration::from_secs(5) }).await;
+                stopped
+            }
+            () = shutdown => {
+                running.shutdown(crate::Shutdown::Drain { deadline: Duration::from_secs(30) }).await
+            }
+        }
+    }
+
     /// The tool definitions to publish in an agent version (`tools` array):
     /// names, descriptions, the binding, schemas generated from the types.
-    pub fn tool_definitions(&self) -> &Value {
+    pub fn tool_definitions(&self) -> &[ToolDefinition] {
         &self.definitions
     }
 

@@ -43,6 +43,11 @@ impl ClientError {
     }
 }
 
+/// Why an HTTP client could not be built.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct ClientBuildError(String);
+
 /// Backoff for transient failures.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Backoff {
@@ -90,12 +95,16 @@ impl Client {
         token: &str,
         timeout: Duration,
         backoff: Backoff,
-    ) -> Result<Client, reqwest::Error> {
-        crate::tls::install_provider();
+    ) -> Result<Client, ClientBuildError> {
+        // TLS of this client only (also for http URLs: without it reqwest
+        // would look for a process-wide provider).
+        let tls = crate::tls::client_config().map_err(ClientBuildError)?;
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
-            .build()?;
+            .tls_backend_preconfigured(tls)
+            .build()
+            .map_err(|e| ClientBuildError(e.to_string()))?;
         Ok(Client {
             http,
             base: base.trim_end_matches('/').to_owned(),

@@ -1,10 +1,19 @@
 //! The SDK's one error type.
+use std::sync::Arc;
+
 use toolrunner_protocol::ApiError;
 
-/// What went wrong. Ask with the `is_*` methods; the message says what to do.
+/// What went wrong. Ask with the `is_*` methods; the message says what was
+/// wrong and what to do; [`status`](Error::status) and
+/// [`code`](Error::code) carry the platform's answer when there was one,
+/// and [`source`](std::error::Error::source) the cause.
+#[derive(Clone)]
 pub struct Error {
     kind: Kind,
     message: String,
+    status: Option<u16>,
+    code: Option<String>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +32,24 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            status: None,
+            code: None,
+            source: None,
         }
+    }
+
+    /// The same error, its message prefixed with what was being done.
+    pub(crate) fn context(mut self, doing: &str) -> Error {
+        self.message = format!("{doing}: {}", self.message);
+        self
+    }
+
+    pub(crate) fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Error {
+        self.source = Some(Arc::new(source));
+        self
     }
 
     /// A builder setting is missing or invalid (found at `build()`).
@@ -43,7 +69,7 @@ impl Error {
         self.kind == Kind::Superseded
     }
 
-    /// The local store failed.
+    /// The local store failed (or another process holds it).
     pub fn is_store(&self) -> bool {
         self.kind == Kind::Store
     }
@@ -63,6 +89,17 @@ impl Error {
     pub fn is_unreachable(&self) -> bool {
         self.kind == Kind::Unreachable
     }
+
+    /// The platform's HTTP status, when the platform answered.
+    pub fn status(&self) -> Option<u16> {
+        self.status
+    }
+
+    /// The platform's error code (`invalid_grant`, `missing_scope`, …), when
+    /// the platform answered.
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
 }
 
 impl std::fmt::Debug for Error {
@@ -70,7 +107,9 @@ impl std::fmt::Debug for Error {
         f.debug_struct("Error")
             .field("kind", &self.kind)
             .field("message", &self.message)
-            .finish()
+            .field("status", &self.status)
+            .field("code", &self.code)
+            .finish_non_exhaustive()
     }
 }
 
@@ -80,34 +119,79 @@ impl std::fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 impl From<crate::store::StoreError> for Error {
     fn from(e: crate::store::StoreError) -> Self {
-        Error::new(Kind::Store, e.to_string())
+        Error::new(Kind::Store, e.to_string()).with_source(e)
     }
 }
 
 impl From<crate::client::ClientError> for Error {
     fn from(e: crate::client::ClientError) -> Self {
         match e {
-            crate::client::ClientError::Api(api) => from_api(&api),
-            crate::client::ClientError::Unreachable(m) => Error::new(Kind::Unreachable, m),
+            crate::client::ClientError::Api(api) => from_api(api),
+            crate::client::ClientError::Unreachable(m) => Error::new(
+                Kind::Unreachable,
+                format!("{m}; check that the platform runs and that base_url points at it"),
+            ),
         }
     }
 }
 
-fn from_api(api: &ApiError) -> Error {
-    if api.status == 401 || api.code() == "missing_scope" {
-        return Error::new(
+fn from_api(api: ApiError) -> Error {
+    let (kind, message) = if api.status == 401 {
+        (
             Kind::Configuration,
             format!(
-                "the platform refused the executor's token ({api}); check TOOLRUNNER_TOKEN and its scopes (executors:connect, tools:execute)"
+                "the platform refused the executor's token ({api}): check TOOLRUNNER_TOKEN (or .token(..))"
             ),
-        );
-    }
-    Error::new(Kind::Platform, api.to_string())
+        )
+    } else if api.code() == "missing_scope" {
+        (
+            Kind::Configuration,
+            format!(
+                "the executor's token lacks a scope ({api}): give it executors:connect and tools:execute"
+            ),
+        )
+    } else {
+        (Kind::Platform, api.to_string())
+    };
+    let mut e = Error::new(kind, message);
+    e.status = Some(api.status);
+    e.code = Some(api.code().to_owned());
+    e.with_source(api)
 }
 
 /// A `Result` with the SDK's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Completes on Ctrl-C, or on `SIGTERM` where there is one: the signal a
+/// container or a service manager sends to stop a process. For
+/// [`Executor::serve`](crate::Executor::serve).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

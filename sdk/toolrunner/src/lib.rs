@@ -8,15 +8,17 @@ mod error;
 mod function;
 mod handler;
 mod lifecycle;
+pub mod platform;
 mod reconciler;
 mod runner;
 pub mod store;
 mod tls;
 
 pub use authorizer::{AllowAll, AuthorizationRequest, Authorizer, Denied};
+pub use builder::ENV_VARS;
 pub use builder::{Executor, ExecutorBuilder};
 pub use context::{CallContext, CommitPointError, ProgressError};
-pub use error::{Error, Result};
+pub use error::{Error, Result, shutdown_signal};
 pub use function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
 #[doc(hidden)]
 pub use function::{Registered, StateNeed, States};

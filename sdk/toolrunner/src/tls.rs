@@ -1,10 +1,28 @@
-//! TLS through rustls with the ring provider (no OpenSSL, no aws-lc).
+//! TLS through rustls with the ring provider (no OpenSSL, no aws-lc),
+//! configured for each client: the SDK never installs a process-wide
+//! provider behind the application's back.
+use std::sync::Arc;
 
-/// Installs ring as the process-wide rustls provider, once. Harmless if the
-/// application installed one already.
-pub(crate) fn install_provider() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
+/// The rustls configuration of one HTTP client: ring, the platform's
+/// certificate verifier (the operating system's roots), safe protocol
+/// versions.
+pub(crate) fn client_config() -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls_platform_verifier::Verifier::new(provider.clone())
+        .map_err(|e| format!("cannot load the system's certificate roots: {e}"))?;
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("cannot configure TLS: {e}"))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth())
+}
+
+/// Whether `url` names this machine (`localhost`, `127.0.0.0/8`, `::1`).
+pub(crate) fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }

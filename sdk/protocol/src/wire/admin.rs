@@ -18,6 +18,28 @@ pub struct NewToolCall {
     pub unchecked: bool,
 }
 
+impl NewToolCall {
+    /// A call of `tool_name` with `arguments` (checked against the tool's
+    /// `input_schema`).
+    pub fn new(tool_name: impl Into<String>, arguments: Value) -> NewToolCall {
+        NewToolCall {
+            tool_name: tool_name.into(),
+            arguments,
+            unchecked: false,
+        }
+    }
+
+    /// A call whose arguments the platform does not check (to test an
+    /// executor's own checks).
+    pub fn unchecked(tool_name: impl Into<String>, arguments: Value) -> NewToolCall {
+        NewToolCall {
+            tool_name: tool_name.into(),
+            arguments,
+            unchecked: true,
+        }
+    }
+}
+
 /// `POST /runs`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -241,7 +241,10 @@ pub enum Shutdown {
     Detach,
 }
 
-/// A started executor.
+/// A started executor. Dropping it stops everything at once, as a lost
+/// process would; call [`shutdown`](RunningExecutor::shutdown) to leave
+/// cleanly.
+#[must_use = "dropping a RunningExecutor stops it at once: keep it, and call .shutdown(..) to leave"]
 pub struct RunningExecutor {
     core: Arc<Core>,
     tasks: tokio::task::JoinSet<()>,
@@ -276,8 +279,8 @@ impl RunningExecutor {
     /// The condition that stopped it.
     pub async fn wait(&self) -> Result<(), Error> {
         self.core.stop.cancelled().await;
-        match self.core.fatal.lock().expect("not poisoned").take() {
-            Some(e) => Err(e),
+        match self.core.fatal.lock().expect("not poisoned").as_ref() {
+            Some(e) => Err(e.clone()),
             None => Ok(()),
         }
     }

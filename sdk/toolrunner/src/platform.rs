@@ -1,0 +1,460 @@
+//! A typed client for the platform's configuration and run endpoints
+//! (protocol §2 and, on the development platform, §7): publish the tools an
+//! executor serves, start runs, read them, cancel them.
+//!
+//! ```rust,no_run
+//! # async fn demo(executor: &toolrunner::Executor) -> toolrunner::Result<()> {
+//! use toolrunner::platform::{NewToolCall, Platform};
+//!
+//! let platform = Platform::new("http://127.0.0.1:8700", "dev-admin")?;
+//! let agent = platform.create_agent("support-bot").await?;
+//! let binding = platform
+//!     .create_binding(&agent.agent_id, "payments", &["payments.charge"])
+//!     .await?;
+//! // Build the executor with `binding.binding_id`, then publish what it serves:
+//! let version = platform
+//!     .publish(&agent.agent_id, executor.tool_definitions())
+//!     .await?;
+//! let run = platform
+//!     .create_run(&version.agent_version, "user_42", vec![NewToolCall::new(
+//!         "payments.charge",
+//!         serde_json::json!({"amount": 1200}),
+//!     )])
+//!     .await?;
+//! let run = platform
+//!     .wait_settled(&run.run_id, std::time::Duration::from_secs(30))
+//!     .await?;
+//! # let _ = (binding, run); Ok(()) }
+//! ```
+//!
+//! The executor's own endpoints are the executor's business; this client
+//! is for setting up, testing and operating. [`Platform::request`] sends a
+//! request of your own (a test that needs a malformed body, say) through
+//! the same client.
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+pub use toolrunner_protocol::tooldef::ToolDefinition;
+pub use toolrunner_protocol::wire::{
+    Agent, AgentVersion, Binding, CallState, Diagnostics, DryRun, DryRunAnswer, FaultSettings,
+    List, NewToolCall, Run, RunCall, RunStatus, StoredReceipt,
+};
+
+use crate::error::{Error, Kind, Result};
+use toolrunner_protocol::error::{ApiError, ErrorEnvelope};
+
+/// The platform's configuration and run endpoints.
+#[derive(Clone)]
+pub struct Platform {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl std::fmt::Debug for Platform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Platform")
+            .field("base", &self.base)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+/// An answer to [`Platform::request`], whatever its status.
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// Headers, names lower-case.
+    pub headers: Vec<(String, String)>,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    /// The body as JSON (`Null` if it is not JSON).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A request of your own, sent by [`RawRequest::send`].
+#[derive(Debug)]
+#[must_use = "a request does nothing until it is sent"]
+pub struct RawRequest {
+    inner: reqwest::RequestBuilder,
+}
+
+impl RawRequest {
+    /// Replaces the bearer token (or sends none with `None`).
+    pub fn token(self, token: Option<&str>) -> RawRequest {
+        let inner = self.inner.header(reqwest::header::AUTHORIZATION, "");
+        let inner = match token {
+            Some(t) => inner.bearer_auth(t),
+            None => inner,
+        };
+        RawRequest { inner }
+    }
+
+    /// A JSON body (and its content type).
+    pub fn json(self, body: &Value) -> RawRequest {
+        RawRequest {
+            inner: self.inner.json(body),
+        }
+    }
+
+    /// A body of raw bytes, exactly as given.
+    pub fn body(self, body: impl Into<Vec<u8>>) -> RawRequest {
+        RawRequest {
+            inner: self.inner.body(body.into()),
+        }
+    }
+
+    /// A header.
+    pub fn header(self, name: &str, value: &str) -> RawRequest {
+        RawRequest {
+            inner: self.inner.header(name, value),
+        }
+    }
+
+    /// Sends it once (no retries) and returns whatever came back.
+    ///
+    /// # Errors
+    /// No answer at all (connection refused, timeout).
+    pub async fn send(self) -> Result<RawResponse> {
+        let resp = self
+            .inner
+            .send()
+            .await
+            .map_err(|e| unreachable(&e.to_string()))?;
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+            .collect();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| unreachable(&e.to_string()))?
+            .to_vec();
+        Ok(RawResponse {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
+fn unreachable(detail: &str) -> Error {
+    Error::new(
+        Kind::Unreachable,
+        format!(
+            "cannot reach the platform: {detail}; check that it runs and that the URL points at it"
+        ),
+    )
+}
+
+impl Platform {
+    /// A client for the platform at `base_url` (paths go under `/v1`) with
+    /// `token`, which needs the scopes of the endpoints used
+    /// (`configuration:write` to publish, `runs:write` to start runs, …).
+    ///
+    /// # Errors
+    /// The HTTP client cannot be built.
+    pub fn new(base_url: &str, token: &str) -> Result<Platform> {
+        let tls = crate::tls::client_config().map_err(|e| Error::new(Kind::Builder, e))?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .tls_backend_preconfigured(tls)
+            .build()
+            .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?;
+        Ok(Platform {
+            http,
+            base: base_url.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+        })
+    }
+
+    /// The base URL.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// A request of your own to `path` (under `/v1`, e.g. `/runs`), with
+    /// this client's token.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> RawRequest {
+        RawRequest {
+            inner: self
+                .http
+                .request(method, format!("{}/v1{path}", self.base))
+                .bearer_auth(&self.token),
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<T> {
+        let mut req = self.request(method.clone(), path);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await?;
+        if (200..300).contains(&resp.status) {
+            return serde_json::from_slice(&resp.body).map_err(|e| {
+                Error::new(
+                    Kind::Platform,
+                    format!("{method} {path}: the answer does not parse: {e}"),
+                )
+            });
+        }
+        let api = match serde_json::from_slice::<ErrorEnvelope>(&resp.body) {
+            Ok(env) => ApiError {
+                status: resp.status,
+                body: env.error,
+            },
+            Err(_) => ApiError::new(
+                resp.status,
+                toolrunner_protocol::ErrorType::ApiError,
+                "unexpected_answer",
+                String::from_utf8_lossy(&resp.body).into_owned(),
+            ),
+        };
+        Err(Error::from(crate::client::ClientError::Api(api)).context(&format!("{method} {path}")))
+    }
+
+    fn json<B: Serialize>(body: &B) -> Value {
+        serde_json::to_value(body).unwrap_or(Value::Null)
+    }
+
+    /// `POST /agents`.
+    ///
+    /// # Errors
+    /// The platform refused it (the error carries its status and code).
+    pub async fn create_agent(&self, name: &str) -> Result<Agent> {
+        self.call(
+            reqwest::Method::POST,
+            "/agents",
+            Some(json!({"name": name})),
+        )
+        .await
+    }
+
+    /// `POST /executor-bindings`: the tools an executor may serve for an
+    /// agent.
+    ///
+    /// # Errors
+    /// The platform refused it.
+    pub async fn create_binding(
+        &self,
+        agent_id: &str,
+        name: &str,
+        tool_names: &[&str],
+    ) -> Result<Binding> {
+        let body = json!({"agent_id": agent_id, "name": name, "tool_names": tool_names});
+        self.call(reqwest::Method::POST, "/executor-bindings", Some(body))
+            .await
+    }
+
+    /// `GET /executor-bindings?agent_id=`.
+    ///
+    /// # Errors
+    /// The platform refused it.
+    pub async fn bindings(&self, agent_id: &str) -> Result<Vec<Binding>> {
+        let list: List<Binding> = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/executor-bindings?agent_id={agent_id}"),
+                None,
+            )
+            .await?;
+        Ok(list.data)
+    }
+
+    /// `POST /agents/{agent_id}/versions` with these tool definitions (for
+    /// example [`Executor::tool_definitions`](crate::Executor::tool_definitions)).
+    ///
+    /// # Errors
+    /// The platform refused the version (the message names the field).
+    pub async fn publish(&self, agent_id: &str, tools: &[ToolDefinition]) -> Result<AgentVersion> {
+        let body = json!({"tools": Self::json(&tools)});
+        self.call(
+            reqwest::Method::POST,
+            &format!("/agents/{agent_id}/versions"),
+            Some(body),
+        )
+        .await
+    }
+
+    /// `GET /agents/{agent_id}/versions/{agent_version}`.
+    ///
+    /// # Errors
+    /// The platform refused it.
+    pub async fn version(&self, agent_id: &str, agent_version: &str) -> Result<AgentVersion> {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/agents/{agent_id}/versions/{agent_version}"),
+            None,
+        )
+        .await
+    }
+
+    /// A binding's diagnostics: its executors and its calls by state.
+    ///
+    /// # Errors
+    /// The platform refused it.
+    pub async fn diagnostics(&self, agent_id: &str, binding_id: &str) -> Result<Diagnostics> {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/agents/{agent_id}/executor-bindings/{binding_id}/diagnostics"),
+            None,
+        )
+        .await
+    }
+
+    /// `POST /tools/dry-run`.
+    ///
+    /// # Errors
+    /// The platform refused it.
+    pub async fn dry_run(&self, body: &DryRun) -> Result<DryRunAnswer> {
+        self.call(
+            reqwest::Method::POST,
+            "/tools/dry-run",
+            Some(Self::json(body)),
+        )
+        .await
+    }
+
+    /// `POST /runs` (the development platform): a run whose model asked
+    /// for these calls.
+    ///
+    /// # Errors
+    /// The platform refused it (arguments that fail a tool's schema, an
+    /// unknown version, …).
+    pub async fn create_run(
+        &self,
+        agent_version: &str,
+        subject: &str,
+        calls: Vec<NewToolCall>,
+    ) -> Result<Run> {
+        let body = json!({"agent_version": agent_version, "subject": subject,
+                          "tool_calls": Self::json(&calls)});
+        self.call(reqwest::Method::POST, "/runs", Some(body)).await
+    }
+
+    /// `POST /runs/{run_id}/tool-calls` (the development platform).
+    ///
+    /// # Errors
+    /// The platform refused it.
+    pub async fn add_calls(&self, run_id: &str, calls: Vec<NewToolCall>) -> Result<Run> {
+        let body = json!({"tool_calls": Self::json(&calls)});
+        self.call(
+            reqwest::Method::POST,
+            &format!("/runs/{run_id}/tool-calls"),
+            Some(body),
+        )
+        .await
+    }
+
+    /// `GET /runs/{run_id}`.
+    ///
+    /// # Errors
+    /// The platform refused it.
+    pub async fn run(&self, run_id: &str) -> Result<Run> {
+        self.call(reqwest::Method::GET, &format!("/runs/{run_id}"), None)
+            .await
+    }
+
+    /// `POST /runs/{run_id}/cancel` (the development platform).
+    ///
+    /// # Errors
+    /// The platform refused it.
+    pub async fn cancel_run(&self, run_id: &str) -> Result<Run> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/runs/{run_id}/cancel"),
+            Some(json!({})),
+        )
+        .await
+    }
+
+    /// `PUT /dev/faults` (the development platform).
+    ///
+    /// # Errors
+    /// The platform refused it.
+    pub async fn set_faults(&self, faults: &FaultSettings) -> Result<FaultSettings> {
+        self.call(
+            reqwest::Method::PUT,
+            "/dev/faults",
+            Some(Self::json(faults)),
+        )
+        .await
+    }
+
+    /// Polls the run until `done` holds, every 25 ms, for at most `within`.
+    ///
+    /// # Errors
+    /// The run could not be read, or `done` did not hold in time (the
+    /// message shows the run as last seen).
+    pub async fn wait_for(
+        &self,
+        run_id: &str,
+        within: Duration,
+        what: &str,
+        done: impl Fn(&Run) -> bool,
+    ) -> Result<Run> {
+        let end = Instant::now() + within;
+        loop {
+            let run = self.run(run_id).await?;
+            if done(&run) {
+                return Ok(run);
+            }
+            if Instant::now() >= end {
+                let states: Vec<String> = run
+                    .tool_calls
+                    .iter()
+                    .map(|c| format!("{} {}", c.tool_name, c.state.as_str()))
+                    .collect();
+                return Err(Error::new(
+                    Kind::Platform,
+                    format!(
+                        "run {run_id} was not {what} within {within:?}; its calls: {}",
+                        states.join(", ")
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits until every call of the run is settled: `completed`,
+    /// `failed`, `cancelled`, `terminated` or `reconciliation_required`.
+    ///
+    /// # Errors
+    /// As [`wait_for`](Self::wait_for).
+    pub async fn wait_settled(&self, run_id: &str, within: Duration) -> Result<Run> {
+        self.wait_for(run_id, within, "settled", |run| {
+            run.tool_calls.iter().all(|c| settled(c.state))
+        })
+        .await
+    }
+}
+
+/// Whether a call will not change any more without an operator.
+pub fn settled(state: CallState) -> bool {
+    state.is_terminal() || state == CallState::ReconciliationRequired
+}
