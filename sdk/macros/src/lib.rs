@@ -116,10 +116,10 @@ fn doc_of(attrs: &[syn::Attribute]) -> String {
 
 /// Turns an `async fn` into a tool.
 ///
-/// ```ignore
+/// ```text
 /// /// Charges the customer's card.
 /// #[toolrunner::tool(name = "payments.charge", effect = write, reconcile = find_charge)]
-/// async fn charge(ctx: CallContext, input: Charge) -> Result<Charged, ToolError> { … }
+/// async fn charge(ctx: CallContext, input: Charge) -> Result<Charged, ToolError> { .. }
 /// ```
 ///
 /// The function's doc comment is the tool's description (the model reads
@@ -193,7 +193,7 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
 /// a crate needs no `schemars` dependency of its own. Its doc comments
 /// become the schema's descriptions.
 ///
-/// ```ignore
+/// ```text
 /// /// What to charge.
 /// #[toolrunner::schema]
 /// #[derive(serde::Deserialize)]

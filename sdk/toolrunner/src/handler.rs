@@ -103,6 +103,17 @@ pub enum Reconciled<T> {
     Unknown,
 }
 
+impl<T> Reconciled<T> {
+    /// `Happened` with the output found, or `DidNotHappen` when nothing
+    /// was found.
+    pub fn found(output: Option<T>) -> Reconciled<T> {
+        match output {
+            Some(o) => Reconciled::Happened(o),
+            None => Reconciled::DidNotHappen,
+        }
+    }
+}
+
 /// A typed tool. Input and output schemas come from the types.
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
