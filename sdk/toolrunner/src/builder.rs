@@ -244,7 +244,7 @@ impl ExecutorBuilder {
     /// `after_claim_answer`, `after_assignment_saved`,
     /// `after_accepted_saved`, `after_accepted_confirmed`, `after_handler`,
     /// `after_final_saved`.
-    #[cfg(feature = "failpoints")]
+    #[cfg(any(feature = "failpoints", feature = "testing"))]
     pub fn crash_plan(mut self, plan: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         self.crash_plan = Some(Arc::new(plan));
         self

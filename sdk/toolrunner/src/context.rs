@@ -173,6 +173,9 @@ impl CallContext {
     /// # Errors
     /// [`CommitPointError::Cancelled`] or [`CommitPointError::LeaseLost`].
     pub async fn commit_point(&self) -> Result<(), CommitPointError> {
+        if self.core.crash_point("commit_point").is_err() {
+            return Err(CommitPointError::LeaseLost);
+        }
         if self.cancel.is_cancelled() {
             return Err(CommitPointError::Cancelled);
         }

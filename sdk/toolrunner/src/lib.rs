@@ -12,6 +12,8 @@ pub mod platform;
 mod reconciler;
 mod runner;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tls;
 
 pub use authorizer::{AllowAll, AuthorizationRequest, Authorizer, Denied};
