@@ -131,11 +131,16 @@ fn doc_of(attrs: &[syn::Attribute]) -> String {
 /// run the tool again).
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let args = syn::parse_macro_input!(attr as ToolArgs);
     let func = syn::parse_macro_input!(item as ItemFn);
-    match expand_tool(args, func) {
+    // On an error the function stays as written, so the only message is
+    // the one that says what to write.
+    let expanded = syn::parse::<ToolArgs>(attr).and_then(|args| expand_tool(args, func.clone()));
+    match expanded {
         Ok(tokens) => tokens.into(),
-        Err(e) => e.to_compile_error().into(),
+        Err(e) => {
+            let error = e.to_compile_error();
+            quote!(#error #func).into()
+        }
     }
 }
 

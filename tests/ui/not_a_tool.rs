@@ -1,0 +1,3 @@
+fn main() {
+    let _ = toolrunner::Executor::builder().tool(42);
+}

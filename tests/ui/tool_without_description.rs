@@ -1,0 +1,19 @@
+use toolrunner::{CallContext, ToolError};
+
+/// In.
+#[toolrunner::schema]
+#[derive(serde::Deserialize)]
+struct In {}
+
+/// Out.
+#[toolrunner::schema]
+#[derive(serde::Serialize)]
+struct Out {}
+
+#[toolrunner::tool(name = "payments.charge", effect = write)]
+async fn charge(ctx: CallContext, input: In) -> Result<Out, ToolError> {
+    let _ = (input, ctx);
+    Ok(Out {})
+}
+
+fn main() {}
