@@ -6,6 +6,7 @@
 
 #![allow(missing_docs, unreachable_pub)]
 
+mod error_messages;
 mod failures;
 mod fixture;
 mod function_tools;

@@ -114,6 +114,11 @@ impl Client {
         })
     }
 
+    /// The platform's base URL (never the token).
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
     /// Stops every request from now on (they answer `Unreachable`).
     pub(crate) fn fence(&self) {
         self.fence.cancel();

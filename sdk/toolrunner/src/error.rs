@@ -44,6 +44,14 @@ impl Error {
         self
     }
 
+    /// The same error, carrying the platform's answer (status, code,
+    /// source).
+    pub(crate) fn with_api(mut self, api: ApiError) -> Error {
+        self.status = Some(api.status);
+        self.code = Some(api.code().to_owned());
+        self.with_source(api)
+    }
+
     pub(crate) fn with_source(
         mut self,
         source: impl std::error::Error + Send + Sync + 'static,
@@ -163,10 +171,7 @@ fn from_api(api: ApiError) -> Error {
     } else {
         (Kind::Platform, api.to_string())
     };
-    let mut e = Error::new(kind, message);
-    e.status = Some(api.status);
-    e.code = Some(api.code().to_owned());
-    e.with_source(api)
+    Error::new(kind, message).with_api(api)
 }
 
 /// A `Result` with the SDK's error.

@@ -19,8 +19,32 @@ pub enum Effect {
     Write,
 }
 
+/// The cause kept with a [`ToolError`].
+type Source = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+
 /// How a handler call ended when it did not return an output.
-#[derive(Debug)]
+///
+/// `?` on an ordinary error gives [`ToolError::Unknown`] (the outcome is
+/// unknown, never guessed). [`OutcomeExt`] says otherwise where you know
+/// better, and works with `anyhow::Error` and boxed errors too:
+///
+/// ```rust
+/// use toolrunner::{OutcomeExt, ToolError};
+///
+/// fn send(amount: u64) -> Result<String, std::io::Error> {
+///     Ok(format!("sent {amount}"))
+/// }
+///
+/// fn charge(amount: u64) -> Result<String, ToolError> {
+///     if amount == 0 {
+///         return Err(ToolError::failed("invalid_amount", "the amount must be positive"));
+///     }
+///     let receipt = send(amount).unknown_outcome()?; // same as plain `?`
+///     Ok(receipt)
+/// }
+/// # assert!(charge(5).is_ok());
+/// ```
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum ToolError {
     /// A business failure the product has confirmed: nothing (more) will
@@ -42,12 +66,16 @@ pub enum ToolError {
     Retry {
         /// Why (logged, never sent).
         reason: String,
+        /// The cause, if there was one.
+        source: Option<Source>,
     },
     /// Anything else: the outcome is unknown. The call goes to
     /// `reconciliation_required`; it is never retried blindly.
     Unknown {
         /// What went wrong (logged and kept locally, never sent to the model).
         error: String,
+        /// The cause, if there was one.
+        source: Option<Source>,
     },
 }
 
@@ -71,6 +99,7 @@ impl ToolError {
     pub fn retry(reason: impl Into<String>) -> ToolError {
         ToolError::Retry {
             reason: reason.into(),
+            source: None,
         }
     }
 
@@ -78,6 +107,28 @@ impl ToolError {
     pub fn unknown(error: impl std::fmt::Display) -> ToolError {
         ToolError::Unknown {
             error: error.to_string(),
+            source: None,
+        }
+    }
+
+    /// The cause it keeps, if any.
+    pub fn source(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            ToolError::Retry { source, .. } | ToolError::Unknown { source, .. } => {
+                source.as_deref()
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ToolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ToolError::Failed { code, message } => write!(f, "failed ({code}): {message}"),
+            ToolError::Cancelled { reason } => write!(f, "cancelled: {reason}"),
+            ToolError::Retry { reason, .. } => write!(f, "nothing happened, retry: {reason}"),
+            ToolError::Unknown { error, .. } => write!(f, "outcome unknown: {error}"),
         }
     }
 }
@@ -87,7 +138,61 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for ToolError {
     fn from(e: E) -> Self {
         ToolError::Unknown {
             error: e.to_string(),
+            source: Some(std::sync::Arc::new(e)),
         }
+    }
+}
+
+/// Says what an error means for a tool call, on any `Result` whose error
+/// converts into a boxed error (`std` errors, `anyhow::Error`,
+/// `Box<dyn Error + Send + Sync>`).
+pub trait OutcomeExt<T> {
+    /// The outcome is unknown (the call goes to `reconciliation_required`).
+    ///
+    /// # Errors
+    /// [`ToolError::Unknown`] keeping the error as its source.
+    fn unknown_outcome(self) -> Result<T, ToolError>;
+
+    /// Nothing happened; the executor may try again.
+    ///
+    /// # Errors
+    /// [`ToolError::Retry`] keeping the error as its source.
+    fn retry_later(self) -> Result<T, ToolError>;
+
+    /// A confirmed business failure with `code`; the error's text is the
+    /// message the model reads (keep it short and free of internals).
+    ///
+    /// # Errors
+    /// [`ToolError::Failed`].
+    fn business_failure(self, code: &str) -> Result<T, ToolError>;
+}
+
+impl<T, E> OutcomeExt<T> for Result<T, E>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn unknown_outcome(self) -> Result<T, ToolError> {
+        self.map_err(|e| {
+            let e: Source = e.into().into();
+            ToolError::Unknown {
+                error: e.to_string(),
+                source: Some(e),
+            }
+        })
+    }
+
+    fn retry_later(self) -> Result<T, ToolError> {
+        self.map_err(|e| {
+            let e: Source = e.into().into();
+            ToolError::Retry {
+                reason: e.to_string(),
+                source: Some(e),
+            }
+        })
+    }
+
+    fn business_failure(self, code: &str) -> Result<T, ToolError> {
+        self.map_err(|e| ToolError::failed(code, e.into().to_string()))
     }
 }
 

@@ -507,7 +507,7 @@ fn outcome_event(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
                 extra: json!({ "reason": reason }),
             },
         },
-        Err(ToolError::Retry { reason } | ToolError::Unknown { error: reason }) => {
+        Err(ToolError::Retry { reason, .. } | ToolError::Unknown { error: reason, .. }) => {
             tracing::warn!(error = %reason, "the outcome is unknown: reconciliation required");
             Event::OutcomeUnknown {
                 why: reason,
@@ -538,12 +538,12 @@ async fn attempt_handler(
             ))),
         };
         match result {
-            Err(ToolError::Retry { reason }) if attempt + 1 < core.cfg.retry_attempts => {
+            Err(ToolError::Retry { reason, .. }) if attempt + 1 < core.cfg.retry_attempts => {
                 tracing::info!(attempt, %reason, "handler asked to retry; nothing happened");
                 tokio::time::sleep(super::pause(core, attempt)).await;
                 attempt += 1;
             }
-            Err(ToolError::Retry { reason }) => {
+            Err(ToolError::Retry { reason, .. }) => {
                 tracing::warn!(%reason, "retries exhausted");
                 return Err(ToolError::failed(
                     "retries_exhausted",

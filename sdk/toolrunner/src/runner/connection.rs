@@ -12,9 +12,19 @@ use crate::client::ClientError;
 use crate::context::CommitPointError;
 use crate::error::{Error, Kind};
 
-/// Connects (retrying transient failures until stopped) and resumes the
-/// calls the platform and the store know.
-pub(crate) async fn connect(core: &Arc<Core>) -> Result<(), Error> {
+/// How long a connect keeps trying an unreachable platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Patience {
+    /// The first connect of `start()`: the client's own retries, then the
+    /// error goes to the caller (a wrong URL is said at once).
+    Once,
+    /// A reconnect of a running executor: until the platform answers or
+    /// the executor stops.
+    UntilStopped,
+}
+
+/// Connects and resumes the calls the platform and the store know.
+pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), Error> {
     let _guard = core.reconnecting.lock().await;
     if core.conn.read().await.is_some() {
         // Another task connected while this one waited.
@@ -36,15 +46,17 @@ pub(crate) async fn connect(core: &Arc<Core>) -> Result<(), Error> {
     let connected = loop {
         match core.client.connect(&body).await {
             Ok(c) => break c,
-            Err(ClientError::Unreachable(m)) if !core.done.is_cancelled() => {
+            Err(ClientError::Unreachable(m))
+                if patience == Patience::UntilStopped && !core.done.is_cancelled() =>
+            {
                 tracing::warn!(error = %m, "cannot reach the platform; retrying connect");
                 tokio::time::sleep(super::pause(core, attempt.min(6))).await;
                 attempt += 1;
             }
             Err(e) => {
-                let err = Error::from(e);
+                let err = connect_refused(core, e);
                 if err.is_configuration() {
-                    core.fail(Error::new(Kind::Configuration, err.to_string()));
+                    core.fail(err.clone());
                 }
                 return Err(err);
             }
@@ -62,6 +74,47 @@ pub(crate) async fn connect(core: &Arc<Core>) -> Result<(), Error> {
     Ok(())
 }
 
+/// The error of a refused connect, in words that say what to change.
+fn connect_refused(core: &Core, e: ClientError) -> Error {
+    let base = core.client.base();
+    let binding = &core.cfg.binding_id;
+    match &e {
+        ClientError::Unreachable(m) => Error::new(
+            Kind::Unreachable,
+            format!(
+                "cannot reach the platform at {base} ({m}): check that it runs and that TOOLRUNNER_BASE_URL (or .base_url(..)) points at it"
+            ),
+        ),
+        ClientError::Api(api) if api.code() == "unknown_binding" => Error::new(
+            Kind::Configuration,
+            format!(
+                "the platform at {base} knows no executor binding {binding}: check TOOLRUNNER_BINDING_ID (or .binding_id(..)), or create the binding (toolrunner::platform::Platform::create_binding)"
+            ),
+        )
+        .with_api(api.clone()),
+        ClientError::Api(api) if api.code() == "unknown_tool" => {
+            let index = api
+                .body
+                .param
+                .as_deref()
+                .and_then(|p| p.strip_prefix("tools["))
+                .and_then(|p| p.strip_suffix(']'))
+                .and_then(|i| i.parse::<usize>().ok());
+            let tool = index
+                .and_then(|i| core.tools.keys().nth(i))
+                .map_or_else(|| "a tool".to_owned(), |t| format!("the tool {t}"));
+            Error::new(
+                Kind::Configuration,
+                format!(
+                    "the binding {binding} does not list {tool} this executor serves: add it to the binding's tool_names, or do not register it here"
+                ),
+            )
+            .with_api(api.clone())
+        }
+        _ => Error::from(e),
+    }
+}
+
 /// The heartbeat interval: the advised one, but never so long that the
 /// lease could lapse between two beats (at most a third of the lease).
 fn beat(advised_ms: u64, lease_ttl_ms: u64) -> Duration {
@@ -73,7 +126,7 @@ pub(crate) async fn connection_id(core: &Arc<Core>) -> Result<String, Error> {
     if let Some(c) = core.conn.read().await.as_ref() {
         return Ok(c.connection_id.clone());
     }
-    connect(core).await?;
+    connect(core, Patience::UntilStopped).await?;
     core.conn
         .read()
         .await

@@ -259,7 +259,7 @@ impl std::fmt::Debug for RunningExecutor {
 }
 
 pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
-    connection::connect(&core).await?;
+    connection::connect(&core, connection::Patience::Once).await?;
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(connection::heartbeat_loop(core.clone()));
     tasks.spawn(claimer::claim_loop(core.clone()));

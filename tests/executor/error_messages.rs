@@ -1,0 +1,175 @@
+//! Every error a person can meet at start says what was wrong and what to
+//! do, and never shows the token: one row per mistake.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use toolrunner::{CallContext, ExecutorBuilder, ToolError};
+
+use crate::fixture::*;
+use crate::tools::*;
+
+/// A token no platform knows.
+const SECRET: &str = "tok_do_not_print_me_3141";
+
+/// One mistake: how to make it, and what the error must (and must not) say.
+struct Row {
+    mistake: &'static str,
+    must_say: Vec<String>,
+    kind: fn(&toolrunner::Error) -> bool,
+}
+
+async fn start(builder: ExecutorBuilder) -> toolrunner::Error {
+    let built = match builder.build() {
+        Ok(e) => e,
+        Err(e) => return e,
+    };
+    match bounded(Duration::from_secs(20), "start", built.start()).await {
+        Ok(running) => {
+            drop(running);
+            panic!("the executor started")
+        }
+        Err(e) => e,
+    }
+}
+
+/// A handler whose input is not an object: its schema is refused.
+async fn not_an_object(_ctx: CallContext, input: u64) -> Result<u64, ToolError> {
+    Ok(input)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
+    let env = Env::start(Opts::default(), &[READ]).await?;
+    let read = || ReadTool {
+        probe: Probe::new(),
+    };
+    let locked_by = env
+        .builder("exe-holder")
+        .tool(read())
+        .build()?
+        .start()
+        .await?;
+    let store_path = env.dir.path().join("exec.db").display().to_string();
+    let cases: Vec<(Row, ExecutorBuilder)> = vec![
+        (
+            Row {
+                mistake: "a token the platform does not know",
+                must_say: vec![
+                    "refused the executor's token".into(),
+                    "TOOLRUNNER_TOKEN".into(),
+                ],
+                kind: toolrunner::Error::is_configuration,
+            },
+            env.builder("exe-token")
+                .token(SECRET)
+                .store_url(env.other_store_url("token.db"))
+                .tool(read()),
+        ),
+        (
+            Row {
+                mistake: "a binding the platform does not know",
+                must_say: vec!["bnd_nope".into(), "TOOLRUNNER_BINDING_ID".into()],
+                kind: toolrunner::Error::is_configuration,
+            },
+            env.builder("exe-binding")
+                .binding_id("bnd_nope")
+                .store_url(env.other_store_url("binding.db"))
+                .tool(read()),
+        ),
+        (
+            Row {
+                mistake: "a tool the binding does not list",
+                must_say: vec![WRITE.into(), "tool_names".into()],
+                kind: toolrunner::Error::is_configuration,
+            },
+            env.builder("exe-tools")
+                .store_url(env.other_store_url("tools.db"))
+                .tool(read())
+                .tool(WriteTool {
+                    probe: Probe::new(),
+                    mode: Mode::Append,
+                }),
+        ),
+        (
+            Row {
+                mistake: "a tool whose input schema is not an object",
+                must_say: vec!["tools[0].input_schema".into(), "object".into()],
+                kind: toolrunner::Error::is_builder,
+            },
+            env.builder("exe-schema").tool(
+                toolrunner::tool::write("numbers.echo", not_an_object).describe("Echoes a number"),
+            ),
+        ),
+        (
+            Row {
+                mistake: "a platform that is not there",
+                must_say: vec![
+                    "cannot reach the platform at http://127.0.0.1:9".into(),
+                    "TOOLRUNNER_BASE_URL".into(),
+                ],
+                kind: toolrunner::Error::is_unreachable,
+            },
+            env.builder("exe-unreachable")
+                .base_url("http://127.0.0.1:9")
+                .token(SECRET)
+                .store_url(env.other_store_url("unreachable.db"))
+                .tool(read()),
+        ),
+        (
+            Row {
+                mistake: "a store another executor process holds",
+                must_say: vec![store_path.clone(), "its own store file".into()],
+                kind: toolrunner::Error::is_store,
+            },
+            env.builder("exe-locked").tool(read()),
+        ),
+        (
+            Row {
+                mistake: "plain http to another machine",
+                must_say: vec!["in clear".into(), ".allow_insecure_http()".into()],
+                kind: toolrunner::Error::is_builder,
+            },
+            env.builder("exe-http")
+                .base_url("http://platform.example")
+                .tool(read()),
+        ),
+        (
+            Row {
+                mistake: "no base URL at all",
+                must_say: vec!["missing base_url".into(), "TOOLRUNNER_BASE_URL".into()],
+                kind: toolrunner::Error::is_builder,
+            },
+            toolrunner::Executor::builder()
+                .token(SECRET)
+                .executor_id("exe-nourl")
+                .binding_id("bnd_1")
+                .allow_all()
+                .tool(read()),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (row, builder) in cases {
+        let e = start(builder).await;
+        let text = e.to_string();
+        let mut wrong = Vec::new();
+        for part in &row.must_say {
+            if !text.contains(part.as_str()) {
+                wrong.push(format!("does not say {part:?}"));
+            }
+        }
+        if text.contains(SECRET) || format!("{e:?}").contains(SECRET) {
+            wrong.push("shows the token".into());
+        }
+        if !(row.kind)(&e) {
+            wrong.push(format!("is of the wrong kind: {e:?}"));
+        }
+        if !wrong.is_empty() {
+            failures.push(format!("{}: {text}\n    {}", row.mistake, wrong.join("; ")));
+        }
+    }
+    locked_by.shutdown(DRAIN).await?;
+    env.shutdown().await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
