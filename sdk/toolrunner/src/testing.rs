@@ -107,6 +107,8 @@ pub enum SettledBy {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct CallOutcome {
+    /// The run.
+    pub run_id: String,
     /// The platform's state of the call.
     pub state: CallState,
     /// The `completed` result.
@@ -198,6 +200,7 @@ impl TestKitBuilder {
             agent_version: String::new(),
             binding_id: binding.binding_id,
             store_url: format!("sqlite://{}", dir.path().join("executor.db").display()),
+            store_path: dir.path().join("executor.db"),
             configure,
             running: None,
             crashed: Arc::new(AtomicBool::new(false)),
@@ -222,6 +225,7 @@ pub struct TestKit {
     agent_version: String,
     binding_id: String,
     store_url: String,
+    store_path: std::path::PathBuf,
     configure: Configure,
     running: Option<RunningExecutor>,
     crashed: Arc<AtomicBool>,
@@ -381,6 +385,7 @@ impl TestKit {
             .find(|r| r.kind.is_final())
             .and_then(|r| serde_json::from_str(r.body.get()).ok());
         Ok(Some(CallOutcome {
+            run_id: handle.run_id.clone(),
             state: call.state,
             result: final_body.as_ref().and_then(|b| b.get("result").cloned()),
             error_code: final_body
@@ -449,6 +454,11 @@ impl TestKit {
         let executor = self.executor(None)?;
         self.running = Some(executor.start().await?);
         Ok(())
+    }
+
+    /// The executor's store file (for `toolrunner calls … --db`).
+    pub fn store_path(&self) -> &std::path::Path {
+        &self.store_path
     }
 
     /// The executor's store, to look at what it holds.

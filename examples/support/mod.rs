@@ -1,0 +1,80 @@
+//! What the examples share: quiet logs on stderr, and the table of
+//! outcomes they print.
+#![allow(dead_code)]
+
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{ContentArrangement, Table};
+use toolrunner::testing::{CallOutcome, SettledBy};
+
+/// Logs go to stderr, quiet unless `RUST_LOG` says otherwise, so they
+/// never break the table on stdout.
+pub(crate) fn quiet_logs() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .init();
+}
+
+/// How a call was settled, in words.
+pub(crate) fn settled_by(outcome: &CallOutcome) -> &'static str {
+    match outcome.settled_by {
+        SettledBy::Handler => "handler",
+        SettledBy::ReconcileHook => "reconcile hook",
+        SettledBy::Operator => "operator",
+        SettledBy::Refusal => "refused before start",
+        SettledBy::Nobody => "nobody yet (waits for a human)",
+        _ => "other",
+    }
+}
+
+/// One line of the table: what was asked, and how it ended.
+pub(crate) struct Line {
+    pub(crate) tool: String,
+    pub(crate) asked: String,
+    pub(crate) outcome: CallOutcome,
+}
+
+/// The receipts the platform holds, e.g. `accepted, progress×2, completed`.
+fn receipts(outcome: &CallOutcome) -> String {
+    let mut parts: Vec<(String, usize)> = Vec::new();
+    for r in &outcome.call.receipts {
+        let kind = r.kind.as_str().to_owned();
+        match parts.last_mut() {
+            Some((k, n)) if *k == kind => *n += 1,
+            _ => parts.push((kind, 1)),
+        }
+    }
+    parts
+        .into_iter()
+        .map(|(k, n)| if n == 1 { k } else { format!("{k}×{n}") })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Prints the outcomes as an aligned table.
+pub(crate) fn print(lines: &[Line]) {
+    let mut table = Table::new();
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(["tool", "asked", "state", "settled by", "receipts", "result"]);
+    for l in lines {
+        let result = match (&l.outcome.result, &l.outcome.error_code) {
+            (Some(r), _) => r.to_string(),
+            (None, Some(code)) => format!("error {code}"),
+            (None, None) => String::new(),
+        };
+        table.add_row([
+            l.tool.clone(),
+            l.asked.clone(),
+            l.outcome.state.as_str().to_owned(),
+            settled_by(&l.outcome).to_owned(),
+            receipts(&l.outcome),
+            result,
+        ]);
+    }
+    println!("{table}");
+}
