@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use toolrunner::platform::Platform;
 use toolrunner_devserver::{DevServer, Faults};
 
 // ---------------------------------------------------------------- tokens
@@ -162,22 +163,17 @@ fn install_crypto() {
     });
 }
 
-/// An HTTP client for loopback: no proxy, no automatic retry, bounded time.
-pub fn client() -> reqwest::Client {
-    install_crypto();
-    reqwest::Client::builder()
-        .no_proxy()
-        .retry(reqwest::retry::never())
-        .timeout(Duration::from_secs(20))
-        .build()
-        .expect("reqwest client")
+/// The typed client of the platform at `base` (no token of its own: each
+/// request names one). Loopback: no proxy, no automatic retry.
+pub fn api(base: &str) -> Platform {
+    Platform::new(base, "").expect("platform client")
 }
 
 /// A running development platform plus a client for it.
 pub struct Srv {
     server: Option<DevServer>,
     pub base: String,
-    pub http: reqwest::Client,
+    pub http: Platform,
 }
 
 impl Srv {
@@ -214,8 +210,8 @@ impl Srv {
         let base = server.base_url();
         Srv {
             server: Some(server),
+            http: api(&base),
             base,
-            http: client(),
         }
     }
 
@@ -230,17 +226,15 @@ impl Srv {
         format!("{}/v1{}", self.base, path)
     }
 
-    /// Sends `req`; a transport error is returned as `Err`.
-    pub async fn try_send(&self, req: Req) -> Result<Resp, reqwest::Error> {
-        let url = if req.absolute {
-            format!("{}{}", self.base, req.path)
+    /// Sends `req` through the typed client's raw requests; a transport
+    /// error is returned as `Err`.
+    pub async fn try_send(&self, req: Req) -> Result<Resp, toolrunner::Error> {
+        let mut rb = if req.absolute {
+            self.http.request_to(req.method.clone(), &req.path)
         } else {
-            self.url(&req.path)
-        };
-        let mut rb = self.http.request(req.method.clone(), url);
-        if let Some(t) = &req.token {
-            rb = rb.header("authorization", format!("Bearer {t}"));
+            self.http.request(req.method.clone(), &req.path)
         }
+        .token(req.token.as_deref());
         if let Some(ct) = &req.content_type {
             rb = rb.header("content-type", ct.as_str());
         }
@@ -251,14 +245,20 @@ impl Srv {
             rb = rb.body(b);
         }
         let r = rb.send().await?;
-        let status = r.status().as_u16();
-        let headers = r.headers().clone();
-        let raw = r.bytes().await?.to_vec();
-        let json = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (k, v) in &r.headers {
+            if let (Ok(k), Ok(v)) = (
+                reqwest::header::HeaderName::from_bytes(k.as_bytes()),
+                reqwest::header::HeaderValue::from_str(v),
+            ) {
+                headers.append(k, v);
+            }
+        }
+        let json = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
         Ok(Resp {
-            status,
+            status: r.status,
             headers,
-            raw,
+            raw: r.body,
             json,
         })
     }

@@ -34,7 +34,10 @@ async fn shutdown_frees_the_port() {
     let mut s = Srv::start().await;
     let base = s.base.clone();
     s.stop().await;
-    let r = client().get(format!("{base}/v1/runs/run_x")).send().await;
+    let r = api(&base)
+        .request(reqwest::Method::GET, "/runs/run_x")
+        .send()
+        .await;
     assert!(r.is_err(), "server still answers after shutdown: {r:?}");
     let addr = base.strip_prefix("http://").unwrap();
     std::net::TcpListener::bind(addr).expect("the port is free again");
@@ -156,21 +159,16 @@ async fn lease_ttl_and_heartbeat_interval_default_to_15000_and_5000() {
         .await
         .expect("starts with defaults");
     let base = server.base_url();
-    let http = client();
+    let http = api(&base);
     let post = |path: &str, tok: &str, body: Value| {
-        let http = http.clone();
-        let url = format!("{base}/v1{path}");
-        let tok = tok.to_string();
+        let req = http
+            .request(reqwest::Method::POST, path)
+            .token(Some(tok))
+            .json(&body);
         async move {
-            let r = http
-                .post(url)
-                .bearer_auth(tok)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status().as_u16(), 200);
-            r.json::<Value>().await.unwrap()
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status, 200);
+            r.json()
         }
     };
     let agent = post("/agents", ADMIN, json!({"name": "d"})).await;

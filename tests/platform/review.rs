@@ -15,7 +15,7 @@ const EXEC: &str = "dev-executor";
 struct T {
     _server: DevServer,
     base: String,
-    http: reqwest::Client,
+    http: toolrunner::platform::Platform,
     binding: String,
     version: String,
 }
@@ -45,11 +45,7 @@ impl T {
             .await
             .expect("server");
         let base = format!("{}/v1", server.base_url());
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
+        let http = crate::common::api(&server.base_url());
         let mut t = T {
             _server: server,
             base,
@@ -96,11 +92,11 @@ impl T {
         path: &str,
         body: Option<Vec<u8>>,
         grant: Option<&str>,
-    ) -> Result<R, reqwest::Error> {
+    ) -> Result<R, toolrunner::Error> {
         let mut rb = self
             .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(token)
+            .request(method, path)
+            .token(Some(token))
             .header("content-type", "application/json");
         if let Some(g) = grant {
             rb = rb.header("tool-grant", g);
@@ -109,10 +105,13 @@ impl T {
             rb = rb.body(b);
         }
         let resp = rb.send().await?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await?;
-        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Ok(R { status, text, json })
+        let text = String::from_utf8_lossy(&resp.body).into_owned();
+        let json = resp.json();
+        Ok(R {
+            status: resp.status,
+            text,
+            json,
+        })
     }
 
     async fn post(&self, token: &str, path: &str, body: Value) -> R {

@@ -93,39 +93,37 @@ impl RawResponse {
 #[derive(Debug)]
 #[must_use = "a request does nothing until it is sent"]
 pub struct RawRequest {
-    inner: reqwest::RequestBuilder,
+    http: reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    token: Option<String>,
+    headers: Vec<(String, String)>,
+    body: Option<Vec<u8>>,
 }
 
 impl RawRequest {
-    /// Replaces the bearer token (or sends none with `None`).
-    pub fn token(self, token: Option<&str>) -> RawRequest {
-        let inner = self.inner.header(reqwest::header::AUTHORIZATION, "");
-        let inner = match token {
-            Some(t) => inner.bearer_auth(t),
-            None => inner,
-        };
-        RawRequest { inner }
+    /// Replaces the bearer token, or sends none with `None`.
+    pub fn token(mut self, token: Option<&str>) -> RawRequest {
+        self.token = token.map(str::to_owned);
+        self
     }
 
-    /// A JSON body (and its content type).
+    /// A JSON body, with `Content-Type: application/json`.
     pub fn json(self, body: &Value) -> RawRequest {
-        RawRequest {
-            inner: self.inner.json(body),
-        }
+        self.header("content-type", "application/json")
+            .body(serde_json::to_vec(body).unwrap_or_default())
     }
 
-    /// A body of raw bytes, exactly as given.
-    pub fn body(self, body: impl Into<Vec<u8>>) -> RawRequest {
-        RawRequest {
-            inner: self.inner.body(body.into()),
-        }
+    /// A body of raw bytes, exactly as given (no content type is added).
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> RawRequest {
+        self.body = Some(body.into());
+        self
     }
 
-    /// A header.
-    pub fn header(self, name: &str, value: &str) -> RawRequest {
-        RawRequest {
-            inner: self.inner.header(name, value),
-        }
+    /// A header (added as given, after any of the same name).
+    pub fn header(mut self, name: &str, value: &str) -> RawRequest {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
     }
 
     /// Sends it once (no retries) and returns whatever came back.
@@ -133,11 +131,17 @@ impl RawRequest {
     /// # Errors
     /// No answer at all (connection refused, timeout).
     pub async fn send(self) -> Result<RawResponse> {
-        let resp = self
-            .inner
-            .send()
-            .await
-            .map_err(|e| unreachable(&e.to_string()))?;
+        let mut req = self.http.request(self.method, &self.url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        for (k, v) in &self.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        if let Some(b) = self.body {
+            req = req.body(b);
+        }
+        let resp = req.send().await.map_err(|e| unreachable(&e.to_string()))?;
         let status = resp.status().as_u16();
         let headers = resp
             .headers()
@@ -175,9 +179,18 @@ impl Platform {
     /// The HTTP client cannot be built.
     pub fn new(base_url: &str, token: &str) -> Result<Platform> {
         let tls = crate::tls::client_config().map_err(|e| Error::new(Kind::Builder, e))?;
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
-            .tls_backend_preconfigured(tls)
+            .retry(reqwest::retry::never())
+            .tls_backend_preconfigured(tls);
+        let host = base_url
+            .split_once("://")
+            .map_or("", |(_, rest)| rest.split(['/', ':']).next().unwrap_or(""));
+        if crate::tls::is_loopback(host) {
+            // No proxy ever stands between a process and its own machine.
+            builder = builder.no_proxy();
+        }
+        let http = builder
             .build()
             .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?;
         Ok(Platform {
@@ -195,11 +208,27 @@ impl Platform {
     /// A request of your own to `path` (under `/v1`, e.g. `/runs`), with
     /// this client's token.
     pub fn request(&self, method: reqwest::Method, path: &str) -> RawRequest {
+        self.request_to(method, &format!("/v1{path}"))
+    }
+
+    /// A request of your own to `path` taken from the base URL itself (not
+    /// under `/v1`), with this client's token.
+    pub fn request_to(&self, method: reqwest::Method, path: &str) -> RawRequest {
         RawRequest {
-            inner: self
-                .http
-                .request(method, format!("{}/v1{path}", self.base))
-                .bearer_auth(&self.token),
+            http: self.http.clone(),
+            method,
+            url: format!("{}{path}", self.base),
+            token: Some(self.token.clone()),
+            headers: Vec::new(),
+            body: None,
+        }
+    }
+
+    /// The same client with another token.
+    pub fn with_token(&self, token: &str) -> Platform {
+        Platform {
+            token: token.to_owned(),
+            ..self.clone()
         }
     }
 
