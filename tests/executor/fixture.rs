@@ -51,7 +51,8 @@ impl Default for Opts {
 pub struct Env {
     server: Option<DevServer>,
     pub base: String,
-    pub http: reqwest::Client,
+    /// The typed client, with the admin token.
+    pub http: toolrunner::platform::Platform,
     pub exec_token: String,
     pub store_url: String,
     pub agent_id: String,
@@ -76,9 +77,7 @@ impl Env {
         let server = builder.start().await.context("starting the platform")?;
         let dir = tempfile::tempdir()?;
         let store_url = format!("sqlite://{}", dir.path().join("exec.db").display());
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()?;
+        let http = toolrunner::platform::Platform::new(&server.base_url(), ADMIN)?;
         let mut env = Env {
             base: server.base_url(),
             server: Some(server),
@@ -227,44 +226,30 @@ impl Env {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> Result<Value> {
-        let resp = self
-            .http
-            .post(format!("{}/v1{path}", self.base))
-            .bearer_auth(ADMIN)
-            .json(&body)
-            .send()
-            .await?;
-        answer(resp, "POST", path).await
+        let req = self.http.request(reqwest::Method::POST, path).json(&body);
+        answer(req, "POST", path).await
     }
 
     /// Sets the platform's fault injection (`PUT /v1/dev/faults`).
     pub async fn faults(&self, error_rate: f64) -> Result<Value> {
-        let resp = self
-            .http
-            .put(format!("{}/v1/dev/faults", self.base))
-            .bearer_auth(ADMIN)
-            .json(&serde_json::json!({"error_rate": error_rate}))
-            .send()
-            .await?;
-        answer(resp, "PUT", "/dev/faults").await
+        let faults = toolrunner::platform::FaultSettings {
+            error_rate,
+            ..Default::default()
+        };
+        Ok(serde_json::to_value(self.http.set_faults(&faults).await?)?)
     }
 
     pub async fn get(&self, path: &str) -> Result<Value> {
-        let resp = self
-            .http
-            .get(format!("{}/v1{path}", self.base))
-            .bearer_auth(ADMIN)
-            .send()
-            .await?;
-        answer(resp, "GET", path).await
+        let req = self.http.request(reqwest::Method::GET, path);
+        answer(req, "GET", path).await
     }
 }
 
-async fn answer(resp: reqwest::Response, method: &str, path: &str) -> Result<Value> {
-    let status = resp.status();
-    let body: Value = resp.json().await.unwrap_or(Value::Null);
-    if !status.is_success() {
-        bail!("{method} {path}: platform answered {status}: {body}");
+async fn answer(req: toolrunner::platform::RawRequest, method: &str, path: &str) -> Result<Value> {
+    let resp = req.send().await?;
+    let body = resp.json();
+    if !(200..300).contains(&resp.status) {
+        bail!("{method} {path}: platform answered {}: {body}", resp.status);
     }
     Ok(body)
 }

@@ -107,7 +107,8 @@ async fn a_store_written_before_the_lifecycle_migration_migrates_and_its_calls_s
         .build()?
         .start()
         .await?;
-    let http = reqwest::Client::new();
+    let platform =
+        toolrunner::platform::Platform::new(&server.base_url(), &str_of(&ids, "admin_token")?)?;
     let expected = [
         ("delivered", "completed"),
         ("reconciliation_required", "completed"),
@@ -122,16 +123,8 @@ async fn a_store_written_before_the_lifecycle_migration_migrates_and_its_calls_s
         let (run_id, call_id) = (str_of(call, "run_id")?, str_of(call, "call_id")?);
         let seen = bounded(Duration::from_secs(20), name, async {
             loop {
-                let run: Value = http
-                    .get(format!("{}/v1/runs/{run_id}", server.base_url()))
-                    .bearer_auth(str_of(&ids, "admin_token").expect("token"))
-                    .send()
-                    .await
-                    .expect("platform answers")
-                    .json()
-                    .await
-                    .expect("json");
-                let c = run["tool_calls"][0].clone();
+                let run = platform.run(&run_id).await.expect("platform answers");
+                let c = serde_json::to_value(&run.tool_calls[0]).expect("json");
                 let local = store.call(&run_id, &call_id).await.expect("readable");
                 if c["state"] == state
                     && local

@@ -79,7 +79,7 @@ impl Authorizer for Stuck {
 
 struct World {
     base: String,
-    http: reqwest::Client,
+    http: toolrunner::platform::Platform,
     binding_id: String,
     store_url: String,
 }
@@ -91,18 +91,14 @@ impl World {
         path: &str,
         body: Option<Value>,
     ) -> Result<Value> {
-        let mut req = self
-            .http
-            .request(method, format!("{}/v1{path}", self.base))
-            .bearer_auth(ADMIN);
+        let mut req = self.http.request(method, path);
         if let Some(b) = body {
             req = req.json(&b);
         }
         let resp = req.send().await?;
-        let status = resp.status();
-        let v: Value = resp.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            bail!("{path}: {status} {v}");
+        let v = resp.json();
+        if !(200..300).contains(&resp.status) {
+            bail!("{path}: {} {v}", resp.status);
         }
         Ok(v)
     }
@@ -146,7 +142,7 @@ async fn missing_scope_on_accepted_keeps_the_call() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut w = World {
         base: server.base_url(),
-        http: reqwest::Client::new(),
+        http: toolrunner::platform::Platform::new(&server.base_url(), ADMIN)?,
         binding_id: String::new(),
         store_url: format!("sqlite://{}", dir.path().join("exec.db").display()),
     };
