@@ -174,7 +174,7 @@ where
 
 struct Platform {
     server: DevServer,
-    http: reqwest::Client,
+    http: toolrunner::platform::Platform,
 }
 
 impl Platform {
@@ -188,34 +188,31 @@ impl Platform {
         if let Some((ttl, heartbeat)) = lease {
             builder = builder.lease_ttl_ms(ttl).heartbeat_interval_ms(heartbeat);
         }
-        Platform {
-            server: builder.start().await.expect("devserver starts"),
-            http: reqwest::Client::new(),
-        }
+        let server = builder.start().await.expect("devserver starts");
+        let http = toolrunner::platform::Platform::new(&server.base_url(), ADMIN)
+            .expect("platform client");
+        Platform { server, http }
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}/v1{path}", self.server.base_url())
-    }
-
-    async fn send(&self, req: reqwest::RequestBuilder) -> Value {
-        let resp = req
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .expect("platform answers");
-        let status = resp.status();
-        let body: Value = resp.json().await.expect("JSON answer");
-        assert!(status.is_success(), "platform answered {status}: {body}");
+    async fn send(&self, req: toolrunner::platform::RawRequest) -> Value {
+        let resp = req.send().await.expect("platform answers");
+        let body = resp.json();
+        assert!(
+            (200..300).contains(&resp.status),
+            "platform answered {}: {body}",
+            resp.status
+        );
         body
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        self.send(self.http.post(self.url(path)).json(&body)).await
+        self.send(self.http.request(reqwest::Method::POST, path).json(&body))
+            .await
     }
 
     async fn get(&self, path: &str) -> Value {
-        self.send(self.http.get(self.url(path))).await
+        self.send(self.http.request(reqwest::Method::GET, path))
+            .await
     }
 }
 
@@ -487,15 +484,10 @@ async fn slow_report_proxy(upstream: String, delay: Duration) -> String {
         .await
         .expect("proxy binds");
     let addr = listener.local_addr().expect("proxy address");
-    let http = reqwest::Client::new();
+    let http = toolrunner::platform::Platform::new(&upstream, "").expect("platform client");
     tokio::spawn(async move {
         while let Ok((sock, _)) = listener.accept().await {
-            tokio::spawn(proxy_connection(
-                sock,
-                http.clone(),
-                upstream.clone(),
-                delay,
-            ));
+            tokio::spawn(proxy_connection(sock, http.clone(), delay));
         }
     });
     format!("http://{addr}")
@@ -503,8 +495,7 @@ async fn slow_report_proxy(upstream: String, delay: Duration) -> String {
 
 async fn proxy_connection(
     sock: tokio::net::TcpStream,
-    http: reqwest::Client,
-    upstream: String,
+    http: toolrunner::platform::Platform,
     delay: Duration,
 ) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -549,18 +540,18 @@ async fn proxy_connection(
         let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
             return;
         };
-        let mut req = http.request(method, format!("{upstream}{path}")).body(body);
+        // Forwarded as it came: its own token and headers, through the
+        // typed client's raw requests.
+        let mut req = http.request_to(method, &path).token(None).body(body);
         for (k, v) in &headers {
             req = req.header(k.as_str(), v.as_str());
         }
         let Ok(resp) = req.send().await else {
             return;
         };
-        let status = resp.status();
-        let answer_headers = resp.headers().clone();
-        let Ok(bytes) = resp.bytes().await else {
-            return;
-        };
+        let status = reqwest::StatusCode::from_u16(resp.status).unwrap_or(reqwest::StatusCode::BAD_GATEWAY);
+        let answer_headers = resp.headers.clone();
+        let bytes = resp.body;
         if path.ends_with("/calls/report") {
             tokio::time::sleep(delay).await;
         }
@@ -573,7 +564,7 @@ async fn proxy_connection(
             if ["content-length", "connection", "transfer-encoding"].contains(&k.as_str()) {
                 continue;
             }
-            head.push_str(&format!("{k}: {}\r\n", v.to_str().unwrap_or("")));
+            head.push_str(&format!("{k}: {v}\r\n"));
         }
         head.push_str(&format!("content-length: {}\r\n\r\n", bytes.len()));
         let sock = conn.get_mut();
@@ -946,11 +937,11 @@ fn expired_claim_is_claimed_again_with_a_new_assignment() {
         let probe = row
             .platform
             .http
-            .post(row.platform.url(&format!(
-                "/runs/{}/tool-calls/{}/receipts",
-                row.run_id, row.call_id
-            )))
-            .bearer_auth(EXEC_TOKEN)
+            .with_token(EXEC_TOKEN)
+            .request(
+                reqwest::Method::POST,
+                &format!("/runs/{}/tool-calls/{}/receipts", row.run_id, row.call_id),
+            )
             .header("Tool-Grant", old.grant.expose())
             .json(
                 &json!({"receipt_id": "rcp_probe_old_grant", "executor_id": EXECUTOR_ID,
@@ -961,7 +952,7 @@ fn expired_claim_is_claimed_again_with_a_new_assignment() {
             .await
             .expect("answer");
         assert_eq!(
-            probe.status().as_u16(),
+            probe.status,
             403,
             "the released grant must be refused"
         );
