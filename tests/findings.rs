@@ -266,7 +266,7 @@ where
 /// One platform (a file database), one agent version with `pay.write`.
 struct World {
     server: DevServer,
-    http: reqwest::Client,
+    http: toolrunner::platform::Platform,
     binding_id: String,
     agent_version: String,
     dir: tempfile::TempDir,
@@ -285,9 +285,11 @@ impl World {
             builder = builder.without_stream();
         }
         let server = builder.start().await.expect("devserver starts");
+        let http = toolrunner::platform::Platform::new(&server.base_url(), ADMIN)
+            .expect("platform client");
         let mut world = World {
             server,
-            http: reqwest::Client::new(),
+            http,
             binding_id: String::new(),
             agent_version: String::new(),
             dir,
@@ -356,31 +358,28 @@ impl World {
             .expect("starts")
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder, token: &str) -> (u16, Value) {
-        let resp = req
-            .bearer_auth(token)
-            .send()
-            .await
-            .expect("platform answers");
-        let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap_or(Value::Null))
+    /// A request with `token` to `path` (under `/v1`).
+    fn request(&self, method: reqwest::Method, path: &str, token: &str) -> toolrunner::platform::RawRequest {
+        self.http.request(method, path).token(Some(token))
+    }
+
+    async fn send(&self, req: toolrunner::platform::RawRequest) -> (u16, Value) {
+        let resp = req.send().await.expect("platform answers");
+        (resp.status, resp.json())
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        let url = format!("{}/v1{path}", self.base());
-        let (status, v) = self.send(self.http.post(url).json(&body), ADMIN).await;
+        let req = self.request(reqwest::Method::POST, path, ADMIN).json(&body);
+        let (status, v) = self.send(req).await;
         assert_eq!(status, 200, "POST {path}: {v}");
         v
     }
 
     async fn faults(&self, error_rate: f64) {
-        let url = format!("{}/v1/dev/faults", self.base());
-        let (status, v) = self
-            .send(
-                self.http.put(url).json(&json!({"error_rate": error_rate})),
-                ADMIN,
-            )
-            .await;
+        let req = self
+            .request(reqwest::Method::PUT, "/dev/faults", ADMIN)
+            .json(&json!({"error_rate": error_rate}));
+        let (status, v) = self.send(req).await;
         assert_eq!(status, 200, "faults: {v}");
     }
 
@@ -406,8 +405,8 @@ impl World {
     }
 
     async fn platform_call(&self, run_id: &str, call_id: &str) -> Value {
-        let url = format!("{}/v1/runs/{run_id}", self.base());
-        let (_, run) = self.send(self.http.get(url), ADMIN).await;
+        let req = self.request(reqwest::Method::GET, &format!("/runs/{run_id}"), ADMIN);
+        let (_, run) = self.send(req).await;
         run["tool_calls"]
             .as_array()
             .expect("calls")
@@ -789,50 +788,38 @@ async fn running_behind_the_stores_back(
     drop(a);
     fail::remove("after_claim_answer");
     // From outside: connect as exe-a, replay the claim, send `accepted`.
-    let base = world.base();
+    let post = |path: String, body: Value| {
+        world
+            .request(reqwest::Method::POST, &path, EXEC_TOKEN)
+            .json(&body)
+    };
     let (status, conn) = world
-        .send(
-            world
-                .http
-                .post(format!("{base}/v1/executors/connect"))
-                .json(&json!({
-                "executor_id": "exe-a", "binding_id": world.binding_id,
-                "tools": [TOOL], "capacity": 1})),
-            EXEC_TOKEN,
-        )
+        .send(post(
+            "/executors/connect".into(),
+            json!({"executor_id": "exe-a", "binding_id": world.binding_id,
+                   "tools": [TOOL], "capacity": 1}),
+        ))
         .await;
     assert_eq!(status, 200, "{conn}");
     let (status, claim) = world
-        .send(
-            world
-                .http
-                .post(format!(
-                    "{base}/v1/runs/{run_id}/tool-calls/{call_id}/claim"
-                ))
-                .json(
-                    &json!({"executor_id": "exe-a", "connection_id": conn["connection_id"],
-                              "operation_key": claiming.operation_key}),
-                ),
-            EXEC_TOKEN,
-        )
+        .send(post(
+            format!("/runs/{run_id}/tool-calls/{call_id}/claim"),
+            json!({"executor_id": "exe-a", "connection_id": conn["connection_id"],
+                   "operation_key": claiming.operation_key}),
+        ))
         .await;
     assert_eq!(status, 200, "{claim}");
     assert_eq!(claim["replayed"], true);
     let asg = &claim["assignment"];
     let (status, accepted) = world
         .send(
-            world
-                .http
-                .post(format!(
-                    "{base}/v1/runs/{run_id}/tool-calls/{call_id}/receipts"
-                ))
-                .header("Tool-Grant", asg["grant"].as_str().expect("grant"))
-                .json(
-                    &json!({"receipt_id": "rcp_from_outside", "executor_id": "exe-a",
-                              "assignment_id": asg["assignment_id"], "sequence": 0,
-                              "kind": "accepted"}),
-                ),
-            EXEC_TOKEN,
+            post(
+                format!("/runs/{run_id}/tool-calls/{call_id}/receipts"),
+                json!({"receipt_id": "rcp_from_outside", "executor_id": "exe-a",
+                       "assignment_id": asg["assignment_id"], "sequence": 0,
+                       "kind": "accepted"}),
+            )
+            .header("Tool-Grant", asg["grant"].as_str().expect("grant")),
         )
         .await;
     assert_eq!(status, 200, "{accepted}");
