@@ -97,48 +97,34 @@ fn ledger_binary() -> PathBuf {
 }
 
 struct Admin {
-    http: reqwest::Client,
-    base: String,
+    http: toolrunner::platform::Platform,
 }
 
 impl Admin {
-    async fn send(&self, req: reqwest::RequestBuilder) -> Value {
-        let what = req
-            .try_clone()
-            .and_then(|r| r.build().ok())
-            .map(|r| format!("{} {}", r.method(), r.url().path()))
-            .unwrap_or_default();
-        let resp = req
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .expect("platform answers");
-        let status = resp.status();
-        let body: Value = resp.json().await.expect("JSON");
+    async fn send(&self, what: String, req: toolrunner::platform::RawRequest) -> Value {
+        let resp = req.send().await.expect("platform answers");
+        let body = resp.json();
         assert!(
-            status.is_success(),
-            "platform answered {status} to {what}: {body}"
+            (200..300).contains(&resp.status),
+            "platform answered {} to {what}: {body}",
+            resp.status
         );
         body
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        self.send(
-            self.http
-                .post(format!("{}/v1{path}", self.base))
-                .json(&body),
-        )
-        .await
+        let req = self.http.request(reqwest::Method::POST, path).json(&body);
+        self.send(format!("POST {path}"), req).await
     }
 
     async fn put(&self, path: &str, body: Value) -> Value {
-        self.send(self.http.put(format!("{}/v1{path}", self.base)).json(&body))
-            .await
+        let req = self.http.request(reqwest::Method::PUT, path).json(&body);
+        self.send(format!("PUT {path}"), req).await
     }
 
     async fn get(&self, path: &str) -> Value {
-        self.send(self.http.get(format!("{}/v1{path}", self.base)))
-            .await
+        let req = self.http.request(reqwest::Method::GET, path);
+        self.send(format!("GET {path}"), req).await
     }
 }
 
@@ -210,8 +196,8 @@ async fn ledger_survives_repeated_sigkill() {
         .await
         .expect("devserver starts");
     let admin = Admin {
-        http: reqwest::Client::new(),
-        base: platform.base_url(),
+        http: toolrunner::platform::Platform::new(&platform.base_url(), ADMIN)
+            .expect("platform client"),
     };
     let agent = admin.post("/agents", json!({"name": "kill-loop"})).await;
     let agent_id = agent["agent_id"].as_str().expect("agent_id").to_owned();
