@@ -549,7 +549,8 @@ async fn proxy_connection(
         let Ok(resp) = req.send().await else {
             return;
         };
-        let status = reqwest::StatusCode::from_u16(resp.status).unwrap_or(reqwest::StatusCode::BAD_GATEWAY);
+        let status =
+            reqwest::StatusCode::from_u16(resp.status).unwrap_or(reqwest::StatusCode::BAD_GATEWAY);
         let answer_headers = resp.headers.clone();
         let bytes = resp.body;
         if path.ends_with("/calls/report") {
@@ -951,11 +952,7 @@ fn expired_claim_is_claimed_again_with_a_new_assignment() {
             .send()
             .await
             .expect("answer");
-        assert_eq!(
-            probe.status,
-            403,
-            "the released grant must be refused"
-        );
+        assert_eq!(probe.status, 403, "the released grant must be refused");
 
         let second = row.start().await;
         let call = assert_completed_once(&row).await;

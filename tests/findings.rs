@@ -359,7 +359,12 @@ impl World {
     }
 
     /// A request with `token` to `path` (under `/v1`).
-    fn request(&self, method: reqwest::Method, path: &str, token: &str) -> toolrunner::platform::RawRequest {
+    fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+    ) -> toolrunner::platform::RawRequest {
         self.http.request(method, path).token(Some(token))
     }
 

@@ -216,7 +216,7 @@ struct Business {
 struct World {
     business: Arc<Mutex<Business>>,
     base: String,
-    http: reqwest::Client,
+    http: toolrunner::platform::Platform,
 }
 
 impl World {
@@ -227,12 +227,11 @@ impl World {
     async fn get(&self, path: &str) -> Option<Value> {
         let resp = self
             .http
-            .get(format!("{}/v1{path}", self.base))
-            .bearer_auth(ADMIN)
+            .request(reqwest::Method::GET, path)
             .send()
             .await
             .ok()?;
-        resp.json().await.ok()
+        (resp.status == 200).then(|| resp.json())
     }
 }
 
@@ -436,10 +435,8 @@ impl Seed {
         let world = World {
             business: Arc::default(),
             base: server.base_url(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .expect("client"),
+            http: toolrunner::platform::Platform::new(&server.base_url(), ADMIN)
+                .map_err(|e| e.to_string())?,
         };
         let shm = std::path::Path::new("/dev/shm");
         let dir = if shm.is_dir() {
@@ -501,23 +498,26 @@ impl Seed {
         Ok(s)
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder, what: &str) -> Result<Value, String> {
-        let resp = req
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .map_err(|e| format!("{what}: {e}"))?;
-        let status = resp.status();
-        let body: Value = resp.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            return Err(format!("{what}: {status} {body}"));
+    async fn send(
+        &self,
+        req: toolrunner::platform::RawRequest,
+        what: &str,
+    ) -> Result<Value, String> {
+        let resp = req.send().await.map_err(|e| format!("{what}: {e}"))?;
+        let body = resp.json();
+        if !(200..300).contains(&resp.status) {
+            return Err(format!("{what}: {} {body}", resp.status));
         }
         Ok(body)
     }
 
     async fn post(&self, path: &str, body: Value) -> Result<Value, String> {
-        let url = format!("{}/v1{path}", self.world.base);
-        self.send(self.world.http.post(url).json(&body), path).await
+        let req = self
+            .world
+            .http
+            .request(reqwest::Method::POST, path)
+            .json(&body);
+        self.send(req, path).await
     }
 
     fn builder(
@@ -642,11 +642,17 @@ impl Seed {
                 error_rate,
                 drop_rate,
             } => {
-                let url = format!("{}/v1/dev/faults", self.world.base);
-                let body = json!({"error_rate": error_rate, "drop_response_rate": drop_rate,
-                                  "latency_ms": 0, "seed": self.seed});
-                self.send(self.world.http.put(url).json(&body), "faults")
-                    .await?;
+                let faults = toolrunner::platform::FaultSettings {
+                    error_rate,
+                    drop_response_rate: drop_rate,
+                    latency_ms: 0,
+                    seed: self.seed,
+                };
+                self.world
+                    .http
+                    .set_faults(&faults)
+                    .await
+                    .map_err(|e| format!("faults: {e}"))?;
             }
             Action::CancelRun { run } => {
                 if let Some(run_id) = self.runs.get(run) {
