@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
+use toolrunner::platform::{NewToolCall, Platform, RunStatus};
 use toolrunner::{CallContext, Effect, Executor, Shutdown, Tool, ToolError, async_trait};
 
 #[derive(Deserialize, JsonSchema)]
@@ -54,21 +55,6 @@ fn arg(name: &str, default: usize) -> Result<usize> {
     }
 }
 
-async fn post(http: &reqwest::Client, base: &str, path: &str, body: Value) -> Result<Value> {
-    let resp = http
-        .post(format!("{base}/v1{path}"))
-        .bearer_auth("dev-admin")
-        .json(&body)
-        .send()
-        .await?;
-    let status = resp.status();
-    let v: Value = resp.json().await?;
-    if !status.is_success() {
-        bail!("{path}: {status} {v}");
-    }
-    Ok(v)
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let calls = arg("--calls", 2000)?;
@@ -79,66 +65,49 @@ async fn main() -> Result<()> {
         .start()
         .await?;
     let base = server.base_url();
-    let http = reqwest::Client::new();
+    let admin = Platform::new(&base, "dev-admin")?;
     let dir = tempfile::tempdir()?;
 
-    let agent = post(&http, &base, "/agents", json!({"name": "bench"})).await?;
-    let agent_id = agent["agent_id"].as_str().context("agent")?.to_owned();
-    let binding = post(
-        &http,
-        &base,
-        "/executor-bindings",
-        json!({"agent_id": agent_id, "name": "b", "tool_names": ["bench.noop"]}),
-    )
-    .await?;
-    let binding_id = binding["binding_id"]
-        .as_str()
-        .context("binding")?
-        .to_owned();
+    let agent = admin.create_agent("bench").await?;
+    let binding = admin
+        .create_binding(&agent.agent_id, "b", &["bench.noop"])
+        .await?;
     let executor = Executor::builder()
         .base_url(&base)
         .token("dev-executor")
         .executor_id("bench-exec")
-        .binding_id(&binding_id)
+        .binding_id(&binding.binding_id)
         .store_url(format!("sqlite://{}", dir.path().join("exec.db").display()))
         .capacity(u32::try_from(capacity)?)
         .poll_interval(Duration::from_millis(20))
         .allow_all()
         .tool(Noop)
         .build()?;
-    let version = post(
-        &http,
-        &base,
-        &format!("/agents/{agent_id}/versions"),
-        json!({"tools": executor.tool_definitions()}),
-    )
-    .await?;
+    let version = admin
+        .publish(&agent.agent_id, executor.tool_definitions())
+        .await?;
     let mut runs = Vec::new();
     for chunk in (0..calls).collect::<Vec<_>>().chunks(100) {
-        let list: Vec<Value> = chunk
+        let list: Vec<NewToolCall> = chunk
             .iter()
-            .map(|n| json!({"tool_name": "bench.noop", "arguments": {"n": n}}))
+            .map(|n| NewToolCall::new("bench.noop", json!({"n": n})))
             .collect();
-        let run = post(&http, &base, "/runs", json!({"agent_version": version["agent_version"], "subject": "bench", "tool_calls": list})).await?;
-        runs.push(run["run_id"].as_str().context("run")?.to_owned());
+        let run = admin
+            .create_run(&version.agent_version, "bench", list)
+            .await?;
+        runs.push(run.run_id);
     }
 
     let started = Instant::now();
     let running = executor.start().await?;
     for run_id in &runs {
         loop {
-            let run: Value = http
-                .get(format!("{base}/v1/runs/{run_id}"))
-                .bearer_auth("dev-admin")
-                .send()
-                .await?
-                .json()
-                .await?;
-            if run["status"] == "completed" {
+            let run = admin.run(run_id).await?;
+            if run.status == RunStatus::Completed {
                 break;
             }
             if started.elapsed() > Duration::from_secs(600) {
-                bail!("run {run_id} did not complete: {}", run["status"]);
+                bail!("run {run_id} did not complete: {:?}", run.status);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -29,6 +29,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
+use toolrunner::platform::{NewToolCall, Platform};
 use toolrunner::{
     CallContext, Effect, Executor, Reconciled, Shutdown, Tool, ToolError, async_trait,
 };
@@ -280,35 +281,24 @@ async fn demo(args: &Args, ledger: Ledger) -> Result<()> {
         .listen("127.0.0.1:0".parse()?)
         .start()
         .await?;
-    let admin = Admin {
-        http: reqwest::Client::new(),
-        base: platform.base_url(),
-    };
-    let agent = admin
-        .post("/agents", json!({"name": "ledger-demo"}))
-        .await?;
-    let agent_id = agent["agent_id"].as_str().context("agent_id")?.to_owned();
+    let admin = Platform::new(&platform.base_url(), "dev-admin")?;
+    let agent = admin.create_agent("ledger-demo").await?;
     let binding = admin
-        .post(
-            "/executor-bindings",
-            json!({"agent_id": agent_id, "name": "ledger", "tool_names": ["ledger.append"]}),
-        )
+        .create_binding(&agent.agent_id, "ledger", &["ledger.append"])
         .await?;
-    let binding_id = binding["binding_id"]
-        .as_str()
-        .context("binding_id")?
-        .to_owned();
-
     let token = args
         .token
         .clone()
         .unwrap_or_else(|| "dev-executor".to_owned());
-    let executor = executor(args, ledger, &platform.base_url(), &binding_id, &token)?;
+    let executor = executor(
+        args,
+        ledger,
+        &platform.base_url(),
+        &binding.binding_id,
+        &token,
+    )?;
     let version = admin
-        .post(
-            &format!("/agents/{agent_id}/versions"),
-            json!({"tools": executor.tool_definitions()}),
-        )
+        .publish(&agent.agent_id, executor.tool_definitions())
         .await?;
     let memos: Vec<&str> = (0..20)
         .map(|i| match i {
@@ -317,9 +307,15 @@ async fn demo(args: &Args, ledger: Ledger) -> Result<()> {
             _ => "coffee",
         })
         .collect();
-    let calls: Vec<Value> = memos.iter().enumerate().map(|(i, m)| json!({"tool_name": "ledger.append", "arguments": {"amount": 100 + i, "memo": m}})).collect();
-    let run = admin.post("/runs", json!({"agent_version": version["agent_version"], "subject": "user_42", "tool_calls": calls})).await?;
-    let run_id = run["run_id"].as_str().context("run_id")?.to_owned();
+    let calls: Vec<NewToolCall> = memos
+        .iter()
+        .enumerate()
+        .map(|(i, m)| NewToolCall::new("ledger.append", json!({"amount": 100 + i, "memo": m})))
+        .collect();
+    let run = admin
+        .create_run(&version.agent_version, "user_42", calls)
+        .await?;
+    let run_id = run.run_id;
 
     let running = executor.start().await?;
     let settled = [
@@ -331,7 +327,7 @@ async fn demo(args: &Args, ledger: Ledger) -> Result<()> {
     ];
     let mut run = Value::Null;
     for _ in 0..300 {
-        run = admin.get(&format!("/runs/{run_id}")).await?;
+        run = serde_json::to_value(admin.run(&run_id).await?)?;
         let calls = run["tool_calls"].as_array().context("tool_calls")?;
         if calls
             .iter()
@@ -385,35 +381,4 @@ async fn demo(args: &Args, ledger: Ledger) -> Result<()> {
         bail!("{unsettled} calls did not settle in time");
     }
     Ok(())
-}
-
-struct Admin {
-    http: reqwest::Client,
-    base: String,
-}
-
-impl Admin {
-    async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value> {
-        let resp = req.bearer_auth("dev-admin").send().await?;
-        let status = resp.status();
-        let body: Value = resp.json().await?;
-        if !status.is_success() {
-            bail!("platform answered {status}: {body}");
-        }
-        Ok(body)
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Result<Value> {
-        self.send(
-            self.http
-                .post(format!("{}/v1{path}", self.base))
-                .json(&body),
-        )
-        .await
-    }
-
-    async fn get(&self, path: &str) -> Result<Value> {
-        self.send(self.http.get(format!("{}/v1{path}", self.base)))
-            .await
-    }
 }
