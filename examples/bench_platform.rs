@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
+use toolrunner::platform::Platform;
 
 struct Args {
     calls: usize,
@@ -39,10 +40,10 @@ fn parse_args() -> Result<Args> {
     Ok(args)
 }
 
+/// The bare protocol through the typed client's raw requests.
 #[derive(Clone)]
 struct Api {
-    http: reqwest::Client,
-    base: String,
+    http: Platform,
 }
 
 impl Api {
@@ -54,10 +55,7 @@ impl Api {
         body: Option<Value>,
         grant: Option<&str>,
     ) -> Result<Value> {
-        let mut req = self
-            .http
-            .request(method, format!("{}/v1{path}", self.base))
-            .bearer_auth(token);
+        let mut req = self.http.request(method, path).token(Some(token));
         if let Some(b) = body {
             req = req.json(&b);
         }
@@ -65,10 +63,9 @@ impl Api {
             req = req.header("Tool-Grant", g);
         }
         let resp = req.send().await?;
-        let status = resp.status();
-        let value: Value = resp.json().await?;
-        if !status.is_success() {
-            bail!("{path}: {status} {value}");
+        let value = resp.json();
+        if !(200..300).contains(&resp.status) {
+            bail!("{path}: {} {value}", resp.status);
         }
         Ok(value)
     }
@@ -101,10 +98,7 @@ async fn main() -> Result<()> {
         .or_else(|| server.as_ref().map(|s| s.base_url()))
         .expect("one of them");
     let api = Api {
-        http: reqwest::Client::builder()
-            .pool_max_idle_per_host(args.clients)
-            .build()?,
-        base,
+        http: Platform::new(&base, ADMIN)?,
     };
 
     let agent = api.post("/agents", ADMIN, json!({"name": "bench"})).await?;

@@ -1,6 +1,7 @@
 //! `toolrunner tools check|dry-run`.
 use serde::Serialize;
 use serde_json::{Value, json};
+use toolrunner::platform::Platform;
 use toolrunner_protocol::tooldef::{ProblemKind, check_version};
 
 use crate::output;
@@ -37,6 +38,25 @@ pub(crate) enum ToolsCommand {
         /// A result to preview, as JSON text or @FILE.
         #[arg(long)]
         mock_result: Option<String>,
+    },
+    /// Publish tool definitions (a JSON file holding {"tools": [...]} or the
+    /// array itself, checked first) as a new version of an agent; prints
+    /// the version's id.
+    Publish {
+        /// The file, or - for stdin.
+        file: String,
+        /// The platform.
+        #[arg(long, env = "TOOLRUNNER_BASE_URL")]
+        base_url: String,
+        /// Bearer token (configuration:write).
+        #[arg(long, env = "TOOLRUNNER_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The agent.
+        #[arg(long)]
+        agent: String,
+        /// Stable JSON: the published version as the platform answered it.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -185,28 +205,63 @@ fn check(file: &str, as_json: bool) -> Outcome {
     }
 }
 
+fn platform(base_url: &str, token: &str) -> Result<Platform, Failure> {
+    Platform::new(base_url, token).map_err(|e| Failure::Usage(e.to_string()))
+}
+
 async fn dry_run(base_url: &str, token: &str, body: Value) -> Outcome {
-    let url = format!("{}/v1/tools/dry-run", base_url.trim_end_matches('/'));
-    let resp = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
+    let resp = platform(base_url, token)?
+        .request(reqwest::Method::POST, "/tools/dry-run")
         .json(&body)
         .send()
         .await
-        .map_err(|e| Failure::Usage(format!("cannot reach the platform: {e}")))?;
-    let status = resp.status();
-    let answer: Value = resp
-        .json()
-        .await
-        .map_err(|e| Failure::Usage(format!("the platform's answer does not parse: {e}")))?;
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    let answer = resp.json();
     output::json(&answer)?;
-    if !status.is_success() {
-        return Err(Failure::Refused(format!("the platform answered {status}")));
+    if !(200..300).contains(&resp.status) {
+        return Err(Failure::Refused(format!(
+            "the platform answered {}",
+            resp.status
+        )));
     }
     if answer["arguments_valid"] != json!(true) {
         return Err(Failure::Refused(
             "the arguments do not match the tool's input_schema".into(),
         ));
+    }
+    Ok(())
+}
+
+async fn publish(file: &str, base_url: &str, token: &str, agent: &str, as_json: bool) -> Outcome {
+    let doc = toolrunner_protocol::json::parse_strict(read(file)?.trim().as_bytes())
+        .map_err(|e| Failure::Refused(format!("{file} is not acceptable JSON: {e}")))?;
+    let tools = match &doc {
+        Value::Object(o) => o.get("tools").cloned().unwrap_or(Value::Null),
+        _ => doc.clone(),
+    };
+    let checked = check_version(&tools, None).map_err(|problems| {
+        let list: Vec<String> = problems
+            .iter()
+            .map(|p| format!("{}: {}", p.param, p.message))
+            .collect();
+        Failure::Refused(format!(
+            "{file} fails the protocol's checks (nothing was published): {}",
+            list.join("; ")
+        ))
+    })?;
+    let version = platform(base_url, token)?
+        .publish(agent, &checked.tools)
+        .await
+        .map_err(|e| Failure::Refused(format!("not published: {e}")))?;
+    if as_json {
+        output::json(&serde_json::to_value(&version).unwrap_or(Value::Null))?;
+    } else {
+        println!(
+            "published {} tools as {} of agent {}",
+            version.tools.len(),
+            version.agent_version,
+            version.agent_id
+        );
     }
     Ok(())
 }
@@ -228,5 +283,12 @@ pub(crate) async fn run(cmd: ToolsCommand) -> Outcome {
             }
             dry_run(&base_url, &token, body).await
         }
+        ToolsCommand::Publish {
+            file,
+            base_url,
+            token,
+            agent,
+            json,
+        } => publish(&file, &base_url, &token, &agent, json).await,
     }
 }

@@ -479,9 +479,10 @@ struct Platform {
     // Dropped before the runtime that serves it.
     _server: DevServer,
     base: String,
-    http: reqwest::Client,
+    http: toolrunner::platform::Platform,
     agent_version: String,
     binding_id: String,
+    agent: String,
     rt: tokio::runtime::Runtime,
 }
 
@@ -498,15 +499,18 @@ impl Platform {
             .expect("devserver starts");
         let mut p = Platform {
             base: server.base_url(),
+            http: toolrunner::platform::Platform::new(&server.base_url(), ADMIN)
+                .expect("platform client"),
             _server: server,
-            http: reqwest::Client::new(),
             agent_version: String::new(),
             binding_id: String::new(),
+            agent: String::new(),
             rt,
         };
         let (s, agent) = p.post("/agents", ADMIN, &json!({"name": "cli-tests"}), None);
         assert_eq!(s, 200, "{agent}");
         let agent_id = agent["agent_id"].as_str().expect("agent_id").to_owned();
+        p.agent = agent_id.clone();
         let (s, binding) = p.post(
             "/executor-bindings",
             ADMIN,
@@ -544,10 +548,7 @@ impl Platform {
         grant: Option<&str>,
     ) -> (u16, Value) {
         self.rt.block_on(async {
-            let mut req = self
-                .http
-                .request(method, format!("{}/v1{path}", self.base))
-                .bearer_auth(token);
+            let mut req = self.http.request(method, path).token(Some(token));
             if let Some(b) = body {
                 req = req.json(b);
             }
@@ -555,14 +556,16 @@ impl Platform {
                 req = req.header("Tool-Grant", g);
             }
             let resp = req.send().await.expect("platform answers");
-            let status = resp.status().as_u16();
-            let body: Value = resp.json().await.expect("JSON answer");
-            (status, body)
+            (resp.status, resp.json())
         })
     }
 
     fn post(&self, path: &str, token: &str, body: &Value, grant: Option<&str>) -> (u16, Value) {
         self.send(reqwest::Method::POST, path, token, Some(body), grant)
+    }
+
+    fn agent_id(&self) -> String {
+        self.agent.clone()
     }
 
     fn get(&self, path: &str, token: &str) -> (u16, Value) {
@@ -608,19 +611,18 @@ impl Platform {
         let (s, answer) = self.rt.block_on(async {
             let resp = self
                 .http
-                .post(format!(
-                    "{}/v1/runs/{run_id}/tool-calls/{call_id}/receipts",
-                    self.base
-                ))
-                .bearer_auth(EXEC)
+                .request(
+                    reqwest::Method::POST,
+                    &format!("/runs/{run_id}/tool-calls/{call_id}/receipts"),
+                )
+                .token(Some(EXEC))
                 .header("Tool-Grant", asg.grant.expose())
                 .header("Content-Type", "application/json")
                 .body(accepted.clone())
                 .send()
                 .await
                 .expect("platform answers");
-            let s = resp.status().as_u16();
-            (s, resp.json::<Value>().await.expect("JSON"))
+            (resp.status, resp.json())
         });
         assert_eq!(s, 200, "{answer}");
         assert_eq!(answer["accepted"], json!(true), "{answer}");
@@ -687,6 +689,7 @@ fn help_of_the_binary_and_of_every_subcommand_exits_0() {
         &["tools"],
         &["tools", "check"],
         &["tools", "dry-run"],
+        &["tools", "publish"],
         &["budget"],
         &["devserver"],
     ];
@@ -2443,6 +2446,68 @@ fn outbox_redeliver_with_a_wrong_token_leaves_the_receipt_pending() {
     ])
     .code(0);
     assert_eq!(f.call(&call).state, LocalState::Delivered);
+}
+
+/// `tools publish` checks a definitions file, publishes it as a new version
+/// of the agent through the typed client, and prints its id; a file that
+/// fails the checks publishes nothing and names the field.
+#[test]
+fn tools_publish_publishes_a_checked_version() {
+    let p = Platform::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent_id = p.agent_id();
+    let good = dir.path().join("tools.json");
+    std::fs::write(
+        &good,
+        json!({"tools": [{"name": TOOL, "description": "Post a ledger entry",
+                          "binding_id": p.binding_id, "input_schema": input_schema()}]})
+        .to_string(),
+    )
+    .expect("write");
+    let good = good.display().to_string();
+    let base = [
+        "tools",
+        "publish",
+        "--base-url",
+        &p.base,
+        "--token",
+        ADMIN,
+        "--agent",
+        &agent_id,
+    ];
+    let out = run(&[&base[..], &[good.as_str(), "--json"]].concat());
+    out.code(0);
+    let v = out.json();
+    let agv = v["agent_version"]
+        .as_str()
+        .expect("agent_version")
+        .to_owned();
+    assert!(agv.starts_with("agv_"), "{v}");
+    assert_eq!(v["tools"][0]["name"], json!(TOOL));
+    let (s, read) = p.get(&format!("/agents/{agent_id}/versions/{agv}"), ADMIN);
+    assert_eq!(s, 200, "{read}");
+
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        json!([{"name": TOOL, "description": "d", "binding_id": p.binding_id,
+                "input_schema": {"type": "string"}}])
+        .to_string(),
+    )
+    .expect("write");
+    let bad = bad.display().to_string();
+    let out = run(&[&base[..], &[bad.as_str()]].concat());
+    out.code(1);
+    assert!(
+        out.stderr.contains("tools[0].input_schema"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("nothing was published"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

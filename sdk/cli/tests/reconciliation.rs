@@ -26,35 +26,29 @@ fn ledger_binary() -> PathBuf {
 }
 
 struct Platform {
-    http: reqwest::Client,
+    http: toolrunner::platform::Platform,
     base: String,
 }
 
 impl Platform {
-    async fn send(&self, req: reqwest::RequestBuilder) -> Value {
-        let resp = req
-            .bearer_auth("dev-admin")
-            .send()
-            .await
-            .expect("platform answers");
-        let status = resp.status();
-        let body: Value = resp.json().await.expect("json");
-        assert!(status.is_success(), "{status} {body}");
+    async fn send(&self, req: toolrunner::platform::RawRequest) -> Value {
+        let resp = req.send().await.expect("platform answers");
+        let body = resp.json();
+        assert!((200..300).contains(&resp.status), "{} {body}", resp.status);
         body
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        self.send(
-            self.http
-                .post(format!("{}/v1{path}", self.base))
-                .json(&body),
-        )
-        .await
+        self.send(self.http.request(reqwest::Method::POST, path).json(&body))
+            .await
     }
 
     async fn run(&self, run_id: &str) -> Value {
-        self.send(self.http.get(format!("{}/v1/runs/{run_id}", self.base)))
-            .await
+        self.send(
+            self.http
+                .request(reqwest::Method::GET, &format!("/runs/{run_id}")),
+        )
+        .await
     }
 
     /// Waits until every call is in one of `states`.
@@ -150,7 +144,8 @@ async fn boom_calls_are_listed_resolved_by_hand_and_by_the_hook() {
         .await
         .expect("platform");
     let p = Platform {
-        http: reqwest::Client::new(),
+        http: toolrunner::platform::Platform::new(&server.base_url(), "dev-admin")
+            .expect("platform client"),
         base: server.base_url(),
     };
     let dir = tempfile::tempdir().expect("tempdir");
