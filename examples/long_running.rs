@@ -19,7 +19,7 @@ use clap::Parser;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use toolrunner::testing::TestKit;
-use toolrunner::{CallContext, Executor, State, ToolError};
+use toolrunner::{CallContext, Executor, Progress, State, ToolError};
 
 #[path = "support/mod.rs"]
 mod support;
@@ -66,12 +66,9 @@ async fn export(
             () = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
         let fraction = f64::from(batch) / f64::from(e.batches);
-        ctx.progress(
-            &format!("batch {batch} of {}", e.batches),
-            Some(fraction),
-            json!({"batch": batch}),
-        )
-        .await?;
+        let progress = Progress::new(format!("batch {batch} of {}", e.batches));
+        ctx.progress(progress.fraction(fraction).data(json!({"batch": batch})))
+            .await?;
     }
     ctx.commit_point().await?; // not cancelled, still ours: publish
     let url = format!("https://reports.example/{}", ctx.operation_key());

@@ -178,11 +178,7 @@ impl Tool for Pay {
             Hook::Unknown => return Reconciled::Unknown,
             Hook::Panic => panic!("the reconcile hook of this product panics"),
             Hook::ProgressThenTruthful => {
-                if ctx
-                    .progress("looking the charge up", None, json!({}))
-                    .await
-                    .is_err()
-                {
+                if ctx.progress("looking the charge up").await.is_err() {
                     return Reconciled::Unknown;
                 }
             }

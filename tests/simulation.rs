@@ -319,8 +319,12 @@ impl Tool for SimTool {
                 Ok(out)
             }
             "progress" => {
-                let _ = ctx.progress("half way", Some(0.5), json!({})).await;
-                let _ = ctx.progress("nearly", Some(0.9), json!({})).await;
+                let _ = ctx
+                    .progress(toolrunner::Progress::new("half way").fraction(0.5))
+                    .await;
+                let _ = ctx
+                    .progress(toolrunner::Progress::new("nearly").fraction(0.9))
+                    .await;
                 effect();
                 Ok(out)
             }

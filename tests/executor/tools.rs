@@ -208,10 +208,18 @@ impl Tool for WriteTool {
         match self.mode {
             Mode::Append => {}
             Mode::Progress => {
-                ctx.progress("validated", Some(0.25), json!({"step": 1}))
-                    .await?;
-                ctx.progress("half way", Some(0.5), json!({"step": 2}))
-                    .await?;
+                ctx.progress(
+                    toolrunner::Progress::new("validated")
+                        .fraction(0.25)
+                        .data(json!({"step": 1})),
+                )
+                .await?;
+                ctx.progress(
+                    toolrunner::Progress::new("half way")
+                        .fraction(0.5)
+                        .data(json!({"step": 2})),
+                )
+                .await?;
             }
             Mode::WaitCancel(max) => {
                 let start = Instant::now();

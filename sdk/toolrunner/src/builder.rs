@@ -428,6 +428,41 @@ fn definitions(tools: &[Arc<dyn ErasedTool>], binding_id: &str) -> Value {
 }
 
 /// An executor, built and checked, not yet connected.
+///
+/// # Examples
+///
+/// ```rust,no_run
+/// use toolrunner::{CallContext, Executor, ToolError};
+///
+/// /// No input.
+/// #[toolrunner::schema]
+/// #[derive(serde::Deserialize)]
+/// struct Empty {}
+///
+/// /// The time.
+/// #[toolrunner::schema]
+/// #[derive(serde::Serialize)]
+/// struct Now { unix: u64 }
+///
+/// /// Tells the time.
+/// #[toolrunner::tool(name = "clock.now", effect = read)]
+/// async fn now(_ctx: CallContext, _input: Empty) -> Result<Now, ToolError> {
+///     let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+///     Ok(Now { unix })
+/// }
+///
+/// # async fn demo() -> toolrunner::Result<()> {
+/// let executor = Executor::builder()
+///     .base_url("https://platform.example")
+///     .token("…")
+///     .executor_id("clock-01")
+///     .binding_id("bnd_…")
+///     .allow_all() // your own Authorizer in production
+///     .tool(now)
+///     .build()?;
+/// executor.serve(toolrunner::shutdown_signal()).await
+/// # }
+/// ```
 #[must_use = "an executor does nothing until it is started: call .serve(signal) or .start()"]
 pub struct Executor {
     cfg: Config,

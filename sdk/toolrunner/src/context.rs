@@ -42,6 +42,51 @@ impl From<CommitPointError> for ToolError {
     }
 }
 
+/// A progress receipt: a message for the model and the user, and
+/// optionally how far along (0–1) and data.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub struct Progress {
+    message: String,
+    fraction: Option<f64>,
+    data: Value,
+}
+
+impl Progress {
+    /// A progress receipt with this message.
+    pub fn new(message: impl Into<String>) -> Progress {
+        Progress {
+            message: message.into(),
+            fraction: None,
+            data: Value::Null,
+        }
+    }
+
+    /// How far along, 0 to 1 (a value outside is clamped; NaN is dropped).
+    pub fn fraction(mut self, fraction: f64) -> Progress {
+        self.fraction = (!fraction.is_nan()).then(|| fraction.clamp(0.0, 1.0));
+        self
+    }
+
+    /// Data for whoever reads the progress.
+    pub fn data(mut self, data: Value) -> Progress {
+        self.data = data;
+        self
+    }
+}
+
+impl From<&str> for Progress {
+    fn from(message: &str) -> Progress {
+        Progress::new(message)
+    }
+}
+
+impl From<String> for Progress {
+    fn from(message: String) -> Progress {
+        Progress::new(message)
+    }
+}
+
 /// Why a progress report could not be stored.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("progress could not be stored: {0}")]
@@ -49,6 +94,22 @@ pub struct ProgressError(pub(crate) String);
 
 /// The context of one call: owned and cheap to clone, so a handler may
 /// hand it to tasks of its own.
+///
+/// # Examples
+///
+/// ```rust,no_run
+/// use toolrunner::{CallContext, ToolError};
+///
+/// async fn transfer(ctx: CallContext, amount: u64) -> Result<String, ToolError> {
+///     ctx.progress("checking the balance").await?;
+///     if ctx.is_cancelled() {
+///         return Err(ToolError::cancelled("the run was cancelled before anything moved"));
+///     }
+///     ctx.commit_point().await?; // right before the irreversible step
+///     // Downstream, the operation key is the idempotency key.
+///     Ok(format!("moved {amount} with key {}", ctx.operation_key()))
+/// }
+/// ```
 #[derive(Clone)]
 pub struct CallContext {
     pub(crate) core: Arc<Core>,
@@ -145,23 +206,29 @@ impl CallContext {
         self.cancel.is_cancelled()
     }
 
-    /// Stores, then sends, a progress receipt.
+    /// Stores, then sends, a progress receipt: a message, or a
+    /// [`Progress`] with a fraction and data.
+    ///
+    /// ```rust,no_run
+    /// # async fn demo(ctx: toolrunner::CallContext) -> Result<(), toolrunner::ProgressError> {
+    /// use toolrunner::Progress;
+    /// ctx.progress("validated").await?;
+    /// ctx.progress(Progress::new("half way").fraction(0.5).data(serde_json::json!({"rows": 500}))).await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
-    /// The progress could not be stored (it is then not sent either).
-    pub async fn progress(
-        &self,
-        message: &str,
-        fraction: Option<f64>,
-        data: Value,
-    ) -> Result<(), ProgressError> {
+    /// The progress could not be stored (it is then not sent either), or
+    /// the call is no longer running.
+    pub async fn progress(&self, progress: impl Into<Progress>) -> Result<(), ProgressError> {
+        let p = progress.into();
         crate::runner::progress(
             &self.core,
             &self.key,
             &self.assignment_id,
-            message,
-            fraction,
-            data,
+            &p.message,
+            p.fraction,
+            p.data,
         )
         .await
     }

@@ -219,7 +219,43 @@ impl<T> Reconciled<T> {
     }
 }
 
-/// A typed tool. Input and output schemas come from the types.
+/// A typed tool, the escape hatch below function tools: its input and
+/// output schemas come from the types.
+///
+/// # Examples
+///
+/// ```rust
+/// use toolrunner::{CallContext, Effect, Reconciled, Tool, ToolError, async_trait};
+///
+/// /// A greeting to send.
+/// #[toolrunner::schema]
+/// #[derive(serde::Deserialize)]
+/// struct Greet { name: String }
+///
+/// /// Sent.
+/// #[toolrunner::schema]
+/// #[derive(serde::Serialize)]
+/// struct Sent { id: String }
+///
+/// struct Greeter;
+///
+/// #[async_trait]
+/// impl Tool for Greeter {
+///     type Input = Greet;
+///     type Output = Sent;
+///     fn name(&self) -> &str { "greetings.send" }
+///     fn description(&self) -> &str { "Sends a greeting" }
+///     fn effect(&self) -> Effect { Effect::Write }
+///     async fn call(&self, ctx: &CallContext, input: Greet) -> Result<Sent, ToolError> {
+///         ctx.commit_point().await?;
+///         Ok(Sent { id: format!("{}:{}", ctx.operation_key(), input.name) })
+///     }
+///     async fn reconcile(&self, _ctx: &CallContext) -> Reconciled<Sent> {
+///         Reconciled::Unknown // a human decides
+///     }
+/// }
+/// # let _ = toolrunner::Executor::builder().tool(Greeter);
+/// ```
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
     /// Arguments.

@@ -19,7 +19,7 @@ mod tls;
 pub use authorizer::{AllowAll, AuthorizationRequest, Authorizer, Denied};
 pub use builder::ENV_VARS;
 pub use builder::{Executor, ExecutorBuilder};
-pub use context::{CallContext, CommitPointError, ProgressError};
+pub use context::{CallContext, CommitPointError, Progress, ProgressError};
 pub use error::{Error, Result, shutdown_signal};
 pub use function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
 #[doc(hidden)]

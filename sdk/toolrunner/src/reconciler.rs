@@ -175,6 +175,32 @@ fn refused(msg: impl Into<String>) -> Error {
 }
 
 /// The operator's API over an executor's store.
+///
+/// # Examples
+///
+/// ```rust,no_run
+/// # async fn demo() -> toolrunner::Result<()> {
+/// use toolrunner::store::{CallFilter, LocalState};
+/// use toolrunner::{Evidence, Outcome, Reconciler};
+///
+/// let reconciler = Reconciler::open("sqlite:///var/lib/app/toolrunner.db")
+///     .await?
+///     .with_platform("https://platform.example", "…")?;
+/// let waiting = reconciler
+///     .list(&CallFilter { states: vec![LocalState::ReconciliationRequired], ..Default::default() })
+///     .await?;
+/// for call in waiting {
+///     // Look call.operation_key up in the business system first.
+///     let evidence = Evidence {
+///         who: "on-call".into(),
+///         why: "the provider shows the charge".into(),
+///         reference: Some("INC-7".into()),
+///     };
+///     let outcome = Outcome::Completed(serde_json::json!({"charge_id": "ch_9"}));
+///     reconciler.resolve(&call.run_id, &call.call_id, outcome, &evidence).await?;
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Reconciler {
     store: Arc<dyn Store>,
     client: Option<Client>,

@@ -4,9 +4,11 @@ use serde_json::Value;
 
 use super::present;
 
-/// A call's state on the platform.
+/// A call's state on the platform. An answer naming a state this version
+/// does not know reads as [`CallState::Unknown`] instead of failing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CallState {
     /// Waiting for a claim.
     Pending,
@@ -24,6 +26,9 @@ pub enum CallState {
     ReconciliationRequired,
     /// The run was cancelled or expired first.
     Terminated,
+    /// A state this version of the protocol types does not know.
+    #[serde(other)]
+    Unknown,
 }
 
 impl CallState {
@@ -46,13 +51,15 @@ impl CallState {
             Self::Cancelled => "cancelled",
             Self::ReconciliationRequired => "reconciliation_required",
             Self::Terminated => "terminated",
+            Self::Unknown => "unknown",
         }
     }
 }
 
-/// A run's status.
+/// A run's status (an unknown one reads as [`RunStatus::Unknown`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RunStatus {
     /// Still going.
     Active,
@@ -62,6 +69,9 @@ pub enum RunStatus {
     Cancelled,
     /// No call changed for the run TTL.
     Expired,
+    /// A status this version does not know.
+    #[serde(other)]
+    Unknown,
 }
 
 /// A grant: the credential for one assignment's receipts. Its `Debug` and

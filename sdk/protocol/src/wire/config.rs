@@ -91,6 +91,7 @@ pub struct SdkInfo {
 /// How an executor identity appears in diagnostics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ExecutorStatus {
     /// Lease valid.
     Online,
@@ -100,6 +101,9 @@ pub enum ExecutorStatus {
     Draining,
     /// Left with `detach`.
     Detached,
+    /// A status this version does not know.
+    #[serde(other)]
+    Unknown,
 }
 
 /// One executor in diagnostics.

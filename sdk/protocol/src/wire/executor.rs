@@ -105,9 +105,11 @@ pub struct PendingCall {
     pub created_at: String,
 }
 
-/// A WebSocket text frame.
+/// A WebSocket text frame (a frame of a type this version does not know
+/// reads as [`StreamFrame::Unknown`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
+#[non_exhaustive]
 pub enum StreamFrame {
     /// A call became `pending`.
     #[serde(rename = "call.pending")]
@@ -130,6 +132,9 @@ pub enum StreamFrame {
     /// Keep-alive.
     #[serde(rename = "ping")]
     Ping,
+    /// A frame type this version does not know.
+    #[serde(other)]
+    Unknown,
 }
 
 /// A state an executor reports.
@@ -175,6 +180,7 @@ pub struct Report {
 /// What a report did to one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ReportOutcome {
     /// Changed.
     Updated,
@@ -188,6 +194,9 @@ pub enum ReportOutcome {
     NotApplicable,
     /// Not bound to this executor.
     NotBound,
+    /// An outcome this version does not know.
+    #[serde(other)]
+    Unknown,
 }
 
 /// One result of a report.

@@ -76,7 +76,7 @@ async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
                 core.cancel_call(&CallKey { run_id, call_id })
             }
             Ok(StreamFrame::Ping) => {}
-            Err(_) => tracing::debug!("ignoring an unknown stream frame"),
+            Ok(_) | Err(_) => tracing::debug!("ignoring an unknown stream frame"),
         }
     }
 }

@@ -86,6 +86,31 @@ impl LocalState {
     }
 }
 
+impl std::fmt::Display for LocalState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for LocalState {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        LocalState::parse(s).ok_or_else(|| UnknownName {
+            what: "call state",
+            name: s.to_owned(),
+        })
+    }
+}
+
+/// A name that is not one of an enumeration's (`FromStr`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {name:?}")]
+pub struct UnknownName {
+    what: &'static str,
+    name: String,
+}
+
 /// Every local state.
 pub const ALL_STATES: [LocalState; 11] = [
     LocalState::Claiming,
@@ -212,6 +237,23 @@ impl ReceiptStatus {
         ]
         .into_iter()
         .find(|x| x.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for ReceiptStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ReceiptStatus {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ReceiptStatus::parse(s).ok_or_else(|| UnknownName {
+            what: "receipt status",
+            name: s.to_owned(),
+        })
     }
 }
 
@@ -358,10 +400,10 @@ pub struct CallFilter {
 pub enum StoreError {
     /// The database answered an error.
     #[error("store database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(DatabaseError),
     /// The migrations failed.
     #[error("store migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(DatabaseError),
     /// A stored row does not parse.
     #[error("store row is corrupt: {0}")]
     Corrupt(String),
@@ -389,6 +431,37 @@ pub enum StoreError {
     /// The writer task is gone (the store was closed).
     #[error("store writer has stopped")]
     Closed,
+}
+
+/// What the database said (its cause is the source; the database library
+/// stays out of the public API).
+#[derive(Debug)]
+pub struct DatabaseError(Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for DatabaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for DatabaseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+#[doc(hidden)]
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        StoreError::Database(DatabaseError(Box::new(e)))
+    }
+}
+
+#[doc(hidden)]
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Migrate(DatabaseError(Box::new(e)))
+    }
 }
 
 /// The executor's durable store.

@@ -201,7 +201,7 @@ fn refused(e: sqlx::Error, what: &str) -> StoreError {
         {
             StoreError::Refused(format!("{what}: {}", db.message()))
         }
-        _ => StoreError::Database(e),
+        _ => StoreError::from(e),
     }
 }
 
