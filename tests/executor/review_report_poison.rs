@@ -65,7 +65,7 @@ async fn one_unknown_call_does_not_block_every_report() -> Result<()> {
     let env = Env::start(Opts::default(), &[TOOL]).await?;
     // A call flagged for reporting whose run the platform no longer knows.
     let store = env.open_store().await?;
-    let now = "2024-01-01T00:00:00.000Z".to_owned();
+    let now: toolrunner::store::Timestamp = "2024-01-01T00:00:00.000Z".parse()?;
     store
         .commit(vec![Change::InsertCall(LocalCall {
             run_id: "run_0190aaaaaaaaaaaaaaaaaaaaaaaaaaaa".into(),
@@ -77,7 +77,7 @@ async fn one_unknown_call_does_not_block_every_report() -> Result<()> {
             next_sequence: 1,
             reason: Some("handler error".into()),
             report: Some(PendingReport::ReconciliationRequired),
-            created_at: now.clone(),
+            created_at: now,
             updated_at: now,
             version: 0,
         })])

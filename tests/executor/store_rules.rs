@@ -18,8 +18,8 @@ fn call(state: LocalState, version: u64) -> LocalCall {
         next_sequence: 1,
         reason: None,
         report: None,
-        created_at: "2026-12-01T00:00:00.000Z".into(),
-        updated_at: "2026-12-01T00:00:00.000Z".into(),
+        created_at: "2026-12-01T00:00:00.000Z".parse().expect("a time"),
+        updated_at: "2026-12-01T00:00:00.000Z".parse().expect("a time"),
         version,
     }
 }
@@ -36,7 +36,7 @@ fn receipt(id: &str, kind: ReceiptKind, sequence: u64, status: ReceiptStatus) ->
         status,
         attempts: 0,
         last_error: None,
-        created_at: "2026-12-01T00:00:00.000Z".into(),
+        created_at: "2026-12-01T00:00:00.000Z".parse().expect("a time"),
         delivered_at: None,
     }
 }

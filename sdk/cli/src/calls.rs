@@ -62,10 +62,7 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
                 chrono::Duration::from_std(d)
                     .ok()
                     .and_then(|d| chrono::Utc::now().checked_sub_signed(d))
-                    .map_or_else(
-                        || "0000-01-01T00:00:00Z".to_owned(),
-                        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                    )
+                    .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC)
             });
             let filter = CallFilter {
                 states: state.into_iter().collect(),
@@ -84,7 +81,7 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
                         format!("{}/{}", c.run_id, c.call_id),
                         c.tool_name.clone(),
                         c.state.as_str().to_owned(),
-                        c.updated_at.clone(),
+                        stamp(&c.updated_at),
                         c.reason.clone().unwrap_or_default(),
                     ]
                 })
@@ -149,7 +146,7 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
                 .iter()
                 .map(|e| {
                     vec![
-                        e.at.clone(),
+                        stamp(&e.at),
                         e.what.clone(),
                         e.detail.clone().unwrap_or_default(),
                     ]
@@ -162,4 +159,9 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
             Ok(())
         }
     }
+}
+
+/// A time as the tables show it (RFC 3339, milliseconds).
+pub(crate) fn stamp(t: &toolrunner::store::Timestamp) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

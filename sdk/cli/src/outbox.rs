@@ -41,7 +41,9 @@ pub(crate) async fn run(cmd: OutboxCommand) -> Outcome {
             println!("{}", output::table(&["status", "receipts"], counts));
             println!(
                 "oldest undelivered: {}",
-                s.oldest_pending_at.as_deref().unwrap_or("none")
+                s.oldest_pending_at
+                    .as_ref()
+                    .map_or_else(|| "none".to_owned(), crate::calls::stamp)
             );
             let rows = s
                 .pending

@@ -46,8 +46,9 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+fn now() -> toolrunner::store::Timestamp {
+    let t = chrono::Utc::now();
+    chrono::DurationRound::duration_trunc(t, chrono::TimeDelta::milliseconds(1)).unwrap_or(t)
 }
 
 fn entry_schema() -> Value {

@@ -15,7 +15,7 @@ use toolrunner_protocol::wire::{Assignment, CallState, ReceiptKind};
 
 use crate::store::{
     Attempt, Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, Store,
-    StoreError, now_rfc3339,
+    StoreError, now,
 };
 
 use LocalState::{
@@ -525,7 +525,7 @@ fn receipt_for(
         status: ReceiptStatus::Pending,
         attempts: 0,
         last_error: None,
-        created_at: now_rfc3339(),
+        created_at: now(),
         delivered_at: None,
     })
 }
@@ -546,7 +546,7 @@ fn attempt(call: &LocalCall, executor_id: &str, assignment: Option<&Assignment>)
         operation_key: call.operation_key.clone(),
         executor_id: Some(executor_id.to_owned()),
         assignment_id: assignment.map(|a| a.assignment_id.clone()),
-        created_at: now_rfc3339(),
+        created_at: now(),
     })
 }
 
@@ -593,7 +593,7 @@ pub(crate) fn plan(
             current.map_or("a call not yet stored", |c| c.state.as_str()),
         ));
     }
-    let now = now_rfc3339();
+    let now = now();
     let mut call = match current {
         Some(c) => c.clone(),
         None => LocalCall::new(

@@ -15,7 +15,7 @@ use crate::lifecycle::{self, Advanced, Event, FinalReceipt, Reads};
 use crate::runner::outbox::{Delivery, deliver};
 use crate::store::{
     Attempt, CallFilter, Event as TimelineEvent, LocalCall, LocalState, OutboxReceipt,
-    ReceiptStatus, SqliteStore, Store,
+    ReceiptStatus, SqliteStore, Store, Timestamp,
 };
 
 /// One call as an operator sees it (no secrets).
@@ -37,10 +37,10 @@ pub struct CallSummary {
     pub subject: Option<String>,
     /// Why it is in its state.
     pub reason: Option<String>,
-    /// RFC 3339.
-    pub created_at: String,
-    /// RFC 3339 of the last change.
-    pub updated_at: String,
+    /// When this store first held the call.
+    pub created_at: Timestamp,
+    /// When it last changed.
+    pub updated_at: Timestamp,
 }
 
 impl From<&LocalCall> for CallSummary {
@@ -54,8 +54,8 @@ impl From<&LocalCall> for CallSummary {
             assignment_id: c.assignment.as_ref().map(|a| a.assignment_id.clone()),
             subject: c.assignment.as_ref().map(|a| a.subject.clone()),
             reason: c.reason.clone(),
-            created_at: c.created_at.clone(),
-            updated_at: c.updated_at.clone(),
+            created_at: c.created_at,
+            updated_at: c.updated_at,
         }
     }
 }
@@ -77,10 +77,10 @@ pub struct ReceiptView {
     pub attempts: u32,
     /// Last delivery error.
     pub last_error: Option<String>,
-    /// RFC 3339.
-    pub created_at: String,
-    /// RFC 3339.
-    pub delivered_at: Option<String>,
+    /// When it was saved.
+    pub created_at: Timestamp,
+    /// When the platform acknowledged it.
+    pub delivered_at: Option<Timestamp>,
     /// The stored bytes, exactly as sent.
     pub body: String,
 }
@@ -95,8 +95,8 @@ impl From<&OutboxReceipt> for ReceiptView {
             status: r.status,
             attempts: r.attempts,
             last_error: r.last_error.clone(),
-            created_at: r.created_at.clone(),
-            delivered_at: r.delivered_at.clone(),
+            created_at: r.created_at,
+            delivered_at: r.delivered_at,
             body: r.body.clone(),
         }
     }
@@ -164,7 +164,7 @@ pub struct OutboxStatus {
     /// Receipts by delivery status.
     pub by_status: std::collections::BTreeMap<String, usize>,
     /// The oldest undelivered receipt's creation time.
-    pub oldest_pending_at: Option<String>,
+    pub oldest_pending_at: Option<Timestamp>,
     /// The undelivered receipts.
     pub pending: Vec<ReceiptView>,
 }
@@ -470,7 +470,7 @@ impl Reconciler {
             .iter()
             .map(ReceiptView::from)
             .collect();
-        let oldest_pending_at = pending.iter().map(|r| r.created_at.clone()).min();
+        let oldest_pending_at = pending.iter().map(|r| r.created_at).min();
         Ok(OutboxStatus {
             by_status,
             oldest_pending_at,

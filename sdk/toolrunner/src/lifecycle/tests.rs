@@ -133,7 +133,7 @@ fn stored(state: LocalState) -> Snapshot {
         status: ReceiptStatus::Delivered,
         attempts: 1,
         last_error: None,
-        created_at: now_rfc3339(),
+        created_at: crate::store::now(),
         delivered_at: None,
     };
     Snapshot {

@@ -42,7 +42,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         }),
     };
     let mut attempt = 0;
-    let asked_at = crate::store::now_rfc3339();
+    let asked_at = crate::store::now();
     let connected = loop {
         match core.client.connect(&body).await {
             Ok(c) => break c,
@@ -70,7 +70,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         stream_path: connected.stream_path.clone(),
     });
     drop(_guard);
-    super::recovery::resume(core, connected.outstanding, &asked_at).await;
+    super::recovery::resume(core, connected.outstanding, asked_at).await;
     Ok(())
 }
 

@@ -13,12 +13,8 @@
 use super::Core;
 use crate::store::{CallFilter, LocalState, ReceiptStatus};
 
-fn age_seconds(rfc3339: &str) -> f64 {
-    chrono::DateTime::parse_from_rfc3339(rfc3339)
-        .map(|t| {
-            (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_milliseconds() as f64 / 1000.0
-        })
-        .unwrap_or(0.0)
+fn age_seconds(t: &crate::store::Timestamp) -> f64 {
+    (chrono::Utc::now() - *t).num_milliseconds() as f64 / 1000.0
 }
 
 /// Publishes the gauges from the store.

@@ -9,10 +9,14 @@ use super::{CallKey, Core, call, outbox};
 use crate::lifecycle::{Event, Reads};
 use crate::store::{CallFilter, LocalState};
 
-/// `outstanding` is the connect answer's list; `asked_at` (RFC 3339) when
+/// `outstanding` is the connect answer's list; `asked_at` when
 /// the connect was sent: a call changed since may have been claimed on the
 /// new connection after the list was made.
-pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>, asked_at: &str) {
+pub(crate) async fn resume(
+    core: &Arc<Core>,
+    outstanding: Vec<Outstanding>,
+    asked_at: crate::store::Timestamp,
+) {
     let bound: HashSet<CallKey> = outstanding
         .iter()
         .map(|o| CallKey {
@@ -69,10 +73,7 @@ pub(crate) async fn resume(core: &Arc<Core>, outstanding: Vec<Outstanding>, aske
             let Some(active) = core.activate(&key) else {
                 continue;
             };
-            if c.state == LocalState::Assigned
-                && !bound.contains(&key)
-                && c.updated_at.as_str() < asked_at
-            {
+            if c.state == LocalState::Assigned && !bound.contains(&key) && c.updated_at < asked_at {
                 // The platform released the claim while we were away (a
                 // lapsed lease): claim again with the same key; the claim's
                 // answer decides about the saved `accepted`.

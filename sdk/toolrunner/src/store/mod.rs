@@ -12,9 +12,23 @@ use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
 pub use sqlite::{SqliteStore, StoreLock};
 
+/// A point in time: UTC, to the millisecond (stored as RFC 3339).
+pub type Timestamp = chrono::DateTime<chrono::Utc>;
+
+/// Now, to the millisecond (what a stored time holds).
+pub(crate) fn now() -> Timestamp {
+    let t = chrono::Utc::now();
+    chrono::DurationRound::duration_trunc(t, chrono::TimeDelta::milliseconds(1)).unwrap_or(t)
+}
+
 /// Now, as RFC 3339 UTC with milliseconds (the form every stored time has).
 pub(crate) fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    rfc3339(&now())
+}
+
+/// A time as stored: RFC 3339 UTC with milliseconds.
+pub(crate) fn rfc3339(t: &Timestamp) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// Where a call stands for this executor.
@@ -160,10 +174,10 @@ pub struct LocalCall {
     pub reason: Option<String>,
     /// A state still to report to the platform.
     pub report: Option<PendingReport>,
-    /// RFC 3339.
-    pub created_at: String,
-    /// RFC 3339.
-    pub updated_at: String,
+    /// When this store first held the call.
+    pub created_at: Timestamp,
+    /// When the row last changed.
+    pub updated_at: Timestamp,
     /// Bumped by every transition: a change is a compare-and-set on it, so a
     /// decision taken on an old snapshot can never be written back.
     pub version: u64,
@@ -179,7 +193,7 @@ impl LocalCall {
         operation_key: String,
         state: LocalState,
     ) -> LocalCall {
-        let now = now_rfc3339();
+        let now = now();
         LocalCall {
             run_id,
             call_id,
@@ -190,7 +204,7 @@ impl LocalCall {
             next_sequence: 0,
             reason: None,
             report: None,
-            created_at: now.clone(),
+            created_at: now,
             updated_at: now,
             version: 0,
         }
@@ -280,17 +294,17 @@ pub struct OutboxReceipt {
     pub attempts: u32,
     /// The last delivery error.
     pub last_error: Option<String>,
-    /// RFC 3339.
-    pub created_at: String,
-    /// RFC 3339.
-    pub delivered_at: Option<String>,
+    /// When it was saved.
+    pub created_at: Timestamp,
+    /// When the platform acknowledged it.
+    pub delivered_at: Option<Timestamp>,
 }
 
 /// One entry of a call's timeline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
-    /// RFC 3339.
-    pub at: String,
+    /// When.
+    pub at: Timestamp,
     /// What happened (a state name or an action).
     pub what: String,
     /// Details.
@@ -377,8 +391,8 @@ pub struct Attempt {
     pub executor_id: Option<String>,
     /// The assignment the claim got (none while the claim is unanswered).
     pub assignment_id: Option<String>,
-    /// RFC 3339.
-    pub created_at: String,
+    /// When the attempt began (or got its assignment).
+    pub created_at: Timestamp,
 }
 
 /// Which calls to list.
@@ -388,8 +402,8 @@ pub struct CallFilter {
     pub states: Vec<LocalState>,
     /// Only this tool.
     pub tool_name: Option<String>,
-    /// Only calls last changed before this RFC 3339 time.
-    pub updated_before: Option<String>,
+    /// Only calls last changed before this time.
+    pub updated_before: Option<Timestamp>,
     /// Only calls with a state still to report.
     pub pending_report: bool,
 }

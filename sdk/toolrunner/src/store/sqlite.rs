@@ -13,7 +13,7 @@ use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
 use super::{
     Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport,
-    ReceiptStatus, Store, StoreError,
+    ReceiptStatus, Store, StoreError, rfc3339,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sdk");
@@ -254,8 +254,8 @@ async fn write_call(
         .bind(&c.reason)
         .bind(report_str(c.report))
         .bind(seq(c.version))
-        .bind(&c.created_at)
-        .bind(&c.updated_at);
+        .bind(rfc3339(&c.created_at))
+        .bind(rfc3339(&c.updated_at));
     if let Some(v) = expect_version {
         query = query.bind(seq(v));
     }
@@ -297,8 +297,8 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .bind(r.status.as_str())
             .bind(i64::from(r.attempts))
             .bind(&r.last_error)
-            .bind(&r.created_at)
-            .bind(&r.delivered_at)
+            .bind(rfc3339(&r.created_at))
+            .bind(r.delivered_at.as_ref().map(rfc3339))
             .execute(&mut **tx)
             .await
             .map_err(|e| refused(e, "receipt"))?;
@@ -384,7 +384,7 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .bind(&a.operation_key)
             .bind(&a.executor_id)
             .bind(&a.assignment_id)
-            .bind(&a.created_at)
+            .bind(rfc3339(&a.created_at))
             .execute(&mut **tx)
             .await
             .map_err(|e| refused(e, "attempt"))?;
@@ -403,6 +403,13 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
+}
+
+/// A stored time (RFC 3339).
+fn time(s: &str) -> Result<super::Timestamp, StoreError> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| corrupt(format!("time {s:?}: {e}")))
 }
 
 /// A stored state name (the schema's CHECK admits only known ones).
@@ -431,8 +438,8 @@ fn call_row(row: &SqliteRow) -> Result<LocalCall, StoreError> {
             .map(|r| serde_json::from_value::<PendingReport>(serde_json::Value::String(r)))
             .transpose()
             .map_err(corrupt)?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
+        created_at: time(&row.try_get::<String, _>("created_at")?)?,
+        updated_at: time(&row.try_get::<String, _>("updated_at")?)?,
         version: u64::try_from(row.try_get::<i64, _>("version")?).map_err(corrupt)?,
     })
 }
@@ -455,8 +462,12 @@ fn receipt_row(row: &SqliteRow) -> Result<OutboxReceipt, StoreError> {
             .ok_or_else(|| corrupt(format!("unknown receipt status {status}")))?,
         attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
         last_error: row.try_get("last_error")?,
-        created_at: row.try_get("created_at")?,
-        delivered_at: row.try_get("delivered_at")?,
+        created_at: time(&row.try_get::<String, _>("created_at")?)?,
+        delivered_at: row
+            .try_get::<Option<String>, _>("delivered_at")?
+            .as_deref()
+            .map(time)
+            .transpose()?,
     })
 }
 
@@ -496,7 +507,7 @@ impl Store for SqliteStore {
             sql.push(" AND tool_name = ").push_bind(tool.clone());
         }
         if let Some(before) = &filter.updated_before {
-            sql.push(" AND updated_at < ").push_bind(before.clone());
+            sql.push(" AND updated_at < ").push_bind(rfc3339(before));
         }
         if filter.pending_report {
             sql.push(" AND report IS NOT NULL");
@@ -570,7 +581,7 @@ impl Store for SqliteStore {
                     operation_key: r.try_get(2)?,
                     executor_id: r.try_get(3)?,
                     assignment_id: r.try_get(4)?,
-                    created_at: r.try_get(5)?,
+                    created_at: time(&r.try_get::<String, _>(5)?)?,
                 })
             })
             .collect()
@@ -587,7 +598,7 @@ impl Store for SqliteStore {
         rows.iter()
             .map(|r| {
                 Ok(Event {
-                    at: r.try_get(0)?,
+                    at: time(&r.try_get::<String, _>(0)?)?,
                     what: r.try_get(1)?,
                     detail: r.try_get(2)?,
                 })
