@@ -11,6 +11,7 @@ use crate::context::CallContext;
 
 /// Whether a tool has side effects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Effect {
     /// Free of side effects: may be run again after a crash.
     Read,

@@ -20,6 +20,7 @@ use crate::store::{
 
 /// One call as an operator sees it (no secrets).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CallSummary {
     /// Run.
     pub run_id: String,
@@ -62,6 +63,7 @@ impl From<&LocalCall> for CallSummary {
 
 /// A receipt as stored in the outbox, with its exact body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ReceiptView {
     /// Id.
     pub receipt_id: String,
@@ -104,6 +106,7 @@ impl From<&OutboxReceipt> for ReceiptView {
 
 /// Everything known about one call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Timeline {
     /// The call.
     pub call: CallSummary,
@@ -148,6 +151,7 @@ pub struct Evidence {
 
 /// What a resolve did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Resolved {
     /// The new final receipt.
     pub receipt_id: String,
@@ -160,6 +164,7 @@ pub struct Resolved {
 
 /// Counts of the outbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct OutboxStatus {
     /// Receipts by delivery status.
     pub by_status: std::collections::BTreeMap<String, usize>,

@@ -227,6 +227,7 @@ impl Drop for Active {
 
 /// How [`RunningExecutor::shutdown`] leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Shutdown {
     /// Stop claiming, let in-flight calls finish (up to the deadline), flush
     /// the outbox, then disconnect with `drain`.

@@ -143,6 +143,7 @@ pub const ALL_STATES: [LocalState; 11] = [
 /// A state still to be reported with `calls/report`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PendingReport {
     /// `reconciliation_required`.
     ReconciliationRequired,
