@@ -53,22 +53,8 @@ pub(crate) async fn devserver(args: DevserverArgs) -> crate::Outcome {
     Ok(())
 }
 
-/// Ctrl-C or SIGTERM.
+/// Ctrl-C or SIGTERM (the SDK's own signal), then a log line.
 async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    toolrunner::shutdown_signal().await;
     tracing::info!("shutting down");
 }
