@@ -10,6 +10,7 @@ mod error_messages;
 mod failures;
 mod fixture;
 mod function_tools;
+mod group_commit;
 mod happy;
 mod lifecycle;
 mod migration;

@@ -889,7 +889,10 @@ pub(crate) fn plan(
     if let To::State(s) = rule.to {
         call.state = s;
     }
-    if !matches!(call.state, Assigned | Claiming) {
+    // An `accepted` is saved only in `assigned`, so only a call leaving
+    // `assigned` or `claiming` can hold one that will never be sent.
+    if matches!(from_state, Some(Assigned | Claiming)) && !matches!(call.state, Assigned | Claiming)
+    {
         changes.push(Change::SettlePending {
             run_id: call.run_id.clone(),
             call_id: call.call_id.clone(),

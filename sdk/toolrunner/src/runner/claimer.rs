@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use tokio::sync::OwnedSemaphorePermit;
+
 use super::{CallKey, Core, call, connection};
 use crate::lifecycle::{self, Advanced, Event, Reads};
 use crate::store::{CallFilter, LocalState};
@@ -74,6 +76,9 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
             return Err(e.to_string());
         }
     };
+    // Each new call's operation key is saved before its claim is sent. The
+    // saves go to the store together, so they share one commit.
+    let mut saves = Vec::new();
     for candidate in page.data {
         if !core.tools.contains_key(&candidate.tool_name) || !core.claiming.load(Ordering::SeqCst) {
             continue;
@@ -88,31 +93,41 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
         let Ok(permit) = core.slots.clone().try_acquire_owned() else {
             break;
         };
-        // A new call, or one settled here before (refused, released) that is
-        // pending again: a new attempt with a new key, durable before the
-        // claim is sent.
-        let tool_name = candidate.tool_name.clone();
-        let moved = core
-            .advance(&key, Reads::Row, |s| match &s.call {
-                None => Some(Event::Discovered {
-                    tool_name: tool_name.clone(),
-                    operation_key: lifecycle::operation_key(),
-                }),
-                Some(c) if matches!(c.state, LocalState::Abandoned | LocalState::Released) => {
-                    Some(Event::Retried {
-                        tool_name: tool_name.clone(),
-                        operation_key: lifecycle::operation_key(),
-                    })
-                }
-                Some(_) => None,
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-        if !matches!(moved, Advanced::Moved { .. }) {
-            continue;
+        saves.push(save_key(core, key, candidate.tool_name, permit));
+    }
+    for saved in futures_util::future::join_all(saves).await {
+        if let Some((key, permit)) = saved? {
+            core.crash_point("after_operation_key_saved")?;
+            call::spawn_drive(core.clone(), key, Some(permit));
         }
-        core.crash_point("after_operation_key_saved")?;
-        call::spawn_drive(core.clone(), key, Some(permit));
     }
     Ok(())
+}
+
+/// A new call, or one settled here before (refused, released) that is
+/// pending again: a new attempt with a new key, durable before the claim is
+/// sent. `None` if the call is not this loop's to claim.
+async fn save_key(
+    core: &Arc<Core>,
+    key: CallKey,
+    tool_name: String,
+    permit: OwnedSemaphorePermit,
+) -> Result<Option<(CallKey, OwnedSemaphorePermit)>, String> {
+    let moved = core
+        .advance(&key, Reads::Row, |s| match &s.call {
+            None => Some(Event::Discovered {
+                tool_name: tool_name.clone(),
+                operation_key: lifecycle::operation_key(),
+            }),
+            Some(c) if matches!(c.state, LocalState::Abandoned | LocalState::Released) => {
+                Some(Event::Retried {
+                    tool_name: tool_name.clone(),
+                    operation_key: lifecycle::operation_key(),
+                })
+            }
+            Some(_) => None,
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(matches!(moved, Advanced::Moved { .. }).then_some((key, permit)))
 }

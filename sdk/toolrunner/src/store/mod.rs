@@ -10,7 +10,7 @@ mod sqlite;
 use serde::{Deserialize, Serialize};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
-pub use sqlite::{SqliteStore, StoreLock};
+pub use sqlite::{SqliteStore, StoreLock, WriterStats};
 
 /// A point in time: UTC, to the millisecond (stored as RFC 3339).
 pub type Timestamp = chrono::DateTime<chrono::Utc>;

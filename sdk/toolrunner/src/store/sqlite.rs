@@ -1,6 +1,7 @@
 //! [`Store`] on SQLite: WAL, `synchronous=FULL`, one writer connection
 //! using `BEGIN IMMEDIATE` behind a task, and a pool of readers.
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{
@@ -16,15 +17,19 @@ use super::{
     ReceiptStatus, Store, StoreError, rfc3339,
 };
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sdk");
+mod writer;
 
-type Job = (Vec<Change>, oneshot::Sender<Result<(), StoreError>>);
+pub use writer::WriterStats;
+use writer::{Counters, Job};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sdk");
 
 /// The SQLite store. Cheap to clone.
 #[derive(Clone)]
 pub struct SqliteStore {
     readers: SqlitePool,
     writer: mpsc::Sender<Job>,
+    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -58,24 +63,34 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
+        // The writer runs the checkpoints itself, so it can count them.
         let writer_pool = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
             .idle_timeout(None)
             .max_lifetime(None)
-            .connect_with(options.clone())
+            .connect_with(options.clone().pragma("wal_autocheckpoint", "0"))
             .await?;
         MIGRATOR.run(&writer_pool).await?;
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
-        let (tx, rx) = mpsc::channel::<Job>(256);
-        tokio::spawn(write_loop(writer_pool, rx));
+        let (tx, rx) = mpsc::channel::<Job>(1024);
+        let counters = Arc::new(Counters::default());
+        tokio::spawn(writer::write_loop(writer_pool, rx, counters.clone()));
         Ok(SqliteStore {
             readers,
             writer: tx,
+            counters,
         })
+    }
+
+    /// What this store's writer has done since it was opened: commits
+    /// asked for, transactions that carried them (group commit puts the
+    /// changes of concurrent calls in one), and the fsyncs they cost.
+    pub fn writer_stats(&self) -> WriterStats {
+        self.counters.stats()
     }
 }
 
@@ -152,42 +167,45 @@ impl SqliteStore {
     }
 }
 
-/// The single writer. Each job is one `BEGIN IMMEDIATE` transaction; the
-/// loop is where several jobs can later share one commit (group commit).
-async fn write_loop(pool: SqlitePool, mut rx: mpsc::Receiver<Job>) {
-    while let Some((changes, reply)) = rx.recv().await {
-        let result = write(&pool, changes).await;
-        let _ = reply.send(result);
-    }
-    pool.close().await;
+/// A timeline row, written with the others of its transaction in one
+/// statement at its end.
+pub(super) struct Note {
+    run_id: String,
+    call_id: String,
+    at: String,
+    what: String,
+    detail: Option<String>,
 }
 
-async fn write(pool: &SqlitePool, changes: Vec<Change>) -> Result<(), StoreError> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    for change in changes {
-        apply(&mut tx, change).await?;
-    }
-    tx.commit().await?;
-    Ok(())
+fn note(notes: &mut Vec<Note>, run: &str, call: &str, what: String, detail: Option<String>) {
+    notes.push(Note {
+        run_id: run.to_owned(),
+        call_id: call.to_owned(),
+        at: super::now_rfc3339(),
+        what,
+        detail,
+    });
 }
 
-async fn note(
+/// Writes a transaction's timeline rows, many to a statement.
+pub(super) async fn write_notes(
     tx: &mut Transaction<'_, Sqlite>,
-    run: &str,
-    call: &str,
-    what: &str,
-    detail: Option<&str>,
+    notes: &[Note],
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO events (run_id, call_id, at, what, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )
-    .bind(run)
-    .bind(call)
-    .bind(super::now_rfc3339())
-    .bind(what)
-    .bind(detail)
-    .execute(&mut **tx)
-    .await?;
+    // Five parameters a row, well under SQLite's limit on parameters.
+    for chunk in notes.chunks(1000) {
+        let mut sql = sqlx::QueryBuilder::<Sqlite>::new(
+            "INSERT INTO events (run_id, call_id, at, what, detail) ",
+        );
+        sql.push_values(chunk, |mut row, n| {
+            row.push_bind(&n.run_id)
+                .push_bind(&n.call_id)
+                .push_bind(&n.at)
+                .push_bind(&n.what)
+                .push_bind(&n.detail);
+        });
+        sql.build().execute(&mut **tx).await?;
+    }
     Ok(())
 }
 
@@ -275,13 +293,18 @@ async fn write_call(
     Ok(())
 }
 
-async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), StoreError> {
+/// Applies one change; its timeline rows go to `notes`.
+pub(super) async fn apply(
+    tx: &mut Transaction<'_, Sqlite>,
+    change: &Change,
+    notes: &mut Vec<Note>,
+) -> Result<(), StoreError> {
     match change {
-        Change::InsertCall(c) => write_call(tx, &c, None).await?,
+        Change::InsertCall(c) => write_call(tx, c, None).await?,
         Change::UpdateCall {
             expect_version,
             call,
-        } => write_call(tx, &call, Some(expect_version)).await?,
+        } => write_call(tx, call, Some(*expect_version)).await?,
         Change::AddReceipt(r) => {
             sqlx::query(
                 "INSERT INTO receipts (receipt_id, run_id, call_id, assignment_id, kind, sequence, body, status, attempts, last_error, created_at, delivered_at)
@@ -303,7 +326,13 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             .await
             .map_err(|e| refused(e, "receipt"))?;
             let what = format!("receipt {} saved", r.kind.as_str());
-            note(tx, &r.run_id, &r.call_id, &what, Some(&r.receipt_id)).await?;
+            note(
+                notes,
+                &r.run_id,
+                &r.call_id,
+                what,
+                Some(r.receipt_id.clone()),
+            );
         }
         Change::ReceiptStatus {
             receipt_id,
@@ -311,16 +340,17 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             error,
             attempt,
         } => {
+            let status = *status;
             let delivered_at = (status == ReceiptStatus::Delivered).then(super::now_rfc3339);
             let row = sqlx::query(
                 "UPDATE receipts SET status = ?2, last_error = COALESCE(?3, last_error), attempts = attempts + ?4,
                    delivered_at = COALESCE(?5, delivered_at)
                  WHERE receipt_id = ?1 AND status = 'pending' RETURNING run_id, call_id, kind",
             )
-            .bind(&receipt_id)
+            .bind(receipt_id)
             .bind(status.as_str())
-            .bind(&error)
-            .bind(i64::from(attempt))
+            .bind(error)
+            .bind(i64::from(*attempt))
             .bind(delivered_at)
             .fetch_optional(&mut **tx)
             .await
@@ -331,11 +361,11 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
                 let (run, call, kind): (String, String, String) =
                     (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
                 let what = format!("receipt {kind} {}", status.as_str());
-                let detail = match &error {
+                let detail = match error {
                     Some(e) => format!("{receipt_id}: {e}"),
                     None => receipt_id.clone(),
                 };
-                note(tx, &run, &call, &what, Some(&detail)).await?;
+                note(notes, &run, &call, what, Some(detail));
             }
         }
         Change::SettlePending {
@@ -352,11 +382,11 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
                    AND (?5 IS NULL OR assignment_id <> ?5) AND (?6 IS NULL OR kind = ?6)
                  RETURNING receipt_id, kind",
             )
-            .bind(&run_id)
-            .bind(&call_id)
+            .bind(run_id)
+            .bind(call_id)
             .bind(status.as_str())
-            .bind(&error)
-            .bind(&keep)
+            .bind(error)
+            .bind(keep)
             .bind(only_kind.map(|k| k.as_str()))
             .fetch_all(&mut **tx)
             .await
@@ -364,14 +394,7 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             for row in rows {
                 let (id, kind): (String, String) = (row.try_get(0)?, row.try_get(1)?);
                 let what = format!("receipt {kind} {}", status.as_str());
-                note(
-                    tx,
-                    &run_id,
-                    &call_id,
-                    &what,
-                    Some(&format!("{id}: {error}")),
-                )
-                .await?;
+                note(notes, run_id, call_id, what, Some(format!("{id}: {error}")));
             }
         }
         Change::AddAttempt(a) => {
@@ -395,7 +418,7 @@ async fn apply(tx: &mut Transaction<'_, Sqlite>, change: Change) -> Result<(), S
             what,
             detail,
         } => {
-            note(tx, &run_id, &call_id, &what, detail.as_deref()).await?;
+            note(notes, run_id, call_id, what.clone(), detail.clone());
         }
     }
     Ok(())

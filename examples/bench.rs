@@ -1,0 +1,531 @@
+//! What durability costs: the same N write calls, against the same
+//! in-process development platform, first through a bare protocol loop
+//! with no store, then through the durable executor (its store in a real
+//! file: WAL, `synchronous=FULL`), at the same concurrency.
+//!
+//! ```text
+//! cargo run --release --example bench -- [--calls 2000] [--capacity 64] [--dir DIR]
+//! ```
+//!
+//! The bare loop makes the requests the executor makes for one call
+//! (`pending`, claim, `accepted`, `completed`) and nothing else. The
+//! executor serves a no-op write tool. For each side it prints calls/s and
+//! p50/p99 per call (from the claim to the final receipt's answer); for the
+//! executor also the store's commits and fsyncs per call (counted by the
+//! store's writer), the process's CPU time per call (platform included, on
+//! both sides: the difference is the executor's) and the peak resident
+//! memory of the durable phase. Linux only (it reads `/proc/self`). Its
+//! last line is:
+//!
+//! ```text
+//! bench: durable D calls/s, bare B calls/s, ratio R, commits/call K, fsyncs/call F
+//! ```
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, Semaphore};
+use toolrunner::platform::{NewToolCall, Platform};
+use toolrunner::store::{
+    Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, ReceiptStatus,
+    SqliteStore, Store, StoreError,
+};
+use toolrunner::{CallContext, Executor, Shutdown, ToolError};
+
+#[derive(Debug, Parser)]
+#[command(about = "The durable executor against the bare protocol, side by side")]
+struct Args {
+    /// Calls on each side.
+    #[arg(long, default_value_t = 2000)]
+    calls: usize,
+    /// Calls in flight at once (the executor's capacity; the bare loop's
+    /// concurrency).
+    #[arg(long, default_value_t = 64)]
+    capacity: u32,
+    /// Where the executor's store file goes (default: a temporary
+    /// directory).
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
+}
+
+/// A number to echo.
+#[toolrunner::schema]
+#[derive(Deserialize)]
+struct In {
+    /// The number.
+    n: u64,
+}
+
+/// The number echoed.
+#[toolrunner::schema]
+#[derive(Serialize)]
+struct Out {
+    /// The number.
+    n: u64,
+}
+
+/// Does nothing, durably.
+#[toolrunner::tool(name = "bench.noop", effect = write)]
+async fn noop(_ctx: CallContext, input: In) -> Result<Out, ToolError> {
+    Ok(Out { n: input.n })
+}
+
+const ADMIN: &str = "dev-admin";
+const EXEC: &str = "dev-executor";
+const RUN_SIZE: usize = 100;
+
+/// One side's figures.
+struct Side {
+    calls: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    cpu: Duration,
+}
+
+impl Side {
+    fn rate(&self) -> f64 {
+        self.calls as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn pct(&self, p: f64) -> Duration {
+        let mut l = self.latencies.clone();
+        l.sort();
+        l.get(((l.len().max(1) - 1) as f64 * p).round() as usize)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn print(&self, name: &str) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!(
+            "{name:<8} {:>7} calls in {:>6.2} s: {:>7.0} calls/s  p50 {:>7.2} ms  p99 {:>7.2} ms  cpu/call {:>6.0} us",
+            self.calls,
+            self.elapsed.as_secs_f64(),
+            self.rate(),
+            ms(self.pct(0.5)),
+            ms(self.pct(0.99)),
+            self.cpu.as_secs_f64() * 1e6 / self.calls as f64,
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let server = toolrunner_devserver::DevServer::builder()
+        .listen("127.0.0.1:0".parse()?)
+        .start()
+        .await?;
+    let base = server.base_url();
+    let admin = Platform::new(&base, ADMIN)?;
+    let agent = admin.create_agent("bench").await?;
+    let binding = admin
+        .create_binding(&agent.agent_id, "bench", &["bench.noop"])
+        .await?;
+    let executor = Executor::builder()
+        .base_url(&base)
+        .token(EXEC)
+        .executor_id("bench-durable")
+        .binding_id(&binding.binding_id)
+        .capacity(args.capacity)
+        .allow_all()
+        .tool(noop)
+        .build()?;
+    let version = admin
+        .publish(&agent.agent_id, executor.tool_definitions())
+        .await?;
+    let new_calls = |first: usize| {
+        (first..first + RUN_SIZE)
+            .map(|n| NewToolCall::new("bench.noop", json!({ "n": n })))
+            .collect::<Vec<_>>()
+    };
+    let mut made = 0;
+    let mut make_calls = async |n: usize| -> Result<()> {
+        for first in (0..n).step_by(RUN_SIZE) {
+            let mut list = new_calls(made + first);
+            list.truncate(n - first);
+            admin
+                .create_run(&version.agent_version, "bench", list)
+                .await?;
+        }
+        made += n;
+        Ok(())
+    };
+
+    make_calls(args.calls).await?;
+    let bare = bare(&base, &binding.binding_id, args.calls, args.capacity).await?;
+    bare.print("bare");
+
+    make_calls(args.calls).await?;
+    reset_peak_rss();
+    let dir = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            tempfile::tempdir_in(d)?
+        }
+        None => tempfile::tempdir()?,
+    };
+    let path = dir.path().join("executor.db");
+    let _lock = SqliteStore::lock_path(&path)?;
+    let store = SqliteStore::open_path(&path).await?;
+    let timed = Arc::new(Timed::new(store.clone(), args.calls));
+    let cpu = cpu_time()?;
+    let started = Instant::now();
+    let running = executor.start_with_store(timed.clone()).await?;
+    tokio::select! {
+        _ = timed.all_delivered.notified() => {}
+        _ = tokio::time::sleep(Duration::from_secs(1800)) => bail!("the durable side did not finish in 30 minutes"),
+    }
+    let elapsed = started.elapsed();
+    let cpu = cpu_time()? - cpu;
+    let peak = peak_rss_kib()?;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    let durable = Side {
+        calls: args.calls,
+        elapsed,
+        latencies: timed.latencies(),
+        cpu,
+    };
+    durable.print("durable");
+    let stats = store.writer_stats();
+    let per_call = |n: u64| n as f64 / args.calls as f64;
+    println!(
+        "durable store: {:.2} changes/call in {:.2} transactions/call ({:.1} changes a commit), {} checkpoints, {:.2} fsyncs/call; peak RSS {} KiB",
+        per_call(stats.jobs),
+        per_call(stats.transactions),
+        stats.jobs as f64 / stats.transactions.max(1) as f64,
+        stats.checkpoints,
+        per_call(stats.fsyncs),
+        peak,
+    );
+    server.shutdown().await;
+    println!(
+        "bench: durable {:.0} calls/s, bare {:.0} calls/s, ratio {:.2}, commits/call {:.2}, fsyncs/call {:.2}",
+        durable.rate(),
+        bare.rate(),
+        durable.rate() / bare.rate(),
+        per_call(stats.transactions),
+        per_call(stats.fsyncs),
+    );
+    Ok(())
+}
+
+/// The bare protocol: one executor identity, `capacity` calls at a time,
+/// each `pending` → claim → `accepted` → `completed`; no store.
+async fn bare(base: &str, binding_id: &str, calls: usize, capacity: u32) -> Result<Side> {
+    let api = Platform::new(base, EXEC)?;
+    let executor_id = "bench-bare";
+    let connected = api
+        .request(reqwest::Method::POST, "/executors/connect")
+        .json(
+            &json!({"executor_id": executor_id, "binding_id": binding_id,
+            "tools": ["bench.noop"], "capacity": capacity}),
+        )
+        .send()
+        .await?
+        .json();
+    let connection_id = connected["connection_id"]
+        .as_str()
+        .with_context(|| format!("connect answered {connected}"))?
+        .to_owned();
+    let heartbeat = {
+        let (api, connection_id) = (api.clone(), connection_id.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let _ = api
+                    .request(
+                        reqwest::Method::POST,
+                        &format!("/executors/{executor_id}/heartbeat"),
+                    )
+                    .json(&json!({"connection_id": connection_id, "in_flight": []}))
+                    .send()
+                    .await;
+            }
+        })
+    };
+    let slots = Arc::new(Semaphore::new(capacity as usize));
+    let in_flight = Arc::new(Mutex::new(HashSet::<String>::new()));
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(calls)));
+    let freed = Arc::new(Notify::new());
+    let cpu = cpu_time()?;
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    let mut claimed = 0;
+    while claimed < calls {
+        let free = slots.available_permits();
+        if free == 0 {
+            freed.notified().await;
+            continue;
+        }
+        let path = format!(
+            "/executors/{executor_id}/pending?connection_id={connection_id}&limit={}",
+            free.min(100)
+        );
+        let page = api
+            .request(reqwest::Method::GET, &path)
+            .send()
+            .await?
+            .json();
+        let data = page["data"]
+            .as_array()
+            .with_context(|| format!("pending answered {page}"))?;
+        let mut any = false;
+        for c in data {
+            let run_id = c["run_id"].as_str().context("run_id")?.to_owned();
+            let call_id = c["call_id"].as_str().context("call_id")?.to_owned();
+            if !in_flight.lock().expect("lock").insert(call_id.clone()) {
+                continue;
+            }
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                in_flight.lock().expect("lock").remove(&call_id);
+                break;
+            };
+            any = true;
+            claimed += 1;
+            let (api, connection_id, latencies, freed) = (
+                api.clone(),
+                connection_id.clone(),
+                latencies.clone(),
+                freed.clone(),
+            );
+            workers.spawn(async move {
+                let t = Instant::now();
+                let result = one_call(&api, executor_id, &connection_id, &run_id, &call_id).await;
+                latencies.lock().expect("lock").push(t.elapsed());
+                drop(permit);
+                freed.notify_one();
+                result
+            });
+        }
+        if !any {
+            tokio::select! {
+                _ = freed.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+        while let Some(done) = workers.try_join_next() {
+            done??;
+        }
+    }
+    while let Some(done) = workers.join_next().await {
+        done??;
+    }
+    let elapsed = started.elapsed();
+    let cpu = cpu_time()? - cpu;
+    heartbeat.abort();
+    let latencies = std::mem::take(&mut *latencies.lock().expect("lock"));
+    Ok(Side {
+        calls,
+        elapsed,
+        latencies,
+        cpu,
+    })
+}
+
+/// Claim, `accepted`, `completed`: one call of the bare loop.
+async fn one_call(
+    api: &Platform,
+    executor_id: &str,
+    connection_id: &str,
+    run_id: &str,
+    call_id: &str,
+) -> Result<()> {
+    let call_path = format!("/runs/{run_id}/tool-calls/{call_id}");
+    let claim = api
+        .request(reqwest::Method::POST, &format!("{call_path}/claim"))
+        .json(
+            &json!({"executor_id": executor_id, "connection_id": connection_id,
+            "operation_key": format!("op-{call_id}")}),
+        )
+        .send()
+        .await?;
+    let claim = claim.json();
+    let assignment = &claim["assignment"];
+    let grant = assignment["grant"]
+        .as_str()
+        .with_context(|| format!("claim answered {claim}"))?;
+    let n = assignment["arguments"]["n"].clone();
+    let receipt = |sequence: u64, kind: &str, extra: Value| {
+        let mut body = json!({"executor_id": executor_id,
+            "assignment_id": assignment["assignment_id"],
+            "receipt_id": format!("rcp-{call_id}-{sequence}"),
+            "sequence": sequence, "kind": kind});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        body
+    };
+    let path = format!("{call_path}/receipts");
+    let accepted = api
+        .request(reqwest::Method::POST, &path)
+        .header("Tool-Grant", grant)
+        .json(&receipt(0, "accepted", json!({})))
+        .send()
+        .await?
+        .json();
+    if accepted["accepted"] != json!(true) {
+        bail!("accepted was not confirmed: {accepted}");
+    }
+    let completed = api
+        .request(reqwest::Method::POST, &path)
+        .header("Tool-Grant", grant)
+        .json(&receipt(1, "completed", json!({"result": {"n": n}})))
+        .send()
+        .await?;
+    if !(200..300).contains(&completed.status) {
+        bail!("completed refused: {}", completed.json());
+    }
+    Ok(())
+}
+
+/// A call's run and call ids.
+type CallId = (String, String);
+
+/// The executor's store, timing each call from its first durable write
+/// (the operation key, before the claim) to its delivered mark (after the
+/// platform answered the final receipt).
+struct Timed {
+    inner: SqliteStore,
+    /// Calls begun (when), and the times of those delivered.
+    calls: Mutex<(HashMap<CallId, Instant>, Vec<Duration>)>,
+    expected: usize,
+    all_delivered: Notify,
+}
+
+impl Timed {
+    fn new(inner: SqliteStore, expected: usize) -> Timed {
+        Timed {
+            inner,
+            calls: Mutex::new((
+                HashMap::with_capacity(expected),
+                Vec::with_capacity(expected),
+            )),
+            expected,
+            all_delivered: Notify::new(),
+        }
+    }
+
+    fn latencies(&self) -> Vec<Duration> {
+        self.calls.lock().expect("lock").1.clone()
+    }
+
+    /// The calls a commit starts (their first row) and ends (delivered).
+    fn marks(changes: &[Change]) -> Vec<(bool, CallId)> {
+        changes
+            .iter()
+            .filter_map(|change| match change {
+                Change::InsertCall(c) => Some((true, (c.run_id.clone(), c.call_id.clone()))),
+                Change::UpdateCall { call, .. } if call.state == LocalState::Delivered => {
+                    Some((false, (call.run_id.clone(), call.call_id.clone())))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn observe(&self, marks: Vec<(bool, CallId)>, started: Instant) {
+        let mut guard = self.calls.lock().expect("lock");
+        let (begun, done) = &mut *guard;
+        for (first, key) in marks {
+            if first {
+                begun.insert(key, started);
+            } else if let Some(t) = begun.remove(&key) {
+                done.push(t.elapsed());
+                if done.len() == self.expected {
+                    self.all_delivered.notify_one();
+                }
+            }
+        }
+    }
+}
+
+#[toolrunner::async_trait]
+impl Store for Timed {
+    async fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let marks = Self::marks(&changes);
+        self.inner.commit(changes).await?;
+        self.observe(marks, started);
+        Ok(())
+    }
+    async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {
+        self.inner.call(run_id, call_id).await
+    }
+    async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError> {
+        self.inner.calls(filter).await
+    }
+    async fn count_by_state(
+        &self,
+    ) -> Result<std::collections::BTreeMap<LocalState, u64>, StoreError> {
+        self.inner.count_by_state().await
+    }
+    async fn receipts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<OutboxReceipt>, StoreError> {
+        self.inner.receipts(run_id, call_id).await
+    }
+    async fn receipt(&self, receipt_id: &str) -> Result<Option<OutboxReceipt>, StoreError> {
+        self.inner.receipt(receipt_id).await
+    }
+    async fn receipts_with(&self, status: ReceiptStatus) -> Result<Vec<OutboxReceipt>, StoreError> {
+        self.inner.receipts_with(status).await
+    }
+    async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError> {
+        self.inner.events(run_id, call_id).await
+    }
+    async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError> {
+        self.inner.attempts(run_id, call_id).await
+    }
+}
+
+/// This process's CPU time (user + system), from `/proc/self/stat`.
+fn cpu_time() -> Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // The fields after the command name (which may hold spaces).
+    let rest = stat.rsplit_once(')').context("/proc/self/stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks =
+        |i: usize| -> Result<u64> { Ok(fields.get(i).context("/proc/self/stat field")?.parse()?) };
+    // utime and stime are fields 14 and 15 (1-based), in clock ticks of
+    // 1/100 s on Linux.
+    let total = ticks(11)? + ticks(12)?;
+    Ok(Duration::from_millis(total * 10))
+}
+
+/// The peak resident memory since the last reset, from `/proc/self/status`.
+fn peak_rss_kib() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .context("VmHWM")?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("VmHWM value")?
+        .parse()?)
+}
+
+/// Starts the peak resident memory afresh (`/proc/self/clear_refs`, 5).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
