@@ -51,6 +51,9 @@ struct Args {
     /// directory).
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
+    /// Run the durable side only (for profiling it; no last line).
+    #[arg(long)]
+    durable_only: bool,
 }
 
 /// A number to echo.
@@ -164,9 +167,14 @@ async fn main() -> Result<()> {
         Ok(())
     };
 
-    make_calls(args.calls).await?;
-    let bare = bare(&base, &binding.binding_id, args.calls, args.capacity).await?;
-    bare.print("bare");
+    let bare = if args.durable_only {
+        None
+    } else {
+        make_calls(args.calls).await?;
+        let bare = bare(&base, &binding.binding_id, args.calls, args.capacity).await?;
+        bare.print("bare");
+        Some(bare)
+    };
 
     make_calls(args.calls).await?;
     reset_peak_rss();
@@ -215,6 +223,7 @@ async fn main() -> Result<()> {
         peak,
     );
     server.shutdown().await;
+    let Some(bare) = bare else { return Ok(()) };
     println!(
         "bench: durable {:.0} calls/s, bare {:.0} calls/s, ratio {:.2}, commits/call {:.2}, fsyncs/call {:.2}",
         durable.rate(),

@@ -974,24 +974,53 @@ pub(crate) async fn advance(
     executor_id: &str,
     key: (&str, &str),
     reads: Reads,
+    decide: impl FnMut(&Snapshot) -> Option<Event>,
+) -> Result<Advanced, StoreError> {
+    advance_from(store, executor_id, key, None, reads, decide).await
+}
+
+/// [`advance`] starting from the row as the caller last saw it (`known`;
+/// `Some(None)`: the caller knows the call is not stored), which saves a
+/// read. The known row is trusted only to write: the compare-and-set on its
+/// version refuses it if the row moved on, and a decision not to move (or
+/// one the table refuses) is taken again on a fresh read.
+///
+/// # Errors
+/// As [`advance`].
+pub(crate) async fn advance_from(
+    store: &dyn Store,
+    executor_id: &str,
+    key: (&str, &str),
+    mut known: Option<Option<LocalCall>>,
+    reads: Reads,
     mut decide: impl FnMut(&Snapshot) -> Option<Event>,
 ) -> Result<Advanced, StoreError> {
     let mut failures = 0u32;
     let mut races = 0u32;
     loop {
+        let guess = known.take();
+        let guessed = guess.is_some();
+        let call = match guess {
+            Some(row) => row,
+            None => store.call(key.0, key.1).await?,
+        };
         let snapshot = Snapshot {
-            call: store.call(key.0, key.1).await?,
+            call,
             receipts: match reads {
                 Reads::Row => None,
                 Reads::RowAndReceipts => Some(store.receipts(key.0, key.1).await?),
             },
         };
         let Some(event) = decide(&snapshot) else {
+            if guessed {
+                continue;
+            }
             return Ok(Advanced::Stayed(snapshot.call));
         };
         let name = event.name();
         let plan = match plan(&snapshot, key, event, executor_id) {
             Ok(p) => p,
+            Err(_) if guessed => continue,
             Err(e) => {
                 tracing::warn!(run_id = key.0, call_id = key.1, error = %e, "transition refused by the lifecycle table");
                 return Ok(Advanced::Stayed(snapshot.call));
@@ -1003,8 +1032,8 @@ pub(crate) async fn advance(
             .record(started.elapsed().as_secs_f64());
         let committed = match result {
             Ok(()) => true,
-            Err(StoreError::Conflict(..)) if races < 50 => {
-                races += 1;
+            Err(StoreError::Conflict(..)) if guessed || races < 50 => {
+                races += u32::from(!guessed);
                 tracing::debug!(
                     run_id = key.0,
                     call_id = key.1,

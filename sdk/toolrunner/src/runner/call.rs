@@ -220,7 +220,7 @@ async fn claim(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> {
         Reads::Row
     };
     let moved = core
-        .advance(&key, reads, |s| {
+        .advance_from(&key, Some(Some(call.clone())), reads, |s| {
             s.call
                 .as_ref()
                 .filter(|c| c.state == LocalState::Claiming && c.operation_key == used)?;
@@ -291,6 +291,8 @@ async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<(LocalCall, bool), 
         .map_err(|e| e.to_string())?
         .into_iter()
         .find(|r| r.assignment_id == id && r.kind == ReceiptKind::Accepted);
+    // The row as this task last saw it (the next transitions start from it).
+    let mut known = call.clone();
     let accepted = match stored {
         Some(r) if matches!(r.status, ReceiptStatus::Pending | ReceiptStatus::Delivered) => r,
         Some(r) => {
@@ -332,8 +334,9 @@ async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<(LocalCall, bool), 
                 return Ok((call, false));
             }
             match core
-                .advance(
+                .advance_from(
                     &key,
+                    Some(Some(call.clone())),
                     Reads::Row,
                     while_in(LocalState::Assigned, id.clone(), Event::AcceptedSaved),
                 )
@@ -341,9 +344,11 @@ async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<(LocalCall, bool), 
                 .map_err(|e| e.to_string())?
             {
                 Advanced::Moved {
-                    receipt: Some(r), ..
+                    receipt: Some(r),
+                    call: saved,
                 } => {
                     core.crash_point("after_accepted_saved")?;
+                    known = saved;
                     r
                 }
                 other => return Ok((row(other)?, false)),
@@ -402,7 +407,12 @@ async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<(LocalCall, bool), 
     };
     let confirming = matches!(event, Event::AcceptConfirmed { .. });
     let moved = core
-        .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
+        .advance_from(
+            &key,
+            Some(Some(known)),
+            Reads::Row,
+            while_in(LocalState::Assigned, id, event),
+        )
         .await
         .map_err(|e| e.to_string())?;
     let mine = confirming && matches!(moved, Advanced::Moved { .. });
@@ -453,8 +463,9 @@ async fn run(
     core.crash_point("after_handler")?;
     let event = outcome_event(&asg, outcome);
     let moved = core
-        .advance(
+        .advance_from(
             &key,
+            Some(Some(call.clone())),
             Reads::Row,
             while_in(LocalState::Running, id, event.clone()),
         )

@@ -113,8 +113,10 @@ async fn save_key(
     tool_name: String,
     permit: OwnedSemaphorePermit,
 ) -> Result<Option<(CallKey, OwnedSemaphorePermit)>, String> {
+    // Usually a call this store has never seen: try the insert at once (it
+    // is refused if the row exists, and then decided on a fresh read).
     let moved = core
-        .advance(&key, Reads::Row, |s| match &s.call {
+        .advance_from(&key, Some(None), Reads::Row, |s| match &s.call {
             None => Some(Event::Discovered {
                 tool_name: tool_name.clone(),
                 operation_key: lifecycle::operation_key(),

@@ -119,10 +119,23 @@ impl Core {
         reads: Reads,
         decide: impl FnMut(&Snapshot) -> Option<Event>,
     ) -> Result<Advanced, StoreError> {
-        lifecycle::advance(
+        self.advance_from(key, None, reads, decide).await
+    }
+
+    /// [`advance`](Self::advance) from the row as this task last saw it
+    /// (see [`lifecycle::advance_from`]).
+    pub(crate) async fn advance_from(
+        &self,
+        key: &CallKey,
+        known: Option<Option<LocalCall>>,
+        reads: Reads,
+        decide: impl FnMut(&Snapshot) -> Option<Event>,
+    ) -> Result<Advanced, StoreError> {
+        lifecycle::advance_from(
             self.store.as_ref(),
             &self.cfg.executor_id,
             (&key.run_id, &key.call_id),
+            known,
             reads,
             decide,
         )

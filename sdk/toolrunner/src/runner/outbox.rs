@@ -157,19 +157,21 @@ pub(crate) async fn deliver(
         }
     };
     let delivered = matches!(event, Event::Delivered { .. });
-    let moved = lifecycle::advance(store, executor_id, key, Reads::RowAndReceipts, |s| {
-        // Only while this very receipt is the settled call's live final:
-        // a late answer to another sender's attempt changes no state.
-        let call = s.call.as_ref().filter(|c| c.state == LocalState::Settled)?;
-        let current = call.assignment.as_ref()?.assignment_id.as_str();
-        s.receipts
-            .iter()
-            .flatten()
-            .find(|x| x.receipt_id == r.receipt_id)
-            .filter(|x| x.status == ReceiptStatus::Pending && x.assignment_id == current)
-            .map(|_| event.clone())
-    })
-    .await;
+    let known = Some(Some(call.clone()));
+    let moved =
+        lifecycle::advance_from(store, executor_id, key, known, Reads::RowAndReceipts, |s| {
+            // Only while this very receipt is the settled call's live final:
+            // a late answer to another sender's attempt changes no state.
+            let call = s.call.as_ref().filter(|c| c.state == LocalState::Settled)?;
+            let current = call.assignment.as_ref()?.assignment_id.as_str();
+            s.receipts
+                .iter()
+                .flatten()
+                .find(|x| x.receipt_id == r.receipt_id)
+                .filter(|x| x.status == ReceiptStatus::Pending && x.assignment_id == current)
+                .map(|_| event.clone())
+        })
+        .await;
     match moved {
         Ok(lifecycle::Advanced::Moved { .. }) => {}
         Ok(lifecycle::Advanced::Stayed(_)) => {

@@ -8,7 +8,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Row, Sqlite};
 use tokio::sync::{mpsc, oneshot};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
@@ -17,6 +17,7 @@ use super::{
     ReceiptStatus, Store, StoreError, rfc3339,
 };
 
+mod changes;
 mod writer;
 
 pub use writer::WriterStats;
@@ -63,22 +64,27 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        // The writer runs the checkpoints itself, so it can count them.
-        let writer_pool = SqlitePoolOptions::new()
+        let path = options.get_filename().to_owned();
+        let name = path.to_string_lossy();
+        if name.is_empty() || name == ":memory:" || name.contains("mode=memory") {
+            let why = "the executor's store must be a file (sqlite://PATH): an in-memory store loses every saved receipt with the process";
+            return Err(StoreError::Database(super::DatabaseError(why.into())));
+        }
+        // Creates and migrates the file; the writer then has a connection
+        // of its own.
+        let migrator = SqlitePoolOptions::new()
             .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options.clone().pragma("wal_autocheckpoint", "0"))
+            .connect_with(options.clone())
             .await?;
-        MIGRATOR.run(&writer_pool).await?;
+        MIGRATOR.run(&migrator).await?;
+        migrator.close().await;
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
         let (tx, rx) = mpsc::channel::<Job>(1024);
         let counters = Arc::new(Counters::default());
-        tokio::spawn(writer::write_loop(writer_pool, rx, counters.clone()));
+        writer::spawn(&path, rx, counters.clone())?;
         Ok(SqliteStore {
             readers,
             writer: tx,
@@ -165,263 +171,6 @@ impl SqliteStore {
             ))),
         }
     }
-}
-
-/// A timeline row, written with the others of its transaction in one
-/// statement at its end.
-pub(super) struct Note {
-    run_id: String,
-    call_id: String,
-    at: String,
-    what: String,
-    detail: Option<String>,
-}
-
-fn note(notes: &mut Vec<Note>, run: &str, call: &str, what: String, detail: Option<String>) {
-    notes.push(Note {
-        run_id: run.to_owned(),
-        call_id: call.to_owned(),
-        at: super::now_rfc3339(),
-        what,
-        detail,
-    });
-}
-
-/// Writes a transaction's timeline rows, many to a statement.
-pub(super) async fn write_notes(
-    tx: &mut Transaction<'_, Sqlite>,
-    notes: &[Note],
-) -> Result<(), StoreError> {
-    // Five parameters a row, well under SQLite's limit on parameters.
-    for chunk in notes.chunks(1000) {
-        let mut sql = sqlx::QueryBuilder::<Sqlite>::new(
-            "INSERT INTO events (run_id, call_id, at, what, detail) ",
-        );
-        sql.push_values(chunk, |mut row, n| {
-            row.push_bind(&n.run_id)
-                .push_bind(&n.call_id)
-                .push_bind(&n.at)
-                .push_bind(&n.what)
-                .push_bind(&n.detail);
-        });
-        sql.build().execute(&mut **tx).await?;
-    }
-    Ok(())
-}
-
-/// A constraint the schema enforces failed: a row that must never exist.
-fn refused(e: sqlx::Error, what: &str) -> StoreError {
-    match &e {
-        sqlx::Error::Database(db)
-            if db.is_unique_violation()
-                || db.is_check_violation()
-                || db.is_foreign_key_violation() =>
-        {
-            StoreError::Refused(format!("{what}: {}", db.message()))
-        }
-        _ => StoreError::from(e),
-    }
-}
-
-fn seq(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-fn report_str(r: Option<PendingReport>) -> Option<&'static str> {
-    r.map(|r| match r {
-        PendingReport::ReconciliationRequired => "reconciliation_required",
-        PendingReport::PendingDelivery => "pending_delivery",
-        PendingReport::Released => "released",
-    })
-}
-
-fn assignment_json(c: &LocalCall) -> Result<Option<String>, StoreError> {
-    c.assignment
-        .as_ref()
-        .map(serde_json::to_string)
-        .transpose()
-        .map_err(|e| StoreError::Corrupt(e.to_string()))
-}
-
-/// Inserts a call row (`expect_version` `None`) or replaces it if its
-/// stored version is `expect_version`; a conflict otherwise.
-async fn write_call(
-    tx: &mut Transaction<'_, Sqlite>,
-    c: &LocalCall,
-    expect_version: Option<u64>,
-) -> Result<(), StoreError> {
-    let sql = match expect_version {
-        None => {
-            "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, version, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) ON CONFLICT (run_id, call_id) DO NOTHING"
-        }
-        Some(_) => {
-            "UPDATE calls SET tool_name = ?3, operation_key = ?4, state = ?5, assignment = ?6, next_sequence = ?7,
-               reason = ?8, report = ?9, version = ?10, created_at = ?11, updated_at = ?12
-             WHERE run_id = ?1 AND call_id = ?2 AND version = ?13"
-        }
-    };
-    let mut query = sqlx::query(sql)
-        .bind(&c.run_id)
-        .bind(&c.call_id)
-        .bind(&c.tool_name)
-        .bind(&c.operation_key)
-        .bind(c.state.as_str())
-        .bind(assignment_json(c)?)
-        .bind(seq(c.next_sequence))
-        .bind(&c.reason)
-        .bind(report_str(c.report))
-        .bind(seq(c.version))
-        .bind(rfc3339(&c.created_at))
-        .bind(rfc3339(&c.updated_at));
-    if let Some(v) = expect_version {
-        query = query.bind(seq(v));
-    }
-    let written = query
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| refused(e, "call row"))?;
-    if written.rows_affected() == 0 {
-        return Err(StoreError::Conflict(
-            format!("{}/{}", c.run_id, c.call_id),
-            match expect_version {
-                None => "the call is already stored".into(),
-                Some(v) => format!("it is no longer at version {v}"),
-            },
-        ));
-    }
-    Ok(())
-}
-
-/// Applies one change; its timeline rows go to `notes`.
-pub(super) async fn apply(
-    tx: &mut Transaction<'_, Sqlite>,
-    change: &Change,
-    notes: &mut Vec<Note>,
-) -> Result<(), StoreError> {
-    match change {
-        Change::InsertCall(c) => write_call(tx, c, None).await?,
-        Change::UpdateCall {
-            expect_version,
-            call,
-        } => write_call(tx, call, Some(*expect_version)).await?,
-        Change::AddReceipt(r) => {
-            sqlx::query(
-                "INSERT INTO receipts (receipt_id, run_id, call_id, assignment_id, kind, sequence, body, status, attempts, last_error, created_at, delivered_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            )
-            .bind(&r.receipt_id)
-            .bind(&r.run_id)
-            .bind(&r.call_id)
-            .bind(&r.assignment_id)
-            .bind(r.kind.as_str())
-            .bind(seq(r.sequence))
-            .bind(&r.body)
-            .bind(r.status.as_str())
-            .bind(i64::from(r.attempts))
-            .bind(&r.last_error)
-            .bind(rfc3339(&r.created_at))
-            .bind(r.delivered_at.as_ref().map(rfc3339))
-            .execute(&mut **tx)
-            .await
-            .map_err(|e| refused(e, "receipt"))?;
-            let what = format!("receipt {} saved", r.kind.as_str());
-            note(
-                notes,
-                &r.run_id,
-                &r.call_id,
-                what,
-                Some(r.receipt_id.clone()),
-            );
-        }
-        Change::ReceiptStatus {
-            receipt_id,
-            status,
-            error,
-            attempt,
-        } => {
-            let status = *status;
-            let delivered_at = (status == ReceiptStatus::Delivered).then(super::now_rfc3339);
-            let row = sqlx::query(
-                "UPDATE receipts SET status = ?2, last_error = COALESCE(?3, last_error), attempts = attempts + ?4,
-                   delivered_at = COALESCE(?5, delivered_at)
-                 WHERE receipt_id = ?1 AND status = 'pending' RETURNING run_id, call_id, kind",
-            )
-            .bind(receipt_id)
-            .bind(status.as_str())
-            .bind(error)
-            .bind(i64::from(*attempt))
-            .bind(delivered_at)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(|e| refused(e, "receipt status"))?;
-            if let Some(row) = row
-                && status != ReceiptStatus::Pending
-            {
-                let (run, call, kind): (String, String, String) =
-                    (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-                let what = format!("receipt {kind} {}", status.as_str());
-                let detail = match error {
-                    Some(e) => format!("{receipt_id}: {e}"),
-                    None => receipt_id.clone(),
-                };
-                note(notes, &run, &call, what, Some(detail));
-            }
-        }
-        Change::SettlePending {
-            run_id,
-            call_id,
-            keep,
-            only_kind,
-            status,
-            error,
-        } => {
-            let rows = sqlx::query(
-                "UPDATE receipts SET status = ?3, last_error = ?4
-                 WHERE run_id = ?1 AND call_id = ?2 AND status = 'pending'
-                   AND (?5 IS NULL OR assignment_id <> ?5) AND (?6 IS NULL OR kind = ?6)
-                 RETURNING receipt_id, kind",
-            )
-            .bind(run_id)
-            .bind(call_id)
-            .bind(status.as_str())
-            .bind(error)
-            .bind(keep)
-            .bind(only_kind.map(|k| k.as_str()))
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| refused(e, "receipt status"))?;
-            for row in rows {
-                let (id, kind): (String, String) = (row.try_get(0)?, row.try_get(1)?);
-                let what = format!("receipt {kind} {}", status.as_str());
-                note(notes, run_id, call_id, what, Some(format!("{id}: {error}")));
-            }
-        }
-        Change::AddAttempt(a) => {
-            sqlx::query(
-                "INSERT INTO attempts (run_id, call_id, operation_key, executor_id, assignment_id, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )
-            .bind(&a.run_id)
-            .bind(&a.call_id)
-            .bind(&a.operation_key)
-            .bind(&a.executor_id)
-            .bind(&a.assignment_id)
-            .bind(rfc3339(&a.created_at))
-            .execute(&mut **tx)
-            .await
-            .map_err(|e| refused(e, "attempt"))?;
-        }
-        Change::Note {
-            run_id,
-            call_id,
-            what,
-            detail,
-        } => {
-            note(notes, run_id, call_id, what.clone(), detail.clone());
-        }
-    }
-    Ok(())
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {

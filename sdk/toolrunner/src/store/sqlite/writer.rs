@@ -1,11 +1,12 @@
 //! The store's single writer, with group commit.
 //!
-//! Every [`Store::commit`](super::Store::commit) is a job sent to one task
-//! that owns the only write connection. The jobs that arrive while a
+//! Every [`Store::commit`](super::Store::commit) is a job sent to one
+//! thread that owns the only write connection, a synchronous one: a whole
+//! transaction, however many statements, costs one wake-up of that thread. The jobs that arrive while a
 //! transaction is being committed (its fsync in flight) wait in the
 //! channel; the next transaction takes all of them together. A job that
 //! fails (a lost compare-and-set, a row the schema refuses) fails alone:
-//! the others commit (see [`commit_batch`]). Nobody learns an outcome
+//! the others commit (see `commit_batch`). Nobody learns an outcome
 //! before the one `COMMIT` that makes it durable has returned, so the
 //! rules built on "stored before sent" and "`running` durable before the
 //! effect" hold unchanged. The timeline rows of a transaction go in one
@@ -15,13 +16,15 @@
 //! are off on its connection), so it can count every fsync it causes: one
 //! per commit (`synchronous=FULL` syncs the WAL) and two per checkpoint that
 //! copies pages (the WAL, then the database file).
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
-use sqlx::{Connection, Row, Sqlite, SqliteConnection, SqlitePool};
+use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
+use super::changes::{self, db};
 use crate::store::{Change, DatabaseError, StoreError};
 
 /// One caller's changes and where to send its outcome.
@@ -31,8 +34,14 @@ pub(super) type Job = (Vec<Change>, oneshot::Sender<Result<(), StoreError>>);
 /// the write lock (and the readers' view) back for long.
 const MAX_BATCH: usize = 512;
 
-/// A checkpoint is tried after this many commits.
-const CHECKPOINT_EVERY: u64 = 256;
+/// A checkpoint is run after this many commits, or after this many when
+/// no job is waiting.
+const CHECKPOINT_EVERY: u64 = 1000;
+const CHECKPOINT_IDLE: u64 = 200;
+
+/// How long a transaction waits for company when the previous one had
+/// several jobs (as PostgreSQL's `commit_delay`): about two fsyncs here.
+const COMMIT_WINDOW: Duration = Duration::from_micros(500);
 
 /// What the writer has done since the store was opened.
 #[derive(Debug, Default)]
@@ -72,53 +81,91 @@ impl Counters {
     }
 }
 
+/// Opens the writer's connection to the (migrated) store file at `path`
+/// and starts the writer on a thread of its own.
+pub(super) fn spawn(
+    path: &Path,
+    rx: mpsc::Receiver<Job>,
+    counters: Arc<Counters>,
+) -> Result<(), StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(db)?;
+    conn.busy_timeout(Duration::from_secs(10)).map_err(db)?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(db)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(db)?;
+    conn.pragma_update(None, "foreign_keys", "ON").map_err(db)?;
+    // The writer runs the checkpoints itself, so it can count them.
+    conn.pragma_update(None, "wal_autocheckpoint", "0")
+        .map_err(db)?;
+    conn.set_prepared_statement_cache_capacity(32);
+    std::thread::Builder::new()
+        .name("toolrunner-store-writer".into())
+        .spawn(move || write_loop(conn, rx, counters))
+        .map_err(|e| StoreError::Database(DatabaseError(Box::new(e))))?;
+    Ok(())
+}
+
 /// Takes jobs until every sender is gone, committing each batch that has
 /// gathered in one transaction.
-pub(super) async fn write_loop(
-    pool: SqlitePool,
-    mut rx: mpsc::Receiver<Job>,
-    counters: Arc<Counters>,
-) {
-    let mut conn = match pool.acquire().await {
-        Ok(conn) => conn,
-        Err(e) => {
-            let e = StoreError::from(e);
-            tracing::error!(error = %e, "the store's writer cannot take its connection");
-            while let Some((_, reply)) = rx.recv().await {
-                let _ = reply.send(Err(StoreError::Closed));
-            }
-            return;
-        }
-    };
+fn write_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, counters: Arc<Counters>) {
     let mut since_checkpoint = 0u64;
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    let mut company = false;
+    while let Some(job) = rx.blocking_recv() {
+        batch.push(job);
+        take_waiting(&mut rx, &mut batch);
+        if company && batch.len() < MAX_BATCH {
+            // Others were committing a moment ago: give their next changes
+            // a moment to join this transaction (one fsync for all).
+            std::thread::sleep(COMMIT_WINDOW);
+            take_waiting(&mut rx, &mut batch);
+        }
+        company = batch.len() > 1;
         counters
             .jobs
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        if commit_batch(&mut conn, &mut batch).await {
+        if commit_batch(&conn, &mut batch) {
             counters.transactions.fetch_add(1, Ordering::Relaxed);
             since_checkpoint += 1;
         }
-        if since_checkpoint >= CHECKPOINT_EVERY || rx.is_empty() && since_checkpoint >= 16 {
+        if since_checkpoint >= CHECKPOINT_EVERY
+            || rx.is_empty() && since_checkpoint >= CHECKPOINT_IDLE
+        {
             since_checkpoint = 0;
-            if checkpoint(&mut conn).await {
+            if checkpoint(&conn) {
                 counters.checkpoints.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
-    drop(conn);
-    pool.close().await;
+    if let Err((_, e)) = conn.close() {
+        tracing::warn!(error = %e, "the store's writer did not close cleanly");
+    }
+}
+
+/// Adds the jobs already waiting, up to [`MAX_BATCH`].
+fn take_waiting(rx: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
 }
 
 /// Copies the WAL's pages into the database file without waiting on
 /// readers; true if it copied any (and so synced twice).
-async fn checkpoint(conn: &mut PoolConnection<Sqlite>) -> bool {
-    match sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-        .fetch_one(&mut **conn)
-        .await
-    {
-        Ok(row) => row.try_get::<i64, _>(2).is_ok_and(|copied| copied > 0),
+fn checkpoint(conn: &Connection) -> bool {
+    match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        row.get::<_, i64>(2)
+    }) {
+        Ok(copied) => copied > 0,
         Err(e) => {
             tracing::warn!(error = %e, "a WAL checkpoint failed; the next one will try again");
             false
@@ -135,13 +182,12 @@ async fn checkpoint(conn: &mut PoolConnection<Sqlite>) -> bool {
 /// something fails too, and the transaction is rolled back and done again
 /// without it: the others' outcomes are those of the transaction that
 /// commits.
-async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<Job>) -> bool {
+fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) -> bool {
     let mut failed: Vec<Option<StoreError>> = batch.iter().map(|_| None).collect();
     let committed = loop {
-        let mut tx = match conn.begin_with("BEGIN IMMEDIATE").await {
-            Ok(tx) => tx,
-            Err(e) => break Err(StoreError::from(e)),
-        };
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            break Err(db(e));
+        }
         let mut notes = Vec::new();
         let mut again = false;
         for (i, (changes, _)) in batch.iter().enumerate() {
@@ -150,7 +196,7 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<Job>) -> bool
             }
             let mark = notes.len();
             for (k, change) in changes.iter().enumerate() {
-                if let Err(e) = super::apply(&mut tx, change, &mut notes).await {
+                if let Err(e) = changes::apply(conn, change, &mut notes) {
                     let wrote_nothing =
                         k == 0 && matches!(e, StoreError::Conflict(..) | StoreError::Refused(_));
                     failed[i] = Some(e);
@@ -163,20 +209,21 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<Job>) -> bool
                 break;
             }
         }
-        if again {
-            // Rolled back when dropped; done again without the failed job.
-            drop(tx);
-            continue;
-        }
-        if failed.iter().all(Option::is_some) {
-            // Nothing to write: no commit, no fsync.
+        if again || failed.iter().all(Option::is_some) {
+            // Nothing of it counts: done again without the failed job, or
+            // nothing to write (no commit, no fsync).
+            rollback(conn);
+            if again {
+                continue;
+            }
             break Ok(false);
         }
-        let end = async {
-            super::write_notes(&mut tx, &notes).await?;
-            tx.commit().await.map_err(StoreError::from)
-        };
-        break end.await.map(|()| true);
+        let end = changes::write_notes(conn, &notes)
+            .and_then(|()| conn.execute_batch("COMMIT").map_err(db));
+        if end.is_err() {
+            rollback(conn);
+        }
+        break end.map(|()| true);
     };
     match committed {
         Ok(wrote) => {
@@ -189,6 +236,15 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<Job>) -> bool
             fail_all(batch, failed, e);
             false
         }
+    }
+}
+
+/// Ends a transaction that must not count (nothing if none is open).
+fn rollback(conn: &Connection) {
+    if !conn.is_autocommit()
+        && let Err(e) = conn.execute_batch("ROLLBACK")
+    {
+        tracing::warn!(error = %e, "a rollback failed");
     }
 }
 
