@@ -22,6 +22,7 @@
 //! ```
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,11 @@ struct Args {
     /// Run the durable side only (for profiling it; no last line).
     #[arg(long)]
     durable_only: bool,
+    /// Memory instead of speed: the handler holds each call this long, and
+    /// the bench prints the resident memory per call in flight once all
+    /// are running (give `--capacity` at least `--calls`).
+    #[arg(long, default_value_t = 0)]
+    hold_ms: u64,
 }
 
 /// A number to echo.
@@ -72,9 +78,20 @@ struct Out {
     n: u64,
 }
 
-/// Does nothing, durably.
+/// How long the handler holds a call (`--hold-ms`).
+static HOLD_MS: AtomicU64 = AtomicU64::new(0);
+/// Calls in the handler now.
+static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
+
+/// Does nothing, durably (or holds the call, with `--hold-ms`).
 #[toolrunner::tool(name = "bench.noop", effect = write)]
 async fn noop(_ctx: CallContext, input: In) -> Result<Out, ToolError> {
+    let hold = HOLD_MS.load(Ordering::Relaxed);
+    if hold > 0 {
+        IN_HANDLER.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(hold)).await;
+        IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
+    }
     Ok(Out { n: input.n })
 }
 
@@ -166,6 +183,41 @@ async fn main() -> Result<()> {
         made += n;
         Ok(())
     };
+
+    if args.hold_ms > 0 {
+        HOLD_MS.store(args.hold_ms, Ordering::Relaxed);
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("executor.db");
+        let _lock = SqliteStore::lock_path(&path)?;
+        let store = SqliteStore::open_path(&path).await?;
+        let running = executor.start_with_store(Arc::new(store)).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let idle = rss_kib()?;
+        let created = Instant::now();
+        make_calls(args.calls).await?;
+        let want = args.calls.min(args.capacity as usize);
+        while IN_HANDLER.load(Ordering::SeqCst) < want {
+            if created.elapsed() > Duration::from_secs(600) {
+                bail!(
+                    "only {} of {want} calls running after 10 minutes",
+                    IN_HANDLER.load(Ordering::SeqCst)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let ramp = created.elapsed();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let full = rss_kib()?;
+        println!(
+            "hold: {want} calls in the handler {:.2} s after they were created ({:.0} claims/s); resident memory {idle} KiB idle, {full} KiB with them: {:.1} KiB per call in flight",
+            ramp.as_secs_f64(),
+            want as f64 / ramp.as_secs_f64(),
+            full.saturating_sub(idle) as f64 / want as f64,
+        );
+        running.shutdown(Shutdown::Detach).await?;
+        server.shutdown().await;
+        return Ok(());
+    }
 
     let bare = if args.durable_only {
         None
@@ -520,18 +572,24 @@ fn cpu_time() -> Result<Duration> {
     Ok(Duration::from_millis(total * 10))
 }
 
-/// The peak resident memory since the last reset, from `/proc/self/status`.
-fn peak_rss_kib() -> Result<u64> {
+/// The resident memory now, from `/proc/self/status`.
+fn rss_kib() -> Result<u64> {
+    status_kib("VmRSS:")
+}
+
+/// A `/proc/self/status` figure in KiB.
+fn status_kib(name: &str) -> Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let line = status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .context("VmHWM")?;
-    Ok(line
-        .split_whitespace()
-        .nth(1)
-        .context("VmHWM value")?
-        .parse()?)
+        .find(|l| l.starts_with(name))
+        .with_context(|| name.to_owned())?;
+    Ok(line.split_whitespace().nth(1).context("a value")?.parse()?)
+}
+
+/// The peak resident memory since the last reset, from `/proc/self/status`.
+fn peak_rss_kib() -> Result<u64> {
+    status_kib("VmHWM:")
 }
 
 /// Starts the peak resident memory afresh (`/proc/self/clear_refs`, 5).

@@ -9,6 +9,7 @@
 mod error_messages;
 mod failures;
 mod fixture;
+mod flat_cost;
 mod function_tools;
 mod group_commit;
 mod happy;

@@ -36,6 +36,7 @@ pub struct ExecutorBuilder {
     use_stream: bool,
     auto_reconcile: bool,
     reconcile_interval: Duration,
+    retention: Option<Duration>,
     authorizer: Option<Arc<dyn Authorizer>>,
     tools: Vec<Registered>,
     states: States,
@@ -77,6 +78,7 @@ impl Default for ExecutorBuilder {
             use_stream: true,
             auto_reconcile: true,
             reconcile_interval: Duration::from_secs(30),
+            retention: Some(Duration::from_secs(7 * 24 * 3600)),
             authorizer: None,
             tools: Vec::new(),
             states: States::default(),
@@ -223,6 +225,17 @@ impl ExecutorBuilder {
     /// doubling per call up to an hour).
     pub fn reconcile_interval(mut self, d: Duration) -> Self {
         self.reconcile_interval = d;
+        self
+    }
+
+    /// How long the store keeps a call settled for good (delivered,
+    /// abandoned, released, rejected, orphaned, compensated) with its
+    /// receipts, attempts and timeline; default 7 days. `None` keeps
+    /// everything. A call waiting for reconciliation, a receipt still to
+    /// send or a state still to report is never pruned. Pruning runs in
+    /// small batches, so it never holds the store's writer for long.
+    pub fn retention(mut self, keep: Option<Duration>) -> Self {
+        self.retention = keep;
         self
     }
 
@@ -377,6 +390,7 @@ impl ExecutorBuilder {
                 use_stream: self.use_stream,
                 auto_reconcile: self.auto_reconcile,
                 reconcile_interval: self.reconcile_interval,
+                retention: self.retention,
             },
             client,
             store_url: self.store_url,

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{
-    Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store,
-    StoreError,
+    Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, OutboxSummary,
+    ReceiptStatus, Store, StoreError, Timestamp,
 };
 
 pub(crate) struct FencedStore {
@@ -58,5 +58,16 @@ impl Store for FencedStore {
 
     async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError> {
         self.inner.attempts(run_id, call_id).await
+    }
+
+    async fn prune(&self, settled_before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+        if self.fence.is_cancelled() {
+            return Err(StoreError::Closed);
+        }
+        self.inner.prune(settled_before, limit).await
+    }
+
+    async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
+        self.inner.outbox_summary().await
     }
 }

@@ -11,14 +11,14 @@
 //! | `toolrunner_undelivered_receipts` | gauge | | receipts saved and not yet acknowledged |
 //! | `toolrunner_oldest_undelivered_seconds` | gauge | | age of the oldest of them |
 use super::Core;
-use crate::store::{CallFilter, LocalState, ReceiptStatus};
+use crate::store::{CallFilter, LocalState, OutboxSummary};
 
 fn age_seconds(t: &crate::store::Timestamp) -> f64 {
     (chrono::Utc::now() - *t).num_milliseconds() as f64 / 1000.0
 }
 
 /// Publishes the gauges from the store.
-pub(crate) async fn publish(core: &Core) {
+pub(crate) async fn publish(core: &Core, outbox: Option<&OutboxSummary>) {
     if let Ok(counts) = core.store.count_by_state().await {
         for state in crate::store::ALL_STATES {
             let n = counts.get(&state).copied().unwrap_or(0) as f64;
@@ -36,12 +36,9 @@ pub(crate) async fn publish(core: &Core) {
             .fold(0.0, f64::max);
         metrics::gauge!("toolrunner_oldest_reconciliation_seconds").set(oldest);
     }
-    if let Ok(pending) = core.store.receipts_with(ReceiptStatus::Pending).await {
-        let oldest = pending
-            .iter()
-            .map(|r| age_seconds(&r.created_at))
-            .fold(0.0, f64::max);
-        metrics::gauge!("toolrunner_undelivered_receipts").set(pending.len() as f64);
+    if let Some(outbox) = outbox {
+        let oldest = outbox.oldest.as_ref().map_or(0.0, age_seconds);
+        metrics::gauge!("toolrunner_undelivered_receipts").set(outbox.pending as f64);
         metrics::gauge!("toolrunner_oldest_undelivered_seconds").set(oldest);
     }
 }

@@ -12,6 +12,7 @@ mod gauges;
 pub(crate) mod outbox;
 mod reconcile;
 mod recovery;
+mod retention;
 mod stream;
 pub(crate) mod unwind;
 
@@ -46,6 +47,7 @@ pub(crate) struct Config {
     pub(crate) use_stream: bool,
     pub(crate) auto_reconcile: bool,
     pub(crate) reconcile_interval: Duration,
+    pub(crate) retention: Option<Duration>,
 }
 
 /// A run and call id pair.
@@ -279,6 +281,7 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     tasks.spawn(claimer::claim_loop(core.clone()));
     tasks.spawn(outbox::outbox_loop(core.clone()));
     tasks.spawn(reconcile::reconcile_loop(core.clone()));
+    tasks.spawn(retention::retention_loop(core.clone()));
     if core.cfg.use_stream {
         tasks.spawn(stream::stream_loop(core.clone()));
     }

@@ -4,7 +4,6 @@
 //!
 //! An `accepted` is never sent from here: only the accept step sends it,
 //! and only the accept step acts on its answer.
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -333,19 +332,13 @@ fn public_reason(c: &LocalCall) -> String {
 /// Redelivers what no running call is delivering: after a crash, after the
 /// platform was unreachable.
 pub(crate) async fn flush(core: &Arc<Core>) {
-    let Ok(pending) = core.store.receipts_with(ReceiptStatus::Pending).await else {
+    let Ok(summary) = core.store.outbox_summary().await else {
         return;
     };
-    // `accepted` is sent only by the accept step, which acts on its answer.
-    let calls: BTreeSet<CallKey> = pending
-        .into_iter()
-        .filter(|r| r.kind != ReceiptKind::Accepted)
-        .map(|r| CallKey {
-            run_id: r.run_id,
-            call_id: r.call_id,
-        })
-        .collect();
-    for key in calls {
+    // `accepted` is sent only by the accept step, which acts on its answer
+    // (the summary does not list a call for it).
+    for (run_id, call_id) in summary.calls {
+        let key = CallKey { run_id, call_id };
         if let Some(active) = core.activate(&key) {
             deliver_call(core, &key).await;
             drop(active);
@@ -367,13 +360,9 @@ pub(crate) async fn outbox_loop(core: Arc<Core>) {
             _ = tokio::time::sleep(wait) => {}
         }
         flush(&core).await;
-        super::gauges::publish(&core).await;
-        let left = core
-            .store
-            .receipts_with(ReceiptStatus::Pending)
-            .await
-            .map(|v| v.iter().filter(|r| r.kind != ReceiptKind::Accepted).count())
-            .unwrap_or(0);
+        let summary = core.store.outbox_summary().await.ok();
+        super::gauges::publish(&core, summary.as_ref()).await;
+        let left = summary.map_or(0, |s| s.calls.len());
         attempt = if left == 0 { 0 } else { attempt + 1 };
     }
 }

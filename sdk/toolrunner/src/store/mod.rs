@@ -375,6 +375,17 @@ pub enum Change {
         /// Details.
         detail: Option<String>,
     },
+    /// Deletes up to `limit` calls settled for good (delivered, abandoned,
+    /// released, rejected, orphaned, compensated) whose last change is
+    /// older than `settled_before`, with no receipt still to send and no
+    /// state still to report: with their receipts, attempts and timeline.
+    /// A call that waits for reconciliation is never pruned.
+    Prune {
+        /// Only calls whose row last changed before this.
+        settled_before: Timestamp,
+        /// At most this many calls (one small transaction).
+        limit: u32,
+    },
 }
 
 /// One attempt at a call: every operation key and every assignment a call
@@ -504,4 +515,55 @@ pub trait Store: Send + Sync + 'static {
     async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError>;
     /// A call's attempts, oldest first.
     async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError>;
+
+    /// Deletes up to `limit` calls settled for good before
+    /// `settled_before` (see [`Change::Prune`]) and says how many went.
+    /// The default commits the change and cannot tell (`Ok(0)`).
+    ///
+    /// # Errors
+    /// The store failed.
+    async fn prune(&self, settled_before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+        self.commit(vec![Change::Prune {
+            settled_before,
+            limit,
+        }])
+        .await?;
+        Ok(0)
+    }
+
+    /// The receipts still to send (`pending`), without their bodies: how
+    /// many, the oldest one's time, and the calls they belong to (an
+    /// `accepted` counted, its call not listed: only the accept step sends
+    /// it). The default reads every pending receipt.
+    ///
+    /// # Errors
+    /// The store failed.
+    async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
+        let pending = self.receipts_with(ReceiptStatus::Pending).await?;
+        let mut calls: Vec<(String, String)> = pending
+            .iter()
+            .filter(|r| r.kind != ReceiptKind::Accepted)
+            .map(|r| (r.run_id.clone(), r.call_id.clone()))
+            .collect();
+        calls.sort();
+        calls.dedup();
+        Ok(OutboxSummary {
+            pending: pending.len() as u64,
+            oldest: pending.iter().map(|r| r.created_at).min(),
+            calls,
+        })
+    }
+}
+
+/// The receipts still to send, in brief (see [`Store::outbox_summary`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxSummary {
+    /// How many receipts are `pending`, `accepted` included.
+    pub pending: u64,
+    /// When the oldest of them was saved.
+    pub oldest: Option<Timestamp>,
+    /// The calls whose receipts (other than `accepted`) wait, as
+    /// `(run_id, call_id)`.
+    pub calls: Vec<(String, String)>,
 }

@@ -13,8 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
 use super::{
-    Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport,
-    ReceiptStatus, Store, StoreError, rfc3339,
+    Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, OutboxSummary,
+    PendingReport, ReceiptStatus, Store, StoreError, Timestamp, rfc3339,
 };
 
 mod changes;
@@ -292,7 +292,8 @@ impl Store for SqliteStore {
     async fn count_by_state(
         &self,
     ) -> Result<std::collections::BTreeMap<LocalState, u64>, StoreError> {
-        let rows = sqlx::query("SELECT state, COUNT(*) FROM calls GROUP BY state")
+        // Kept by triggers (`call_counts`): no scan of the calls.
+        let rows = sqlx::query("SELECT state, n FROM call_counts WHERE n > 0")
             .fetch_all(&self.readers)
             .await?;
         let mut out = std::collections::BTreeMap::new();
@@ -334,6 +335,43 @@ impl Store for SqliteStore {
                 .fetch_all(&self.readers)
                 .await?;
         rows.iter().map(receipt_row).collect()
+    }
+
+    async fn prune(&self, settled_before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+        let counted = format!("SELECT COUNT(*) FROM ({})", changes::PRUNABLE);
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(counted))
+            .bind(rfc3339(&settled_before))
+            .bind(limit)
+            .fetch_one(&self.readers)
+            .await?;
+        if n > 0 {
+            self.commit(vec![Change::Prune {
+                settled_before,
+                limit,
+            }])
+            .await?;
+        }
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
+        // From the `receipts_pending` index: no bodies are read.
+        let (pending, oldest): (i64, Option<String>) = sqlx::query_as(
+            "SELECT COUNT(*), MIN(created_at) FROM receipts WHERE status = 'pending'",
+        )
+        .fetch_one(&self.readers)
+        .await?;
+        let calls: Vec<(String, String)> = sqlx::query_as(
+            "SELECT DISTINCT run_id, call_id FROM receipts
+             WHERE status = 'pending' AND kind <> 'accepted' ORDER BY run_id, call_id",
+        )
+        .fetch_all(&self.readers)
+        .await?;
+        Ok(OutboxSummary {
+            pending: u64::try_from(pending).unwrap_or(0),
+            oldest: oldest.as_deref().map(time).transpose()?,
+            calls,
+        })
     }
 
     async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError> {

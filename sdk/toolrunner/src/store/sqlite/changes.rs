@@ -284,6 +284,52 @@ pub(super) fn apply(
         } => {
             note(notes, run_id, call_id, what.clone(), detail.clone());
         }
+        Change::Prune {
+            settled_before,
+            limit,
+        } => {
+            prune(conn, settled_before, *limit)?;
+        }
+    }
+    Ok(())
+}
+
+/// The calls [`Change::Prune`] may delete (`?1`: settled before; `?2`: at
+/// most this many).
+pub(super) const PRUNABLE: &str = "SELECT run_id, call_id FROM calls
+    WHERE state IN ('delivered', 'abandoned', 'released', 'rejected', 'orphaned', 'compensated')
+      AND updated_at < ?1 AND report IS NULL
+      AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.run_id = calls.run_id
+                      AND r.call_id = calls.call_id AND r.status = 'pending')
+    LIMIT ?2";
+
+/// Deletes up to `limit` calls settled for good before `settled_before`,
+/// with everything kept for them.
+fn prune(
+    conn: &Connection,
+    settled_before: &crate::store::Timestamp,
+    limit: u32,
+) -> Result<(), StoreError> {
+    let keys: Vec<(String, String)> = conn
+        .prepare_cached(PRUNABLE)
+        .and_then(|mut s| {
+            s.query_map(params![rfc3339(settled_before), limit], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?
+            .collect()
+        })
+        .map_err(db)?;
+    for (run_id, call_id) in &keys {
+        for sql in [
+            "DELETE FROM events WHERE run_id = ?1 AND call_id = ?2",
+            "DELETE FROM attempts WHERE run_id = ?1 AND call_id = ?2",
+            "DELETE FROM receipts WHERE run_id = ?1 AND call_id = ?2",
+            "DELETE FROM calls WHERE run_id = ?1 AND call_id = ?2",
+        ] {
+            conn.prepare_cached(sql)
+                .and_then(|mut s| s.execute(params![run_id, call_id]))
+                .map_err(|e| refused(e, "prune"))?;
+        }
     }
     Ok(())
 }

@@ -40,8 +40,8 @@ const CHECKPOINT_EVERY: u64 = 1000;
 const CHECKPOINT_IDLE: u64 = 200;
 
 /// How long a transaction waits for company when the previous one had
-/// several jobs (as PostgreSQL's `commit_delay`): about two fsyncs here.
-const COMMIT_WINDOW: Duration = Duration::from_micros(500);
+/// several jobs (as PostgreSQL's `commit_delay`). Alone, it never waits.
+const COMMIT_WINDOW: Duration = Duration::from_micros(2000);
 
 /// What the writer has done since the store was opened.
 #[derive(Debug, Default)]

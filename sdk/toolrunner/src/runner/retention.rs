@@ -1,0 +1,48 @@
+//! Retention: calls settled for good leave the store after the retention
+//! period (default 7 days), a small batch at a time, so that a store that
+//! has run for a month costs what a new one does.
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Core;
+
+/// Calls deleted in one transaction: a few milliseconds of the writer.
+const BATCH: u32 = 200;
+
+/// How often the store is looked at when there is nothing to prune.
+const EVERY: Duration = Duration::from_secs(30);
+
+pub(crate) async fn retention_loop(core: Arc<Core>) {
+    let Some(keep) = core.cfg.retention else {
+        return;
+    };
+    let keep = chrono::Duration::from_std(keep).unwrap_or(chrono::Duration::MAX);
+    loop {
+        tokio::select! {
+            _ = core.done.cancelled() => return,
+            _ = tokio::time::sleep(EVERY) => {}
+        }
+        loop {
+            let before = crate::store::now()
+                .checked_sub_signed(keep)
+                .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+            match core.store.prune(before, BATCH).await {
+                Ok(n) if n >= u64::from(BATCH) => {
+                    tracing::debug!(pruned = n, "pruned settled calls; more to go");
+                    // Let the calls in flight commit in between.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::debug!(pruned = n, "pruned settled calls");
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning settled calls failed; trying again later");
+                    break;
+                }
+            }
+        }
+    }
+}
