@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, Semaphore};
 use toolrunner::platform::{NewToolCall, Platform};
+use toolrunner::protocol::wire::ReceiptKind;
 use toolrunner::store::{
     Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, ReceiptStatus,
     SqliteStore, Store, StoreError,
@@ -60,6 +61,19 @@ struct Args {
     /// are running (give `--capacity` at least `--calls`).
     #[arg(long, default_value_t = 0)]
     hold_ms: u64,
+    /// Start-up instead of speed: the store first gets this many calls
+    /// settled long ago (delivered, with their receipts and timeline) ...
+    #[arg(long, default_value_t = 0)]
+    seed_settled: usize,
+    /// ... and this many waiting for reconciliation; the bench prints how
+    /// long after `start` the first new call was claimed and run.
+    #[arg(long, default_value_t = 0)]
+    seed_unsettled: usize,
+    /// A development platform in another process (`toolrunner devserver`),
+    /// so that this process's memory and CPU are the executor's alone;
+    /// default: one in this process.
+    #[arg(long)]
+    base_url: Option<String>,
 }
 
 /// A number to echo.
@@ -82,10 +96,13 @@ struct Out {
 static HOLD_MS: AtomicU64 = AtomicU64::new(0);
 /// Calls in the handler now.
 static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
+/// Calls that entered the handler.
+static IN_HANDLER_TOTAL: AtomicUsize = AtomicUsize::new(0);
 
 /// Does nothing, durably (or holds the call, with `--hold-ms`).
 #[toolrunner::tool(name = "bench.noop", effect = write)]
 async fn noop(_ctx: CallContext, input: In) -> Result<Out, ToolError> {
+    IN_HANDLER_TOTAL.fetch_add(1, Ordering::SeqCst);
     let hold = HOLD_MS.load(Ordering::Relaxed);
     if hold > 0 {
         IN_HANDLER.fetch_add(1, Ordering::SeqCst);
@@ -144,11 +161,20 @@ async fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let server = toolrunner_devserver::DevServer::builder()
-        .listen("127.0.0.1:0".parse()?)
-        .start()
-        .await?;
-    let base = server.base_url();
+    let server = match &args.base_url {
+        Some(_) => None,
+        None => Some(
+            toolrunner_devserver::DevServer::builder()
+                .listen("127.0.0.1:0".parse()?)
+                .start()
+                .await?,
+        ),
+    };
+    let base = match (&args.base_url, &server) {
+        (Some(url), _) => url.clone(),
+        (None, Some(s)) => s.base_url(),
+        (None, None) => unreachable!("a server is started when no URL is given"),
+    };
     let admin = Platform::new(&base, ADMIN)?;
     let agent = admin.create_agent("bench").await?;
     let binding = admin
@@ -184,6 +210,53 @@ async fn main() -> Result<()> {
         Ok(())
     };
 
+    if args.seed_settled + args.seed_unsettled > 0 {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("executor.db");
+        let _lock = SqliteStore::lock_path(&path)?;
+        let store = SqliteStore::open_path(&path).await?;
+        let seeding = Instant::now();
+        seed(&store, args.seed_settled, args.seed_unsettled).await?;
+        let seeded = seeding.elapsed();
+        let size = std::fs::metadata(&path)?.len() / 1024;
+        make_calls(args.calls).await?;
+        let timed = Arc::new(Timed::new(store, args.calls));
+        let started = Instant::now();
+        let running = executor.start_with_store(timed.clone()).await?;
+        let up = started.elapsed();
+        while timed.first_claim().is_none() || IN_HANDLER_TOTAL.load(Ordering::SeqCst) == 0 {
+            if started.elapsed() > Duration::from_secs(600) {
+                bail!("no call claimed 10 minutes after start");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let ran = started.elapsed();
+        let claimed = timed
+            .first_claim()
+            .map_or(ran, |t| t.duration_since(started));
+        tokio::select! {
+            _ = timed.all_delivered.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(600)) => bail!("the new calls did not finish in 10 minutes"),
+        }
+        let all = started.elapsed();
+        println!(
+            "startup: store of {} settled and {} unsettled calls ({size} KiB, seeded in {:.1} s): start returned after {:.0} ms, first claim after {:.0} ms, first handler after {:.0} ms, {} new calls done after {:.2} s",
+            args.seed_settled,
+            args.seed_unsettled,
+            seeded.as_secs_f64(),
+            up.as_secs_f64() * 1000.0,
+            claimed.as_secs_f64() * 1000.0,
+            ran.as_secs_f64() * 1000.0,
+            args.calls,
+            all.as_secs_f64(),
+        );
+        running.shutdown(Shutdown::Detach).await?;
+        if let Some(s) = server {
+            s.shutdown().await;
+        }
+        return Ok(());
+    }
+
     if args.hold_ms > 0 {
         HOLD_MS.store(args.hold_ms, Ordering::Relaxed);
         let dir = tempfile::tempdir()?;
@@ -215,7 +288,9 @@ async fn main() -> Result<()> {
             full.saturating_sub(idle) as f64 / want as f64,
         );
         running.shutdown(Shutdown::Detach).await?;
-        server.shutdown().await;
+        if let Some(s) = server {
+            s.shutdown().await;
+        }
         return Ok(());
     }
 
@@ -274,7 +349,9 @@ async fn main() -> Result<()> {
         per_call(stats.fsyncs),
         peak,
     );
-    server.shutdown().await;
+    if let Some(s) = server {
+        s.shutdown().await;
+    }
     let Some(bare) = bare else { return Ok(()) };
     println!(
         "bench: durable {:.0} calls/s, bare {:.0} calls/s, ratio {:.2}, commits/call {:.2}, fsyncs/call {:.2}",
@@ -400,6 +477,68 @@ async fn bare(base: &str, binding_id: &str, calls: usize, capacity: u32) -> Resu
     })
 }
 
+/// Fills a store as months of work would: `settled` calls delivered long
+/// ago (each with its `accepted` and `completed` receipts, an attempt and
+/// its timeline) and `unsettled` calls waiting for reconciliation.
+async fn seed(store: &SqliteStore, settled: usize, unsettled: usize) -> Result<()> {
+    let long_ago: toolrunner::store::Timestamp = "2026-01-01T00:00:00.000Z".parse()?;
+    let row = |n: usize, state: LocalState| LocalCall {
+        run_id: format!("run_seed_{}", n / 100),
+        call_id: format!("call_seed_{n}"),
+        tool_name: "bench.noop".into(),
+        operation_key: format!("op_seed_{n}"),
+        state,
+        assignment: None,
+        next_sequence: 2,
+        reason: (state == LocalState::ReconciliationRequired)
+            .then(|| "seeded: the outcome is unknown".to_owned()),
+        report: None,
+        created_at: long_ago,
+        updated_at: long_ago,
+        version: 0,
+    };
+    let receipt = |c: &LocalCall, kind: ReceiptKind, sequence: u64| OutboxReceipt {
+        receipt_id: format!("rcp_{}_{sequence}", c.call_id),
+        run_id: c.run_id.clone(),
+        call_id: c.call_id.clone(),
+        assignment_id: format!("asg_{}", c.call_id),
+        kind,
+        sequence,
+        body: json!({"kind": kind, "sequence": sequence, "result": {"n": 1}}).to_string(),
+        status: ReceiptStatus::Delivered,
+        attempts: 1,
+        last_error: None,
+        created_at: long_ago,
+        delivered_at: Some(long_ago),
+    };
+    for chunk in (0..settled + unsettled).collect::<Vec<_>>().chunks(500) {
+        let mut changes = Vec::new();
+        for &n in chunk {
+            if n < settled {
+                let c = row(n, LocalState::Delivered);
+                changes.push(Change::AddReceipt(receipt(&c, ReceiptKind::Accepted, 0)));
+                changes.push(Change::AddReceipt(receipt(&c, ReceiptKind::Completed, 1)));
+                for what in ["claiming", "assigned", "running", "settled", "delivered"] {
+                    changes.push(Change::Note {
+                        run_id: c.run_id.clone(),
+                        call_id: c.call_id.clone(),
+                        what: what.into(),
+                        detail: None,
+                    });
+                }
+                changes.insert(changes.len() - 7, Change::InsertCall(c));
+            } else {
+                changes.push(Change::InsertCall(row(
+                    n,
+                    LocalState::ReconciliationRequired,
+                )));
+            }
+        }
+        store.commit(changes).await?;
+    }
+    Ok(())
+}
+
 /// Claim, `accepted`, `completed`: one call of the bare loop.
 async fn one_call(
     api: &Platform,
@@ -466,6 +605,8 @@ struct Timed {
     inner: SqliteStore,
     /// Calls begun (when), and the times of those delivered.
     calls: Mutex<(HashMap<CallId, Instant>, Vec<Duration>)>,
+    /// When the first call was inserted (its operation key saved).
+    first: Mutex<Option<Instant>>,
     expected: usize,
     all_delivered: Notify,
 }
@@ -480,7 +621,12 @@ impl Timed {
             )),
             expected,
             all_delivered: Notify::new(),
+            first: Mutex::new(None),
         }
+    }
+
+    fn first_claim(&self) -> Option<Instant> {
+        *self.first.lock().expect("lock")
     }
 
     fn latencies(&self) -> Vec<Duration> {
@@ -506,6 +652,7 @@ impl Timed {
         let (begun, done) = &mut *guard;
         for (first, key) in marks {
             if first {
+                self.first.lock().expect("lock").get_or_insert(started);
                 begun.insert(key, started);
             } else if let Some(t) = begun.remove(&key) {
                 done.push(t.elapsed());

@@ -68,6 +68,9 @@ impl Backoff {
     }
 }
 
+/// Connections kept alive to the platform while idle.
+const IDLE_CONNECTIONS: usize = 32;
+
 /// The platform's executor API.
 #[derive(Clone)]
 pub(crate) struct Client {
@@ -102,6 +105,10 @@ impl Client {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
+            // A burst of claims opens many connections; past it, a few
+            // kept alive serve the steady traffic, and the rest (with
+            // their buffers) are closed instead of idling in the pool.
+            .pool_max_idle_per_host(IDLE_CONNECTIONS)
             .tls_backend_preconfigured(tls)
             .build()
             .map_err(|e| ClientBuildError(e.to_string()))?;
