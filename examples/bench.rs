@@ -22,7 +22,7 @@
 //! ```
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,13 @@ struct Args {
     /// long after `start` the first new call was claimed and run.
     #[arg(long, default_value_t = 0)]
     seed_unsettled: usize,
+    /// An outage instead of speed: once every call runs, the platform
+    /// refuses every receipt (503) while this many receipts (each call's
+    /// progress and final) pile up, then comes back; the bench prints how
+    /// long the outbox took to drain, its memory meanwhile, and whether any
+    /// receipt was lost or sent twice with different bytes.
+    #[arg(long, default_value_t = 0)]
+    outage: usize,
     /// A development platform in another process (`toolrunner devserver`),
     /// so that this process's memory and CPU are the executor's alone;
     /// default: one in this process.
@@ -99,10 +106,28 @@ static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 /// Calls that entered the handler.
 static IN_HANDLER_TOTAL: AtomicUsize = AtomicUsize::new(0);
 
-/// Does nothing, durably (or holds the call, with `--hold-ms`).
+/// Progress receipts each call sends once the outage begins (`--outage`).
+static OUTAGE_PROGRESS: AtomicUsize = AtomicUsize::new(0);
+/// The outage has begun: the handlers send their progress.
+static OUTAGE_BEGUN: AtomicBool = AtomicBool::new(false);
+
+/// Does nothing, durably (or holds the call, with `--hold-ms`; or sends
+/// progress through an outage, with `--outage`).
 #[toolrunner::tool(name = "bench.noop", effect = write)]
-async fn noop(_ctx: CallContext, input: In) -> Result<Out, ToolError> {
+async fn noop(ctx: CallContext, input: In) -> Result<Out, ToolError> {
     IN_HANDLER_TOTAL.fetch_add(1, Ordering::SeqCst);
+    let progress = OUTAGE_PROGRESS.load(Ordering::SeqCst);
+    if progress > 0 {
+        IN_HANDLER.fetch_add(1, Ordering::SeqCst);
+        while !OUTAGE_BEGUN.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for step in 0..progress {
+            ctx.progress(format!("step {step}"))
+                .await
+                .map_err(ToolError::unknown)?;
+        }
+    }
     let hold = HOLD_MS.load(Ordering::Relaxed);
     if hold > 0 {
         IN_HANDLER.fetch_add(1, Ordering::SeqCst);
@@ -111,6 +136,9 @@ async fn noop(_ctx: CallContext, input: In) -> Result<Out, ToolError> {
     }
     Ok(Out { n: input.n })
 }
+
+#[path = "support/proxy.rs"]
+mod proxy;
 
 const ADMIN: &str = "dev-admin";
 const EXEC: &str = "dev-executor";
@@ -163,12 +191,15 @@ async fn main() -> Result<()> {
         .init();
     let server = match &args.base_url {
         Some(_) => None,
-        None => Some(
-            toolrunner_devserver::DevServer::builder()
-                .listen("127.0.0.1:0".parse()?)
-                .start()
-                .await?,
-        ),
+        None => {
+            let mut b = toolrunner_devserver::DevServer::builder().listen("127.0.0.1:0".parse()?);
+            if args.outage > 0 {
+                // Every receipt request, to check that none was sent twice
+                // with different bytes.
+                b = b.record_receipts();
+            }
+            Some(b.start().await?)
+        }
     };
     let base = match (&args.base_url, &server) {
         (Some(url), _) => url.clone(),
@@ -209,6 +240,123 @@ async fn main() -> Result<()> {
         made += n;
         Ok(())
     };
+
+    if args.outage > 0 {
+        let server = server.context("--outage needs the in-process platform")?;
+        // The platform bounds an executor's calls in flight (1,024): the
+        // receipts that pile up are each call's progress and final.
+        let calls = (args.capacity as usize).min(args.outage);
+        let per_call = args.outage.div_ceil(calls);
+        OUTAGE_PROGRESS.store(per_call - 1, Ordering::SeqCst);
+        let down = Arc::new(AtomicBool::new(false));
+        let refusing = down.clone();
+        let proxied = proxy::start(&base, move |method, path, _| {
+            if method == "POST" && path.ends_with("/receipts") && refusing.load(Ordering::SeqCst) {
+                proxy::Verdict::Refuse
+            } else {
+                proxy::Verdict::Forward
+            }
+        })
+        .await;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("executor.db");
+        let _lock = SqliteStore::lock_path(&path)?;
+        let store = SqliteStore::open_path(&path).await?;
+        let timed = Arc::new(Timed::new(store.clone(), calls));
+        let executor = Executor::builder()
+            .base_url(&proxied)
+            .token(EXEC)
+            .executor_id("bench-outage")
+            .binding_id(&binding.binding_id)
+            .capacity(u32::try_from(calls)?)
+            .stream(false)
+            .poll_interval(Duration::from_millis(20))
+            // One try a request: a refused receipt waits in the outbox.
+            .backoff(Duration::from_millis(10), Duration::from_millis(50), 1)
+            .allow_all()
+            .tool(noop)
+            .build()?;
+        make_calls(calls).await?;
+        let running = executor.start_with_store(timed.clone()).await?;
+        while IN_HANDLER.load(Ordering::SeqCst) < calls {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let rss_before = rss_kib()?;
+        // The outage: every receipt refused, while the handlers report.
+        down.store(true, Ordering::SeqCst);
+        OUTAGE_BEGUN.store(true, Ordering::SeqCst);
+        let began = Instant::now();
+        let mut rss_piling = rss_before;
+        let want = (calls * per_call) as u64;
+        loop {
+            let waiting = store.outbox_summary().await?.pending;
+            rss_piling = rss_piling.max(rss_kib()?);
+            if waiting >= want {
+                break;
+            }
+            if began.elapsed() > Duration::from_secs(1800) {
+                bail!("only {waiting} of {want} receipts piled up in 30 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let piled = began.elapsed();
+        down.store(false, Ordering::SeqCst);
+        let back = Instant::now();
+        let mut rss_draining = Vec::new();
+        loop {
+            rss_draining.push(rss_kib()?);
+            if timed.latencies().len() == calls && store.outbox_summary().await?.pending == 0 {
+                break;
+            }
+            if back.elapsed() > Duration::from_secs(1800) {
+                bail!("the outbox did not drain in 30 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let drained = back.elapsed();
+        running
+            .shutdown(Shutdown::Drain {
+                deadline: Duration::from_secs(10),
+            })
+            .await?;
+        // None lost: every receipt the store holds reached the platform.
+        // None sent twice with different bytes: one body per receipt id.
+        let mut bodies: HashMap<String, HashSet<Vec<u8>>> = HashMap::new();
+        let received = server.received_receipts();
+        for r in &received {
+            if let Some(id) = &r.receipt_id {
+                bodies.entry(id.clone()).or_default().insert(r.body.clone());
+            }
+        }
+        let differing = bodies.values().filter(|b| b.len() > 1).count();
+        let mut stored = 0;
+        let mut never_sent = 0;
+        let mut refused = 0;
+        for status in [ReceiptStatus::Delivered, ReceiptStatus::Rejected] {
+            for r in store.receipts_with(status).await? {
+                stored += 1;
+                never_sent += usize::from(!bodies.contains_key(&r.receipt_id));
+                refused += usize::from(status == ReceiptStatus::Rejected);
+            }
+        }
+        let (low, high) = (
+            rss_draining.iter().min().copied().unwrap_or(0),
+            rss_draining.iter().max().copied().unwrap_or(0),
+        );
+        println!(
+            "outage: {want} receipts of {calls} calls piled up in {:.1} s (resident memory {rss_before} KiB before, {rss_piling} KiB at most); the platform came back and the outbox drained in {:.1} s (resident memory {low}..{high} KiB meanwhile); {} of {calls} calls delivered; {stored} receipts stored, {never_sent} never sent, {refused} refused once back (late progress), {} requests for {} receipt ids, {differing} ids sent with different bytes",
+            piled.as_secs_f64(),
+            drained.as_secs_f64(),
+            timed.latencies().len(),
+            received.len(),
+            bodies.len(),
+        );
+        server.shutdown().await;
+        if differing > 0 || never_sent > 0 || timed.latencies().len() != calls {
+            bail!("receipts lost or changed");
+        }
+        return Ok(());
+    }
 
     if args.seed_settled + args.seed_unsettled > 0 {
         let dir = tempfile::tempdir()?;

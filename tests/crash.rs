@@ -474,105 +474,23 @@ async fn assert_completed_once(row: &Row) -> Value {
 
 // ---------------------------------------------------------------- proxy
 
-/// A minimal HTTP/1.1 reverse proxy in front of the platform that holds the
-/// answer to every `calls/report` for `delay` *after* the platform has
-/// processed it: a report whose answer is slow to come back (as after a
-/// retried, dropped answer). Everything else passes straight through. No
-/// WebSocket: executors behind it run with the stream off.
-async fn slow_report_proxy(upstream: String, delay: Duration) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("proxy binds");
-    let addr = listener.local_addr().expect("proxy address");
-    let http = toolrunner::platform::Platform::new(&upstream, "").expect("platform client");
-    tokio::spawn(async move {
-        while let Ok((sock, _)) = listener.accept().await {
-            tokio::spawn(proxy_connection(sock, http.clone(), delay));
-        }
-    });
-    format!("http://{addr}")
-}
+#[path = "../examples/support/proxy.rs"]
+mod proxy;
 
-async fn proxy_connection(
-    sock: tokio::net::TcpStream,
-    http: toolrunner::platform::Platform,
-    delay: Duration,
-) {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::io::BufReader::new(sock);
-    loop {
-        let mut line = String::new();
-        if conn.read_line(&mut line).await.unwrap_or(0) == 0 {
-            return;
-        }
-        let mut parts = line.split_whitespace();
-        let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
-            return;
-        };
-        let (method, path) = (method.to_owned(), path.to_owned());
-        let mut headers = Vec::new();
-        let mut length = 0usize;
-        loop {
-            let mut h = String::new();
-            if conn.read_line(&mut h).await.unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                let (k, v) = (k.trim(), v.trim());
-                if k.eq_ignore_ascii_case("content-length") {
-                    length = v.parse().unwrap_or(0);
-                } else if !["host", "connection"]
-                    .iter()
-                    .any(|x| k.eq_ignore_ascii_case(x))
-                {
-                    headers.push((k.to_owned(), v.to_owned()));
-                }
-            }
-        }
-        let mut body = vec![0; length];
-        if conn.read_exact(&mut body).await.is_err() {
-            return;
-        }
-        let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
-            return;
-        };
-        // Forwarded as it came: its own token and headers, through the
-        // typed client's raw requests.
-        let mut req = http.request_to(method, &path).token(None).body(body);
-        for (k, v) in &headers {
-            req = req.header(k.as_str(), v.as_str());
-        }
-        let Ok(resp) = req.send().await else {
-            return;
-        };
-        let status =
-            reqwest::StatusCode::from_u16(resp.status).unwrap_or(reqwest::StatusCode::BAD_GATEWAY);
-        let answer_headers = resp.headers.clone();
-        let bytes = resp.body;
+/// A proxy in front of the platform that holds the answer to every
+/// `calls/report` for `delay` *after* the platform has processed it: a
+/// report whose answer is slow to come back (as after a retried, dropped
+/// answer). Everything else passes straight through. No WebSocket:
+/// executors behind it run with the stream off.
+async fn slow_report_proxy(upstream: String, delay: Duration) -> String {
+    proxy::start(&upstream, move |_, path, _| {
         if path.ends_with("/calls/report") {
-            tokio::time::sleep(delay).await;
+            proxy::Verdict::ForwardThenWait(delay)
+        } else {
+            proxy::Verdict::Forward
         }
-        let mut head = format!(
-            "HTTP/1.1 {} {}\r\n",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or("")
-        );
-        for (k, v) in &answer_headers {
-            if ["content-length", "connection", "transfer-encoding"].contains(&k.as_str()) {
-                continue;
-            }
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        head.push_str(&format!("content-length: {}\r\n\r\n", bytes.len()));
-        let sock = conn.get_mut();
-        if sock.write_all(head.as_bytes()).await.is_err() || sock.write_all(&bytes).await.is_err() {
-            return;
-        }
-    }
+    })
+    .await
 }
 
 // ------------------------------------------------------------------- rows
