@@ -5,30 +5,19 @@
 use anyhow::Result;
 use toolrunner::protocol::wire::ReceiptKind;
 use toolrunner::store::{
-    Attempt, Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store,
-    Timestamp,
+    Attempt, Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store,
 };
 
 const LONG_AGO: &str = "2026-01-01T00:00:00.000Z";
 
-fn at(t: &str) -> Timestamp {
-    t.parse().expect("a time")
-}
+use super::rows::{self, at};
 
 fn call(id: &str, state: LocalState, updated_at: &str) -> LocalCall {
     LocalCall {
-        run_id: "run_1".into(),
-        call_id: id.into(),
-        tool_name: "t".into(),
-        operation_key: format!("op_{id}"),
-        state,
-        assignment: None,
         next_sequence: 2,
-        reason: None,
-        report: None,
         created_at: at(LONG_AGO),
         updated_at: at(updated_at),
-        version: 0,
+        ..rows::call(id, state, 0)
     }
 }
 
@@ -38,19 +27,10 @@ fn receipt(
     sequence: u64,
     status: ReceiptStatus,
 ) -> OutboxReceipt {
+    let id = format!("rcp_{call_id}_{sequence}");
     OutboxReceipt {
-        receipt_id: format!("rcp_{call_id}_{sequence}"),
-        run_id: "run_1".into(),
-        call_id: call_id.into(),
-        assignment_id: format!("asg_{call_id}"),
-        kind,
-        sequence,
-        body: "{}".into(),
-        status,
-        attempts: 0,
-        last_error: None,
         created_at: at(LONG_AGO),
-        delivered_at: None,
+        ..rows::receipt(call_id, &id, kind, sequence, status)
     }
 }
 
@@ -71,8 +51,7 @@ fn attempt(call_id: &str) -> Attempt {
 /// The counts by state follow every insert, change and deletion.
 #[tokio::test]
 async fn prune_takes_only_calls_settled_for_good_before_the_cut_off() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let store = SqliteStore::open_path(&dir.path().join("s.db")).await?;
+    let (_dir, store) = rows::store().await?;
     let mut reported = call("reported", LocalState::Delivered, LONG_AGO);
     reported.report = Some(toolrunner::store::PendingReport::PendingDelivery);
     store
@@ -160,8 +139,7 @@ async fn prune_takes_only_calls_settled_for_good_before_the_cut_off() -> Result<
 /// deliver, leaving out a call whose only pending receipt is an `accepted`.
 #[tokio::test]
 async fn the_outbox_summary_lists_what_waits_without_reading_bodies() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let store = SqliteStore::open_path(&dir.path().join("s.db")).await?;
+    let (_dir, store) = rows::store().await?;
     store
         .commit(vec![
             Change::InsertCall(call("a", LocalState::Settled, LONG_AGO)),

@@ -4,41 +4,24 @@
 use anyhow::Result;
 use toolrunner::protocol::wire::ReceiptKind;
 use toolrunner::store::{
-    Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store, StoreError,
+    Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store, StoreError,
 };
 
+use super::rows;
+
 fn call(n: usize, state: LocalState, version: u64) -> LocalCall {
-    LocalCall {
-        run_id: "run_1".into(),
-        call_id: format!("call_{n}"),
-        tool_name: "t".into(),
-        operation_key: format!("op_{n}"),
-        state,
-        assignment: None,
-        next_sequence: 1,
-        reason: None,
-        report: None,
-        created_at: "2026-12-01T00:00:00.000Z".parse().expect("a time"),
-        updated_at: "2026-12-01T00:00:00.000Z".parse().expect("a time"),
-        version,
-    }
+    rows::call(&format!("call_{n}"), state, version)
 }
 
 fn receipt(n: usize, id: &str, sequence: u64) -> OutboxReceipt {
-    OutboxReceipt {
-        receipt_id: id.into(),
-        run_id: "run_1".into(),
-        call_id: format!("call_{n}"),
-        assignment_id: format!("asg_{n}"),
-        kind: ReceiptKind::Progress,
+    let call_id = format!("call_{n}");
+    rows::receipt(
+        &call_id,
+        id,
+        ReceiptKind::Progress,
         sequence,
-        body: "{}".into(),
-        status: ReceiptStatus::Pending,
-        attempts: 0,
-        last_error: None,
-        created_at: "2026-12-01T00:00:00.000Z".parse().expect("a time"),
-        delivered_at: None,
-    }
+        ReceiptStatus::Pending,
+    )
 }
 
 /// Forty callers commit at once: they share a few transactions. The two
@@ -48,8 +31,7 @@ fn receipt(n: usize, id: &str, sequence: u64) -> OutboxReceipt {
 /// reuses a sequence), so that its call row update must be undone too.
 #[tokio::test]
 async fn concurrent_commits_share_a_transaction_and_fail_alone() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let store = SqliteStore::open_path(&dir.path().join("s.db")).await?;
+    let (_dir, store) = rows::store().await?;
     // call_0 and call_1 exist at version 0; call_1 holds a receipt at sequence 1.
     store
         .commit(vec![

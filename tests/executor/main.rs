@@ -20,6 +20,7 @@ mod review_commit_point_cancel;
 mod review_report_poison;
 mod review_stuck_running;
 mod review_unknown_fields;
+mod rows;
 mod secrets;
 mod store_rules;
 mod tools;

@@ -4,47 +4,17 @@
 use anyhow::Result;
 use toolrunner::protocol::wire::ReceiptKind;
 use toolrunner::store::{
-    Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store, StoreError,
+    Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store, StoreError,
 };
 
+use super::rows;
+
 fn call(state: LocalState, version: u64) -> LocalCall {
-    LocalCall {
-        run_id: "run_1".into(),
-        call_id: "call_1".into(),
-        tool_name: "t".into(),
-        operation_key: "op_1".into(),
-        state,
-        assignment: None,
-        next_sequence: 1,
-        reason: None,
-        report: None,
-        created_at: "2026-12-01T00:00:00.000Z".parse().expect("a time"),
-        updated_at: "2026-12-01T00:00:00.000Z".parse().expect("a time"),
-        version,
-    }
+    rows::call("call_1", state, version)
 }
 
 fn receipt(id: &str, kind: ReceiptKind, sequence: u64, status: ReceiptStatus) -> OutboxReceipt {
-    OutboxReceipt {
-        receipt_id: id.into(),
-        run_id: "run_1".into(),
-        call_id: "call_1".into(),
-        assignment_id: "asg_1".into(),
-        kind,
-        sequence,
-        body: "{}".into(),
-        status,
-        attempts: 0,
-        last_error: None,
-        created_at: "2026-12-01T00:00:00.000Z".parse().expect("a time"),
-        delivered_at: None,
-    }
-}
-
-async fn store() -> Result<(tempfile::TempDir, SqliteStore)> {
-    let dir = tempfile::tempdir()?;
-    let store = SqliteStore::open_path(&dir.path().join("s.db")).await?;
-    Ok((dir, store))
+    rows::receipt("call_1", id, kind, sequence, status)
 }
 
 /// A decision taken on an old snapshot is never written: the second writer
@@ -53,7 +23,7 @@ async fn store() -> Result<(tempfile::TempDir, SqliteStore)> {
 /// report undo a sequence increment).
 #[tokio::test]
 async fn a_change_decided_on_an_old_version_is_refused() -> Result<()> {
-    let (_dir, store) = store().await?;
+    let (_dir, store) = rows::store().await?;
     store
         .commit(vec![Change::InsertCall(call(LocalState::Running, 0))])
         .await?;
@@ -99,7 +69,7 @@ async fn a_change_decided_on_an_old_version_is_refused() -> Result<()> {
 /// The schema refuses what must never exist, whoever writes it.
 #[tokio::test]
 async fn impossible_receipts_are_refused() -> Result<()> {
-    let (_dir, store) = store().await?;
+    let (_dir, store) = rows::store().await?;
     store
         .commit(vec![
             Change::InsertCall(call(LocalState::Settled, 0)),
