@@ -34,8 +34,8 @@ use tokio::sync::{Notify, Semaphore};
 use toolrunner::platform::{NewToolCall, Platform};
 use toolrunner::protocol::wire::ReceiptKind;
 use toolrunner::store::{
-    Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, ReceiptStatus,
-    SqliteStore, Store, StoreError,
+    Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, OutboxSummary,
+    ReceiptStatus, SqliteStore, Store, StoreError, Timestamp,
 };
 use toolrunner::{CallContext, Executor, Shutdown, ToolError};
 
@@ -497,6 +497,16 @@ async fn main() -> Result<()> {
         per_call(stats.fsyncs),
         peak,
     );
+    let [call, calls, receipts, receipt, other] = timed.reads();
+    println!(
+        "durable reads/call: {:.2} (a call {:.2}, lists of calls {:.2}, a call's receipts {:.2}, a receipt {:.2}, other {:.2})",
+        per_call(call + calls + receipts + receipt + other),
+        per_call(call),
+        per_call(calls),
+        per_call(receipts),
+        per_call(receipt),
+        per_call(other),
+    );
     if let Some(s) = server {
         s.shutdown().await;
     }
@@ -747,8 +757,8 @@ async fn one_call(
 type CallId = (String, String);
 
 /// The executor's store, timing each call from its first durable write
-/// (the operation key, before the claim) to its delivered mark (after the
-/// platform answered the final receipt).
+/// (the operation key, before the claim) to the platform's answer to its
+/// final receipt (when the delivered mark is asked for).
 struct Timed {
     inner: SqliteStore,
     /// Calls begun (when), and the times of those delivered.
@@ -757,6 +767,8 @@ struct Timed {
     first: Mutex<Option<Instant>>,
     expected: usize,
     all_delivered: Notify,
+    /// Reads by kind: call, calls, receipts, receipt, other.
+    reads: [AtomicU64; 5],
 }
 
 impl Timed {
@@ -770,7 +782,17 @@ impl Timed {
             expected,
             all_delivered: Notify::new(),
             first: Mutex::new(None),
+            reads: Default::default(),
         }
+    }
+
+    fn read(&self, kind: usize) {
+        self.reads[kind].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads so far by kind: call, calls, receipts, receipt, other.
+    fn reads(&self) -> [u64; 5] {
+        std::array::from_fn(|i| self.reads[i].load(Ordering::Relaxed))
     }
 
     fn first_claim(&self) -> Option<Instant> {
@@ -803,7 +825,9 @@ impl Timed {
                 self.first.lock().expect("lock").get_or_insert(started);
                 begun.insert(key, started);
             } else if let Some(t) = begun.remove(&key) {
-                done.push(t.elapsed());
+                // Until the platform's answer to the final receipt: the
+                // delivered mark is asked for right after it.
+                done.push(started.duration_since(t));
                 if done.len() == self.expected {
                     self.all_delivered.notify_one();
                 }
@@ -822,14 +846,17 @@ impl Store for Timed {
         Ok(())
     }
     async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {
+        self.read(0);
         self.inner.call(run_id, call_id).await
     }
     async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError> {
+        self.read(1);
         self.inner.calls(filter).await
     }
     async fn count_by_state(
         &self,
     ) -> Result<std::collections::BTreeMap<LocalState, u64>, StoreError> {
+        self.read(4);
         self.inner.count_by_state().await
     }
     async fn receipts(
@@ -837,19 +864,31 @@ impl Store for Timed {
         run_id: &str,
         call_id: &str,
     ) -> Result<Vec<OutboxReceipt>, StoreError> {
+        self.read(2);
         self.inner.receipts(run_id, call_id).await
     }
     async fn receipt(&self, receipt_id: &str) -> Result<Option<OutboxReceipt>, StoreError> {
+        self.read(3);
         self.inner.receipt(receipt_id).await
     }
     async fn receipts_with(&self, status: ReceiptStatus) -> Result<Vec<OutboxReceipt>, StoreError> {
+        self.read(4);
         self.inner.receipts_with(status).await
     }
     async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError> {
+        self.read(4);
         self.inner.events(run_id, call_id).await
     }
     async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError> {
+        self.read(4);
         self.inner.attempts(run_id, call_id).await
+    }
+    async fn prune(&self, settled_before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+        self.inner.prune(settled_before, limit).await
+    }
+    async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
+        self.read(4);
+        self.inner.outbox_summary().await
     }
 }
 

@@ -587,6 +587,7 @@ impl Executor {
             slots: Arc::new(Semaphore::new(capacity)),
             wake: Notify::new(),
             claiming: AtomicBool::new(true),
+            paused: AtomicBool::new(false),
             fatal: StdMutex::new(None),
             stop: CancellationToken::new(),
             done: CancellationToken::new(),

@@ -959,6 +959,9 @@ pub(crate) enum Advanced {
 pub(crate) enum Reads {
     Row,
     RowAndReceipts,
+    /// The receipts with a fresh row only: the decision on the caller's
+    /// own row (see [`advance_from`]) does without them.
+    ReceiptsUnlessKnown,
 }
 
 /// The only way a call row changes: reads the call, asks `decide` for the
@@ -1008,7 +1011,10 @@ pub(crate) async fn advance_from(
             call,
             receipts: match reads {
                 Reads::Row => None,
-                Reads::RowAndReceipts => Some(store.receipts(key.0, key.1).await?),
+                Reads::ReceiptsUnlessKnown if guessed => None,
+                Reads::RowAndReceipts | Reads::ReceiptsUnlessKnown => {
+                    Some(store.receipts(key.0, key.1).await?)
+                }
             },
         };
         let Some(event) = decide(&snapshot) else {
@@ -1018,7 +1024,7 @@ pub(crate) async fn advance_from(
             return Ok(Advanced::Stayed(snapshot.call));
         };
         let name = event.name();
-        let plan = match plan(&snapshot, key, event, executor_id) {
+        let mut plan = match plan(&snapshot, key, event, executor_id) {
             Ok(p) => p,
             Err(_) if guessed => continue,
             Err(e) => {
@@ -1027,7 +1033,9 @@ pub(crate) async fn advance_from(
             }
         };
         let started = std::time::Instant::now();
-        let result = store.commit(plan.changes.clone()).await;
+        // The changes go to the store; what a retry needs is the plan's
+        // row and receipt, which stay.
+        let result = store.commit(std::mem::take(&mut plan.changes)).await;
         metrics::histogram!("toolrunner_store_commit_seconds")
             .record(started.elapsed().as_secs_f64());
         let committed = match result {

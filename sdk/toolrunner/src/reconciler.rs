@@ -373,7 +373,7 @@ impl Reconciler {
         let mut delivered = false;
         if let Some(client) = &self.client {
             delivered = matches!(
-                deliver(client, self.store.as_ref(), &executor_id, &receipt).await,
+                deliver(client, self.store.as_ref(), &executor_id, &receipt, None).await,
                 Delivery::Delivered
             );
         }
@@ -525,7 +525,7 @@ impl Reconciler {
         let mut out = Vec::new();
         for r in receipts {
             let executor_id = self.executor_id_of(&r.run_id, &r.call_id).await?;
-            deliver(client, self.store.as_ref(), &executor_id, &r).await;
+            deliver(client, self.store.as_ref(), &executor_id, &r, None).await;
             let status = self
                 .store
                 .receipt(&r.receipt_id)

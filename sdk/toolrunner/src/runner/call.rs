@@ -15,19 +15,26 @@ use crate::client::ClientError;
 use crate::context::{CallContext, ProgressError};
 use crate::handler::{Effect, ErasedTool, ToolError};
 use crate::lifecycle::{Advanced, Event, FinalReceipt, Reads};
-use crate::store::{LocalCall, LocalState, ReceiptStatus};
+use crate::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus};
 
 /// Starts driving a call on its own task. (A plain function with a boxed
 /// future: it breaks the async cycle drive → connect → resume → drive.)
 /// A call this task finds `running` is resumed as after a crash: only the
 /// task that moved a call to `running` itself may start its handler.
-pub(crate) fn spawn_drive(core: Arc<Core>, key: CallKey, permit: Option<OwnedSemaphorePermit>) {
+/// `known` is the row as the caller just wrote it, if it did (saves the
+/// first read; the compare-and-set of each step still guards it).
+pub(crate) fn spawn_drive(
+    core: Arc<Core>,
+    key: CallKey,
+    known: Option<LocalCall>,
+    permit: Option<OwnedSemaphorePermit>,
+) {
     // Activated here, synchronously, so no other task can pick the call up
     // between this decision and the new task's start.
     let Some(active) = core.activate(&key) else {
         return;
     };
-    spawn_activated(core, permit, active, false);
+    spawn_activated(core, permit, active, known, false);
 }
 
 /// [`spawn_drive`] for a call the caller has already activated;
@@ -37,10 +44,11 @@ pub(crate) fn spawn_activated(
     core: Arc<Core>,
     permit: Option<OwnedSemaphorePermit>,
     active: Active,
+    known: Option<LocalCall>,
     confirmed: bool,
 ) {
     let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-        Box::pin(drive(core, confirmed, permit, active));
+        Box::pin(drive(core, confirmed, permit, active, known));
     tokio::spawn(fut);
 }
 
@@ -49,8 +57,9 @@ pub(crate) fn spawn_activated(
 async fn drive(
     core: Arc<Core>,
     confirmed: bool,
-    permit: Option<OwnedSemaphorePermit>,
+    mut permit: Option<OwnedSemaphorePermit>,
     active: Active,
+    known: Option<LocalCall>,
 ) {
     let key = active.key.clone();
     let span = tracing::info_span!("call", run_id = %key.run_id, call_id = %key.call_id);
@@ -59,7 +68,7 @@ async fn drive(
         // The executor stopped (dropped, crashed, detached): stop where we
         // are, as a lost process would.
         _ = core.done.cancelled() => return,
-        r = steps(&core, &key, confirmed, &active.token).instrument(span) => r,
+        r = steps(&core, &key, known, confirmed, &active.token).instrument(span) => r,
     };
     if let Err(e) = result
         && e != super::CRASH
@@ -69,7 +78,7 @@ async fn drive(
             // The platform has no capacity (or this executor drains): give
             // the slot to another call, and keep this one off for a while
             // rather than asking again at once.
-            drop(permit);
+            drop(permit.take());
             tokio::select! {
                 _ = core.done.cancelled() => {}
                 _ = tokio::time::sleep(core.cfg.poll_interval.clamp(
@@ -77,8 +86,9 @@ async fn drive(
                     std::time::Duration::from_secs(1),
                 )) => {}
             }
-            return;
         }
+        // The claim loop resumes it (the guard's drop wakes the loop).
+        core.paused.store(true, std::sync::atomic::Ordering::SeqCst);
     }
     drop(active);
     drop(permit);
@@ -112,27 +122,52 @@ fn row(advanced: Advanced) -> Result<LocalCall, String> {
 async fn steps(
     core: &Arc<Core>,
     key: &CallKey,
+    known: Option<LocalCall>,
     mut confirmed: bool,
     cancel: &CancellationToken,
 ) -> Result<(), String> {
     let mut checked = false;
-    let mut call = read(core, key).await?;
+    // Whether the row's assignment is one this task's own claim just
+    // brought to a row that had none: no `accepted` can be saved for it.
+    let mut fresh = false;
+    // The final receipt this task's run just saved, if it did.
+    let mut saved_final: Option<OutboxReceipt> = None;
+    let mut call = match known {
+        Some(c) => c,
+        None => read(core, key).await?,
+    };
     loop {
         let before = (call.state, call.version);
         let next = match call.state {
             LocalState::Claiming => {
                 confirmed = false;
+                fresh = call.assignment.is_none();
                 claim(core, call).await?
             }
             LocalState::Assigned => {
-                let (next, mine) = accept(core, call).await?;
+                let (next, mine) = accept(core, call, std::mem::take(&mut fresh)).await?;
                 confirmed = mine;
                 next
             }
-            LocalState::Running => run(core, call, !confirmed, cancel).await?,
+            LocalState::Running => {
+                let (next, receipt) = run(core, call, !confirmed, cancel).await?;
+                saved_final = receipt;
+                next
+            }
             LocalState::Settled => {
-                outbox::deliver_call(core, key).await;
-                outbox::flush_reports(core).await;
+                // A call whose final receipt went out has nothing to
+                // report; one that could not deliver may (the outbox loop
+                // sends other calls' reports).
+                let delivery = match saved_final.take() {
+                    // Nothing before it but the `accepted`, which went out
+                    // before the handler: sent as saved, without reading
+                    // the outbox.
+                    Some(r) if r.sequence == 1 => outbox::deliver_one(core, &r, Some(call)).await,
+                    _ => outbox::deliver_call(core, key, Some(call)).await,
+                };
+                if delivery != outbox::Delivery::Delivered {
+                    outbox::flush_reports(core).await;
+                }
                 return Ok(());
             }
             LocalState::ReconciliationRequired if !checked => {
@@ -279,18 +314,27 @@ fn while_in(
 }
 
 /// Checks, then `accepted`; the handler may start only on `accepted: true`.
-/// The flag says whether this task itself moved the call to `running`.
-async fn accept(core: &Arc<Core>, call: LocalCall) -> Result<(LocalCall, bool), String> {
+/// The flag returned says whether this task itself moved the call to
+/// `running`. `fresh`: the assignment came with this task's own claim, so
+/// no `accepted` is saved for it (no read needed to know).
+async fn accept(
+    core: &Arc<Core>,
+    call: LocalCall,
+    fresh: bool,
+) -> Result<(LocalCall, bool), String> {
     let key = CallKey::of(&call);
     let asg = assignment(&call)?;
     let id = asg.assignment_id.clone();
-    let stored = core
-        .store
-        .receipts(&call.run_id, &call.call_id)
-        .await
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|r| r.assignment_id == id && r.kind == ReceiptKind::Accepted);
+    let stored = if fresh {
+        None
+    } else {
+        core.store
+            .receipts(&call.run_id, &call.call_id)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .find(|r| r.assignment_id == id && r.kind == ReceiptKind::Accepted)
+    };
     // The row as this task last saw it (the next transitions start from it).
     let mut known = call.clone();
     let accepted = match stored {
@@ -429,7 +473,7 @@ async fn run(
     call: LocalCall,
     resumed: bool,
     cancel: &CancellationToken,
-) -> Result<LocalCall, String> {
+) -> Result<(LocalCall, Option<OutboxReceipt>), String> {
     let key = CallKey::of(&call);
     let asg = assignment(&call)?;
     let id = asg.assignment_id.clone();
@@ -453,7 +497,7 @@ async fn run(
             .advance(&key, Reads::Row, while_in(LocalState::Running, id, event))
             .await
             .map_err(|e| e.to_string())?;
-        return row(moved);
+        return Ok((row(moved)?, None));
     };
     if core.fence.is_cancelled() {
         return Err(super::CRASH.into());
@@ -476,7 +520,7 @@ async fn run(
             if receipt.is_some() {
                 core.crash_point("after_final_saved")?;
             }
-            Ok(call)
+            Ok((call, receipt))
         }
         Advanced::Stayed(now) => {
             // The call moved on while the handler ran (an operator settled
@@ -489,7 +533,8 @@ async fn run(
                 Some(detail),
             )
             .await;
-            now.ok_or_else(|| "the call left the store".into())
+            now.map(|c| (c, None))
+                .ok_or_else(|| "the call left the store".into())
         }
     }
 }
@@ -610,7 +655,7 @@ pub(crate) async fn progress(
         Advanced::Moved {
             receipt: Some(r), ..
         } => {
-            outbox::deliver_one(core, &r).await;
+            outbox::deliver_one(core, &r, None).await;
             Ok(())
         }
         Advanced::Moved { .. } => Err(ProgressError("no receipt was written".into())),

@@ -1,5 +1,8 @@
 //! The checks before anything runs: schema, digest, the product's own
 //! authorization. A failure settles the call `failed` at sequence 0.
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use serde_json::Value;
 use toolrunner_protocol::json::arguments_digest;
 use toolrunner_protocol::tooldef::Schema;
@@ -12,12 +15,35 @@ use crate::handler::ErasedTool;
 /// A refusal before start: `(code, message)` for the `failed` receipt.
 pub(crate) type Refusal = (&'static str, String);
 
+/// Schemas compiled once: every call of a tool version brings the same
+/// schema, and compiling one costs far more than checking a value.
+static COMPILED: LazyLock<Mutex<HashMap<String, Arc<Schema>>>> = LazyLock::new(Mutex::default);
+
+/// At most this many compiled schemas are kept (then the cache starts
+/// afresh).
+const COMPILED_MAX: usize = 256;
+
+/// `schema` compiled, from the cache when it was compiled before.
+fn compiled(schema: &Value) -> Result<Arc<Schema>, String> {
+    let text = schema.to_string();
+    if let Some(s) = COMPILED.lock().expect("not poisoned").get(&text) {
+        return Ok(s.clone());
+    }
+    let s = Arc::new(Schema::compile(schema)?);
+    let mut cache = COMPILED.lock().expect("not poisoned");
+    if cache.len() >= COMPILED_MAX {
+        cache.clear();
+    }
+    cache.insert(text, s.clone());
+    Ok(s)
+}
+
 pub(crate) async fn before_start(
     core: &Core,
     tool: &dyn ErasedTool,
     asg: &Assignment,
 ) -> Result<(), Refusal> {
-    let schema = Schema::compile(&asg.input_schema).map_err(|e| {
+    let schema = compiled(&asg.input_schema).map_err(|e| {
         (
             "invalid_arguments",
             format!("the tool's input schema cannot be used: {e}"),
@@ -77,8 +103,8 @@ pub(crate) fn check_output(asg: &Assignment, result: &Value) -> Result<(), Strin
         return Err("the result does not fit in a 4 MiB receipt".to_owned());
     }
     if let Some(schema) = &asg.output_schema {
-        let schema = Schema::compile(schema)
-            .map_err(|e| format!("the output schema cannot be used: {e}"))?;
+        let schema =
+            compiled(schema).map_err(|e| format!("the output schema cannot be used: {e}"))?;
         if let Some(v) = schema.violations(result).first() {
             return Err(format!(
                 "the result does not match output_schema at '{}': {}",

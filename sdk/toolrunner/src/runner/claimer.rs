@@ -7,9 +7,10 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::{CallKey, Core, call, connection};
 use crate::lifecycle::{self, Advanced, Event, Reads};
-use crate::store::{CallFilter, LocalState};
+use crate::store::{CallFilter, LocalCall, LocalState};
 
 pub(crate) async fn claim_loop(core: Arc<Core>) {
+    let mut resumed_at = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = core.stop.cancelled() => return,
@@ -19,7 +20,15 @@ pub(crate) async fn claim_loop(core: Arc<Core>) {
         if !core.claiming.load(Ordering::SeqCst) {
             continue;
         }
-        resume_waiting(&core).await;
+        // Calls wait only when a task paused one (or, rarely, lost one):
+        // look for them then, and once per poll interval; not at each
+        // wake-up, which a finished call gives.
+        if core.paused.swap(false, Ordering::SeqCst)
+            || resumed_at.elapsed() >= core.cfg.poll_interval
+        {
+            resumed_at = tokio::time::Instant::now();
+            resume_waiting(&core).await;
+        }
         if let Err(e) = claim_pending(&core).await {
             tracing::debug!(error = %e, "listing pending calls failed");
         }
@@ -53,7 +62,7 @@ async fn resume_waiting(core: &Arc<Core>) {
         };
         // A `running` call that no task drives lost its task to an error:
         // it is resumed as after a crash (a write tool is never re-run).
-        call::spawn_drive(core.clone(), CallKey::of(&c), Some(permit));
+        call::spawn_drive(core.clone(), CallKey::of(&c), None, Some(permit));
     }
 }
 
@@ -96,9 +105,9 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
         saves.push(save_key(core, key, candidate.tool_name, permit));
     }
     for saved in futures_util::future::join_all(saves).await {
-        if let Some((key, permit)) = saved? {
+        if let Some((call, permit)) = saved? {
             core.crash_point("after_operation_key_saved")?;
-            call::spawn_drive(core.clone(), key, Some(permit));
+            call::spawn_drive(core.clone(), CallKey::of(&call), Some(call), Some(permit));
         }
     }
     Ok(())
@@ -106,13 +115,13 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
 
 /// A new call, or one settled here before (refused, released) that is
 /// pending again: a new attempt with a new key, durable before the claim is
-/// sent. `None` if the call is not this loop's to claim.
+/// sent; the row as saved. `None` if the call is not this loop's to claim.
 async fn save_key(
     core: &Arc<Core>,
     key: CallKey,
     tool_name: String,
     permit: OwnedSemaphorePermit,
-) -> Result<Option<(CallKey, OwnedSemaphorePermit)>, String> {
+) -> Result<Option<(LocalCall, OwnedSemaphorePermit)>, String> {
     // Usually a call this store has never seen: try the insert at once (it
     // is refused if the row exists, and then decided on a fresh read).
     let moved = core
@@ -131,5 +140,8 @@ async fn save_key(
         })
         .await
         .map_err(|e| e.to_string())?;
-    Ok(matches!(moved, Advanced::Moved { .. }).then_some((key, permit)))
+    Ok(match moved {
+        Advanced::Moved { call, .. } => Some((call, permit)),
+        Advanced::Stayed(_) => None,
+    })
 }

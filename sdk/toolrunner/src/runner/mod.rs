@@ -98,6 +98,8 @@ pub(crate) struct Core {
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) wake: Notify,
     pub(crate) claiming: AtomicBool,
+    /// A task paused a call (it waits in the store for the claim loop).
+    pub(crate) paused: AtomicBool,
     pub(crate) fatal: StdMutex<Option<Error>>,
     /// Stop taking new work.
     pub(crate) stop: CancellationToken,

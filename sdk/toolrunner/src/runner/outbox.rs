@@ -30,25 +30,54 @@ pub(crate) enum Delivery {
     NotSent,
 }
 
-/// Delivers a call's pending receipts in sequence order.
-pub(crate) async fn deliver_call(core: &Arc<Core>, key: &CallKey) {
+/// Delivers a call's pending receipts in sequence order; says how the last
+/// attempt ended (`Delivered` when the last receipt went out, or there was
+/// none to send). `known` is the call's row as the caller holds it, if it
+/// has it (it saves a read; the compare-and-set still guards it).
+pub(crate) async fn deliver_call(
+    core: &Arc<Core>,
+    key: &CallKey,
+    mut known: Option<LocalCall>,
+) -> Delivery {
     let Ok(receipts) = core.store.receipts(&key.run_id, &key.call_id).await else {
-        return;
+        return Delivery::Later;
     };
     let unsent = receipts
         .iter()
         .filter(|r| r.status == ReceiptStatus::Pending && r.kind != ReceiptKind::Accepted);
+    let mut last = Delivery::Delivered;
     for r in unsent {
-        match deliver_one(core, r).await {
+        last = deliver(
+            &core.client,
+            core.store.as_ref(),
+            &core.cfg.executor_id,
+            r,
+            known.take(),
+        )
+        .await;
+        match last {
             Delivery::Delivered | Delivery::Dropped | Delivery::NotSent => {}
-            Delivery::Later | Delivery::Settled => return,
+            Delivery::Later | Delivery::Settled => return last,
         }
     }
+    last
 }
 
-/// Sends one stored receipt and applies the reaction table.
-pub(crate) async fn deliver_one(core: &Arc<Core>, r: &OutboxReceipt) -> Delivery {
-    deliver(&core.client, core.store.as_ref(), &core.cfg.executor_id, r).await
+/// Sends one stored receipt and applies the reaction table (`known`: the
+/// call's row as the caller holds it, if it does).
+pub(crate) async fn deliver_one(
+    core: &Arc<Core>,
+    r: &OutboxReceipt,
+    known: Option<LocalCall>,
+) -> Delivery {
+    deliver(
+        &core.client,
+        core.store.as_ref(),
+        &core.cfg.executor_id,
+        r,
+        known,
+    )
+    .await
 }
 
 /// Marks one receipt (its call row does not change).
@@ -66,18 +95,25 @@ async fn mark(store: &dyn Store, r: &OutboxReceipt, status: ReceiptStatus, error
 
 /// Sends one stored receipt with `client` and records the outcome in
 /// `store` (shared by the executor and the operator's [`crate::Reconciler`]).
+/// `known`: the call's row as the caller just read or wrote it, if it has
+/// it (saves a read).
 pub(crate) async fn deliver(
     client: &Client,
     store: &dyn Store,
     executor_id: &str,
     r: &OutboxReceipt,
+    known: Option<LocalCall>,
 ) -> Delivery {
     if r.kind == ReceiptKind::Accepted {
         return Delivery::NotSent;
     }
     let key = (r.run_id.as_str(), r.call_id.as_str());
-    let Ok(Some(call)) = store.call(key.0, key.1).await else {
-        return Delivery::Later;
+    let call = match known {
+        Some(c) => c,
+        None => match store.call(key.0, key.1).await {
+            Ok(Some(c)) => c,
+            _ => return Delivery::Later,
+        },
     };
     let Some(asg) = call
         .assignment
@@ -156,21 +192,24 @@ pub(crate) async fn deliver(
         }
     };
     let delivered = matches!(event, Event::Delivered { .. });
-    let known = Some(Some(call.clone()));
-    let moved =
-        lifecycle::advance_from(store, executor_id, key, known, Reads::RowAndReceipts, |s| {
-            // Only while this very receipt is the settled call's live final:
-            // a late answer to another sender's attempt changes no state.
-            let call = s.call.as_ref().filter(|c| c.state == LocalState::Settled)?;
-            let current = call.assignment.as_ref()?.assignment_id.as_str();
-            s.receipts
-                .iter()
-                .flatten()
-                .find(|x| x.receipt_id == r.receipt_id)
-                .filter(|x| x.status == ReceiptStatus::Pending && x.assignment_id == current)
-                .map(|_| event.clone())
-        })
-        .await;
+    let known = Some(Some(call));
+    let reads = Reads::ReceiptsUnlessKnown;
+    let moved = lifecycle::advance_from(store, executor_id, key, known, reads, |s| {
+        // Only while this very receipt is the settled call's live final:
+        // a late answer to another sender's attempt changes no state. On
+        // the row this sender holds, the receipt is as it read it (it was
+        // pending; the compare-and-set on the row refuses the write if the
+        // call moved on since).
+        let call = s.call.as_ref().filter(|c| c.state == LocalState::Settled)?;
+        let current = call.assignment.as_ref()?.assignment_id.as_str();
+        let now = match &s.receipts {
+            Some(list) => list.iter().find(|x| x.receipt_id == r.receipt_id)?,
+            None => r,
+        };
+        (now.status == ReceiptStatus::Pending && now.assignment_id == current)
+            .then(|| event.clone())
+    })
+    .await;
     match moved {
         Ok(lifecycle::Advanced::Moved { .. }) => {}
         Ok(lifecycle::Advanced::Stayed(_)) => {
@@ -340,7 +379,7 @@ pub(crate) async fn flush(core: &Arc<Core>) {
     for (run_id, call_id) in summary.calls {
         let key = CallKey { run_id, call_id };
         if let Some(active) = core.activate(&key) {
-            deliver_call(core, &key).await;
+            deliver_call(core, &key, None).await;
             drop(active);
         }
     }

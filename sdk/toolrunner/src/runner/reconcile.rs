@@ -176,10 +176,10 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                         if moved.state == LocalState::Running {
                             // Still activated: the new task takes it over.
                             let permit = core.slots.clone().try_acquire_owned().ok();
-                            call::spawn_activated(core.clone(), permit, active, true);
+                            call::spawn_activated(core.clone(), permit, active, Some(moved), true);
                             continue;
                         }
-                        outbox::deliver_call(&core, &key).await;
+                        outbox::deliver_call(&core, &key, Some(moved)).await;
                     }
                     _ => {
                         next.insert(

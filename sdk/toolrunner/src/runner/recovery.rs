@@ -93,7 +93,7 @@ pub(crate) async fn resume(
                 }
             }
             let permit = core.slots.clone().try_acquire_owned().ok();
-            call::spawn_activated(core.clone(), permit, active, false);
+            call::spawn_activated(core.clone(), permit, active, None, false);
         }
     }
     outbox::spawn_flush_reports(core.clone());
