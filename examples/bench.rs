@@ -497,6 +497,17 @@ async fn main() -> Result<()> {
         per_call(stats.fsyncs),
         peak,
     );
+    let commits = Side {
+        calls: 0,
+        elapsed: Duration::ZERO,
+        latencies: timed.commits.lock().expect("lock").clone(),
+        cpu: Duration::ZERO,
+    };
+    println!(
+        "durable commit as its caller waits: p50 {:.3} ms, p99 {:.3} ms",
+        commits.pct(0.5).as_secs_f64() * 1000.0,
+        commits.pct(0.99).as_secs_f64() * 1000.0,
+    );
     let [call, calls, receipts, receipt, other] = timed.reads();
     println!(
         "durable reads/call: {:.2} (a call {:.2}, lists of calls {:.2}, a call's receipts {:.2}, a receipt {:.2}, other {:.2})",
@@ -769,6 +780,8 @@ struct Timed {
     all_delivered: Notify,
     /// Reads by kind: call, calls, receipts, receipt, other.
     reads: [AtomicU64; 5],
+    /// How long each commit took, as its caller waited.
+    commits: Mutex<Vec<Duration>>,
 }
 
 impl Timed {
@@ -783,6 +796,7 @@ impl Timed {
             all_delivered: Notify::new(),
             first: Mutex::new(None),
             reads: Default::default(),
+            commits: Mutex::new(Vec::with_capacity(expected * 6)),
         }
     }
 
@@ -842,6 +856,7 @@ impl Store for Timed {
         let started = Instant::now();
         let marks = Self::marks(&changes);
         self.inner.commit(changes).await?;
+        self.commits.lock().expect("lock").push(started.elapsed());
         self.observe(marks, started);
         Ok(())
     }

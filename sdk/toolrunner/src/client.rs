@@ -3,6 +3,7 @@
 //! `429`, `5xx`, timeouts and lost connections are retried with the same
 //! bytes, exponential backoff and full jitter; every other answer goes back
 //! to the caller, which applies the protocol's reaction table.
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -71,6 +72,13 @@ impl Backoff {
 /// Connections kept alive to the platform while idle.
 const IDLE_CONNECTIONS: usize = 32;
 
+/// Claims and receipts in flight at once. A burst of claims (a thousand
+/// calls pending on a new executor) queues here instead of opening a
+/// connection each; the platform serves them one at a time anyway.
+/// Heartbeats, `pending`, reports and the connection's own requests never
+/// wait here.
+const CALL_REQUESTS: usize = 64;
+
 /// The platform's executor API.
 #[derive(Clone)]
 pub(crate) struct Client {
@@ -81,6 +89,8 @@ pub(crate) struct Client {
     /// Once cancelled, no request goes out any more: the executor has
     /// stopped as a lost process would (a crash, a detach).
     fence: tokio_util::sync::CancellationToken,
+    /// Room for claims and receipts in flight (see [`CALL_REQUESTS`]).
+    call_requests: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Client {
@@ -118,6 +128,7 @@ impl Client {
             token: token.to_owned(),
             backoff,
             fence: tokio_util::sync::CancellationToken::new(),
+            call_requests: Arc::new(tokio::sync::Semaphore::new(CALL_REQUESTS)),
         })
     }
 
@@ -267,6 +278,8 @@ impl Client {
         call_id: &str,
         body: &Claim,
     ) -> Result<Claimed, ClientError> {
+        // Never closed: a permit always comes.
+        let _room = self.call_requests.acquire().await.ok();
         self.post(&format!("/runs/{run_id}/tool-calls/{call_id}/claim"), body)
             .await
     }
@@ -280,6 +293,8 @@ impl Client {
         body: &str,
     ) -> Result<ReceiptAnswer, ClientError> {
         let path = format!("/runs/{run_id}/tool-calls/{call_id}/receipts");
+        // Never closed: a permit always comes.
+        let _room = self.call_requests.acquire().await.ok();
         self.send(
             reqwest::Method::POST,
             &path,

@@ -142,15 +142,15 @@ async fn steps(
             LocalState::Claiming => {
                 confirmed = false;
                 fresh = call.assignment.is_none();
-                claim(core, call).await?
+                Box::pin(claim(core, call)).await?
             }
             LocalState::Assigned => {
-                let (next, mine) = accept(core, call, std::mem::take(&mut fresh)).await?;
+                let (next, mine) = Box::pin(accept(core, call, std::mem::take(&mut fresh))).await?;
                 confirmed = mine;
                 next
             }
             LocalState::Running => {
-                let (next, receipt) = run(core, call, !confirmed, cancel).await?;
+                let (next, receipt) = Box::pin(run(core, call, !confirmed, cancel)).await?;
                 saved_final = receipt;
                 next
             }
@@ -162,17 +162,19 @@ async fn steps(
                     // Nothing before it but the `accepted`, which went out
                     // before the handler: sent as saved, without reading
                     // the outbox.
-                    Some(r) if r.sequence == 1 => outbox::deliver_one(core, &r, Some(call)).await,
-                    _ => outbox::deliver_call(core, key, Some(call)).await,
+                    Some(r) if r.sequence == 1 => {
+                        Box::pin(outbox::deliver_one(core, &r, Some(call))).await
+                    }
+                    _ => Box::pin(outbox::deliver_call(core, key, Some(call))).await,
                 };
                 if delivery != outbox::Delivery::Delivered {
-                    outbox::flush_reports(core).await;
+                    Box::pin(outbox::flush_reports(core)).await;
                 }
                 return Ok(());
             }
             LocalState::ReconciliationRequired if !checked => {
                 checked = true;
-                match super::reconcile::check(core, call.clone(), cancel).await? {
+                match Box::pin(super::reconcile::check(core, call.clone(), cancel)).await? {
                     super::reconcile::Checked::Moved(next) => {
                         confirmed = next.state == LocalState::Running;
                         next
@@ -181,7 +183,7 @@ async fn steps(
                 }
             }
             _ => {
-                outbox::flush_reports(core).await;
+                Box::pin(outbox::flush_reports(core)).await;
                 return Ok(());
             }
         };
@@ -288,9 +290,9 @@ async fn claim(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> {
 }
 
 /// The call's current assignment, or an error naming the state.
-fn assignment(call: &LocalCall) -> Result<Assignment, String> {
+fn assignment(call: &LocalCall) -> Result<&Assignment, String> {
     call.assignment
-        .clone()
+        .as_ref()
         .ok_or_else(|| format!("an {} call has its assignment", call.state.as_str()))
 }
 
