@@ -567,9 +567,10 @@ fn after_claim_answer_replays_the_claim() {
 }
 
 /// Row "assignment saved, `accepted` not confirmed" (crash right after the
-/// assignment is saved, before any receipt exists) → `accepted` is sent on
-/// restart; exactly one `accepted` on the platform, the local one; the
-/// handler ran once.
+/// first assignment is saved) → a first assignment is checked before it is
+/// saved and saved with its `accepted`, in one commit: the crash finds
+/// both, nothing sent. On restart that `accepted` is sent; exactly one
+/// `accepted` on the platform, the local one; the handler ran once.
 #[test]
 fn after_assignment_saved_accepts_on_restart() {
     with_failpoints(async {
@@ -578,7 +579,16 @@ fn after_assignment_saved_accepts_on_restart() {
         let first = row.start().await;
         let saved = row.wait_local(LocalState::Assigned).await;
         tokio::time::sleep(GRACE).await;
-        assert!(row.local_receipts().await.is_empty());
+        let with_it = row.local_receipts().await;
+        let kinds: Vec<_> = with_it
+            .iter()
+            .map(|r| (r.kind.as_str(), r.status))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![("accepted", ReceiptStatus::Pending)],
+            "the assignment and its accepted are saved together"
+        );
         let before = row.platform_call().await;
         assert_eq!(before["state"], "claimed");
         assert_eq!(receipt_kinds(&before), Vec::<String>::new());

@@ -994,9 +994,29 @@ pub(crate) async fn advance_from(
     store: &dyn Store,
     executor_id: &str,
     key: (&str, &str),
+    known: Option<Option<LocalCall>>,
+    reads: Reads,
+    decide: impl FnMut(&Snapshot) -> Option<Event>,
+) -> Result<Advanced, StoreError> {
+    advance_then(store, executor_id, key, known, reads, decide, None).await
+}
+
+/// [`advance_from`], and when the decided event leads where the table
+/// allows `then`, `then` too, in the same commit: the state between the
+/// two is never stored alone (a crash leaves both or neither). The
+/// answer is the row after both (or after the first, if the table
+/// refuses `then` from where the first led).
+///
+/// # Errors
+/// As [`advance`].
+pub(crate) async fn advance_then(
+    store: &dyn Store,
+    executor_id: &str,
+    key: (&str, &str),
     mut known: Option<Option<LocalCall>>,
     reads: Reads,
     mut decide: impl FnMut(&Snapshot) -> Option<Event>,
+    then: Option<Event>,
 ) -> Result<Advanced, StoreError> {
     let mut failures = 0u32;
     let mut races = 0u32;
@@ -1032,6 +1052,17 @@ pub(crate) async fn advance_from(
                 return Ok(Advanced::Stayed(snapshot.call));
             }
         };
+        if let Some(next) = &then {
+            let between = Snapshot {
+                call: Some(plan.call.clone()),
+                receipts: None,
+            };
+            if let Ok(second) = self::plan(&between, key, next.clone(), executor_id) {
+                plan.changes.extend(second.changes);
+                plan.call = second.call;
+                plan.receipt = second.receipt;
+            }
+        }
         let started = std::time::Instant::now();
         // The changes go to the store; what a retry needs is the plan's
         // row and receipt, which stay.

@@ -396,3 +396,95 @@ fn the_architecture_doc_shows_the_table() {
         );
     }
 }
+
+/// A fresh store file (its directory goes with the guard).
+async fn store_file() -> (tempfile::TempDir, crate::store::SqliteStore) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = crate::store::SqliteStore::open_path(&dir.path().join("t.db"))
+        .await
+        .expect("a store");
+    (dir, store)
+}
+
+/// A call of `KEY` saved in `claiming`, as the claim loop leaves it.
+async fn claiming(store: &crate::store::SqliteStore) -> LocalCall {
+    let moved = advance_from(store, "exe", KEY, Some(None), Reads::Row, |_| {
+        Some(Event::Discovered {
+            tool_name: "t".into(),
+            operation_key: operation_key(),
+        })
+    })
+    .await
+    .expect("saved");
+    match moved {
+        Advanced::Moved { call, .. } => call,
+        Advanced::Stayed(_) => panic!("the call was not saved"),
+    }
+}
+
+#[tokio::test]
+async fn a_first_assignment_and_its_accepted_are_one_commit() {
+    let (_dir, store) = store_file().await;
+    let call = claiming(&store).await;
+    let before = store.writer_stats().jobs;
+    let moved = advance_then(
+        &store,
+        "exe",
+        KEY,
+        Some(Some(call)),
+        Reads::Row,
+        |_| {
+            Some(Event::ClaimAnswered {
+                assignment: assignment("asg_1"),
+            })
+        },
+        Some(Event::AcceptedSaved),
+    )
+    .await
+    .expect("saved");
+    assert_eq!(store.writer_stats().jobs - before, 1, "one commit");
+    let Advanced::Moved { call, receipt } = moved else {
+        panic!("nothing moved");
+    };
+    assert_eq!(call.state, Assigned);
+    let receipt = receipt.expect("the accepted saved with the assignment");
+    assert_eq!(
+        (
+            receipt.kind,
+            receipt.sequence,
+            receipt.assignment_id.as_str()
+        ),
+        (ReceiptKind::Accepted, 0, "asg_1")
+    );
+    let stored = store.call(KEY.0, KEY.1).await.expect("read").expect("row");
+    assert_eq!(stored.version, call.version);
+    let receipts = store.receipts(KEY.0, KEY.1).await.expect("read");
+    assert_eq!(receipts.len(), 1, "{receipts:?}");
+}
+
+#[tokio::test]
+async fn a_second_event_the_table_refuses_is_left_out() {
+    let (_dir, store) = store_file().await;
+    let call = claiming(&store).await;
+    // `accept_confirmed` is not allowed from `abandoned`, where a refused
+    // claim leads: only the first event is written.
+    let moved = advance_then(
+        &store,
+        "exe",
+        KEY,
+        Some(Some(call)),
+        Reads::Row,
+        |_| Some(Event::ClaimRefused { why: "no".into() }),
+        Some(Event::AcceptConfirmed {
+            receipt_id: "rcp_1".into(),
+        }),
+    )
+    .await
+    .expect("saved");
+    let Advanced::Moved { call, receipt } = moved else {
+        panic!("nothing moved");
+    };
+    assert_eq!((call.state, receipt), (Abandoned, None));
+    let stored = store.call(KEY.0, KEY.1).await.expect("read").expect("row");
+    assert_eq!((stored.state, stored.version), (Abandoned, call.version));
+}

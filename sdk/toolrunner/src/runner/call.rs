@@ -127,9 +127,8 @@ async fn steps(
     cancel: &CancellationToken,
 ) -> Result<(), String> {
     let mut checked = false;
-    // Whether the row's assignment is one this task's own claim just
-    // brought to a row that had none: no `accepted` can be saved for it.
-    let mut fresh = false;
+    // The `accepted` this task's claim just saved with the assignment.
+    let mut saved_accepted: Option<OutboxReceipt> = None;
     // The final receipt this task's run just saved, if it did.
     let mut saved_final: Option<OutboxReceipt> = None;
     let mut call = match known {
@@ -141,11 +140,12 @@ async fn steps(
         let next = match call.state {
             LocalState::Claiming => {
                 confirmed = false;
-                fresh = call.assignment.is_none();
-                Box::pin(claim(core, call)).await?
+                let (next, saved) = Box::pin(claim(core, call)).await?;
+                saved_accepted = saved.filter(|r| r.kind == ReceiptKind::Accepted);
+                next
             }
             LocalState::Assigned => {
-                let (next, mine) = Box::pin(accept(core, call, std::mem::take(&mut fresh))).await?;
+                let (next, mine) = Box::pin(accept(core, call, saved_accepted.take())).await?;
                 confirmed = mine;
                 next
             }
@@ -196,8 +196,13 @@ async fn steps(
     }
 }
 
-/// Claim with the saved key. A refusal means nothing ran.
-async fn claim(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> {
+/// Claim with the saved key. A refusal means nothing ran. Answers the row
+/// after the claim, and the receipt saved with its assignment (`accepted`,
+/// or the `failed` of a refusal before start), if one was.
+async fn claim(
+    core: &Arc<Core>,
+    call: LocalCall,
+) -> Result<(LocalCall, Option<OutboxReceipt>), String> {
     if core.stop.is_cancelled() {
         // The key stays saved: the next start claims with it.
         return Err("shutting down: the claim waits for the next start".into());
@@ -244,20 +249,41 @@ async fn claim(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> {
                             })
                             .await
                             .map_err(|e| e.to_string())?;
-                        row(moved)
+                        row(moved).map(|c| (c, None))
                     }
                 };
             }
         }
     };
     core.crash_point("after_claim_answer")?;
-    let reads = if call.assignment.is_some() {
-        Reads::RowAndReceipts
-    } else {
+    let fresh = call.assignment.is_none();
+    let reads = if fresh {
         Reads::Row
+    } else {
+        Reads::RowAndReceipts
+    };
+    // A first assignment is checked at once, and saved with what the
+    // checks decide (`accepted`, or the refusal's `failed`): one durable
+    // step instead of two. A crash before it leaves the call `claiming`
+    // with its key, and the same claim brings the same assignment back.
+    let then = if fresh && claimed.call_state == CallState::Claimed {
+        Some(
+            match first_checks(core, &call.tool_name, &claimed.assignment).await {
+                Ok(()) => Event::AcceptedSaved,
+                Err((code, message)) => {
+                    tracing::info!(code, "refused before start; nothing ran");
+                    Event::RefusedBeforeStart {
+                        code: code.to_owned(),
+                        message,
+                    }
+                }
+            },
+        )
+    } else {
+        None
     };
     let moved = core
-        .advance_from(&key, Some(Some(call.clone())), reads, |s| {
+        .advance_then(&key, Some(Some(call.clone())), reads, then, |s| {
             s.call
                 .as_ref()
                 .filter(|c| c.state == LocalState::Claiming && c.operation_key == used)?;
@@ -282,11 +308,36 @@ async fn claim(core: &Arc<Core>, call: LocalCall) -> Result<LocalCall, String> {
         })
         .await
         .map_err(|e| e.to_string())?;
-    let call = row(moved)?;
-    if call.state == LocalState::Assigned {
+    let (call, receipt) = match moved {
+        Advanced::Moved { call, receipt } => (call, receipt),
+        other => (row(other)?, None),
+    };
+    if call.assignment.is_some() && matches!(call.state, LocalState::Assigned | LocalState::Settled)
+    {
         core.crash_point("after_assignment_saved")?;
     }
-    Ok(call)
+    match &receipt {
+        Some(r) if r.kind == ReceiptKind::Accepted => core.crash_point("after_accepted_saved")?,
+        Some(_) => core.crash_point("after_final_saved")?,
+        None => {}
+    }
+    Ok((call, receipt))
+}
+
+/// The checks before anything runs, for a call of `tool_name` (refused if
+/// this executor does not serve the tool).
+async fn first_checks(
+    core: &Core,
+    tool_name: &str,
+    asg: &Assignment,
+) -> Result<(), checks::Refusal> {
+    match core.tools.get(tool_name).cloned() {
+        None => Err((
+            "forbidden",
+            "this executor does not serve the tool".to_owned(),
+        )),
+        Some(tool) => checks::before_start(core, tool.as_ref(), asg).await,
+    }
 }
 
 /// The call's current assignment, or an error naming the state.
@@ -317,18 +368,18 @@ fn while_in(
 
 /// Checks, then `accepted`; the handler may start only on `accepted: true`.
 /// The flag returned says whether this task itself moved the call to
-/// `running`. `fresh`: the assignment came with this task's own claim, so
-/// no `accepted` is saved for it (no read needed to know).
+/// `running`. `saved`: the `accepted` this task's claim saved with the
+/// assignment, if it did (no read needed to find it).
 async fn accept(
     core: &Arc<Core>,
     call: LocalCall,
-    fresh: bool,
+    saved: Option<OutboxReceipt>,
 ) -> Result<(LocalCall, bool), String> {
     let key = CallKey::of(&call);
     let asg = assignment(&call)?;
     let id = asg.assignment_id.clone();
-    let stored = if fresh {
-        None
+    let stored = if let Some(r) = saved.filter(|r| r.assignment_id == id) {
+        Some(r)
     } else {
         core.store
             .receipts(&call.run_id, &call.call_id)
@@ -356,13 +407,7 @@ async fn accept(
             return Ok((row(moved)?, false));
         }
         None => {
-            let refusal = match core.tools.get(&call.tool_name).cloned() {
-                None => Some((
-                    "forbidden",
-                    "this executor does not serve the tool".to_owned(),
-                )),
-                Some(tool) => checks::before_start(core, tool.as_ref(), &asg).await.err(),
-            };
+            let refusal = first_checks(core, &call.tool_name, asg).await.err();
             if let Some((code, message)) = refusal {
                 tracing::info!(code, "refused before start; nothing ran");
                 let event = Event::RefusedBeforeStart {

@@ -146,6 +146,28 @@ impl Core {
         .await
     }
 
+    /// [`advance_from`](Self::advance_from), with `then` in the same commit
+    /// (see [`lifecycle::advance_then`]).
+    pub(crate) async fn advance_then(
+        &self,
+        key: &CallKey,
+        known: Option<Option<LocalCall>>,
+        reads: Reads,
+        then: Option<Event>,
+        decide: impl FnMut(&Snapshot) -> Option<Event>,
+    ) -> Result<Advanced, StoreError> {
+        lifecycle::advance_then(
+            self.store.as_ref(),
+            &self.cfg.executor_id,
+            (&key.run_id, &key.call_id),
+            known,
+            reads,
+            decide,
+            then,
+        )
+        .await
+    }
+
     /// Records a condition that stops the executor from claiming.
     pub(crate) fn fail(&self, e: Error) {
         tracing::error!(error = %e, "executor stops claiming");
