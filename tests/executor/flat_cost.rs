@@ -3,47 +3,9 @@
 //! retention period.
 
 use anyhow::Result;
-use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{
-    Attempt, Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store,
-};
 
-const LONG_AGO: &str = "2026-01-01T00:00:00.000Z";
-
-use super::rows::{self, at};
-
-fn call(id: &str, state: LocalState, updated_at: &str) -> LocalCall {
-    LocalCall {
-        next_sequence: 2,
-        created_at: at(LONG_AGO),
-        updated_at: at(updated_at),
-        ..rows::call(id, state, 0)
-    }
-}
-
-fn receipt(
-    call_id: &str,
-    kind: ReceiptKind,
-    sequence: u64,
-    status: ReceiptStatus,
-) -> OutboxReceipt {
-    let id = format!("rcp_{call_id}_{sequence}");
-    OutboxReceipt {
-        created_at: at(LONG_AGO),
-        ..rows::receipt(call_id, &id, kind, sequence, status)
-    }
-}
-
-fn attempt(call_id: &str) -> Attempt {
-    Attempt {
-        run_id: "run_1".into(),
-        call_id: call_id.into(),
-        operation_key: format!("op_{call_id}"),
-        executor_id: Some("exe".into()),
-        assignment_id: Some(format!("asg_{call_id}")),
-        created_at: at(LONG_AGO),
-    }
-}
+use super::rows;
+use crate::store_contract;
 
 /// Only calls settled for good before the cut-off go, with everything kept
 /// for them; a call waiting for reconciliation, a call with a receipt still
@@ -52,87 +14,7 @@ fn attempt(call_id: &str) -> Attempt {
 #[tokio::test]
 async fn prune_takes_only_calls_settled_for_good_before_the_cut_off() -> Result<()> {
     let (_dir, store) = rows::store().await?;
-    let mut reported = call("reported", LocalState::Delivered, LONG_AGO);
-    reported.report = Some(toolrunner::store::PendingReport::PendingDelivery);
-    store
-        .commit(vec![
-            Change::InsertCall(call("old_done", LocalState::Delivered, LONG_AGO)),
-            Change::AddReceipt(receipt(
-                "old_done",
-                ReceiptKind::Accepted,
-                0,
-                ReceiptStatus::Delivered,
-            )),
-            Change::AddReceipt(receipt(
-                "old_done",
-                ReceiptKind::Completed,
-                1,
-                ReceiptStatus::Delivered,
-            )),
-            Change::AddAttempt(attempt("old_done")),
-            Change::InsertCall(call("old_refused", LocalState::Abandoned, LONG_AGO)),
-            Change::InsertCall(call(
-                "waiting",
-                LocalState::ReconciliationRequired,
-                LONG_AGO,
-            )),
-            Change::InsertCall(call("unsent", LocalState::Delivered, LONG_AGO)),
-            Change::AddReceipt(receipt(
-                "unsent",
-                ReceiptKind::Progress,
-                1,
-                ReceiptStatus::Pending,
-            )),
-            Change::InsertCall(reported),
-            Change::InsertCall(call(
-                "recent",
-                LocalState::Delivered,
-                "2026-11-30T00:00:00.000Z",
-            )),
-            Change::InsertCall(call("running", LocalState::Running, LONG_AGO)),
-        ])
-        .await?;
-    let counts = store.count_by_state().await?;
-    assert_eq!(counts.get(&LocalState::Delivered), Some(&4));
-    assert_eq!(counts.get(&LocalState::Running), Some(&1));
-
-    // A cut-off after the old calls, before the recent one; a batch of one
-    // leaves the second prunable call for the next batch.
-    let cut = at("2026-06-01T00:00:00.000Z");
-    assert_eq!(store.prune(cut, 1).await?, 1);
-    assert_eq!(store.prune(cut, 10).await?, 1);
-    assert_eq!(store.prune(cut, 10).await?, 0);
-
-    for gone in ["old_done", "old_refused"] {
-        assert!(store.call("run_1", gone).await?.is_none(), "{gone} stays");
-        assert!(store.receipts("run_1", gone).await?.is_empty());
-        assert!(store.events("run_1", gone).await?.is_empty());
-        assert!(store.attempts("run_1", gone).await?.is_empty());
-    }
-    for kept in ["waiting", "unsent", "reported", "recent", "running"] {
-        assert!(
-            store.call("run_1", kept).await?.is_some(),
-            "{kept} was pruned"
-        );
-    }
-    let counts = store.count_by_state().await?;
-    assert_eq!(counts.get(&LocalState::Delivered), Some(&3));
-    assert_eq!(counts.get(&LocalState::Abandoned), None);
-    assert_eq!(counts.get(&LocalState::ReconciliationRequired), Some(&1));
-
-    // A change of state moves the count.
-    let mut settled = call("running", LocalState::Settled, LONG_AGO);
-    settled.version = 1;
-    store
-        .commit(vec![Change::UpdateCall {
-            expect_version: 0,
-            call: settled,
-        }])
-        .await?;
-    let counts = store.count_by_state().await?;
-    assert_eq!(counts.get(&LocalState::Running), None);
-    assert_eq!(counts.get(&LocalState::Settled), Some(&1));
-    Ok(())
+    store_contract::prune_takes_only_calls_settled_for_good_before_the_cut_off(&store).await
 }
 
 /// The outbox summary counts every pending receipt and lists the calls to
@@ -140,34 +22,5 @@ async fn prune_takes_only_calls_settled_for_good_before_the_cut_off() -> Result<
 #[tokio::test]
 async fn the_outbox_summary_lists_what_waits_without_reading_bodies() -> Result<()> {
     let (_dir, store) = rows::store().await?;
-    store
-        .commit(vec![
-            Change::InsertCall(call("a", LocalState::Settled, LONG_AGO)),
-            Change::AddReceipt(receipt(
-                "a",
-                ReceiptKind::Completed,
-                1,
-                ReceiptStatus::Pending,
-            )),
-            Change::InsertCall(call("b", LocalState::Assigned, LONG_AGO)),
-            Change::AddReceipt(receipt(
-                "b",
-                ReceiptKind::Accepted,
-                0,
-                ReceiptStatus::Pending,
-            )),
-            Change::InsertCall(call("c", LocalState::Delivered, LONG_AGO)),
-            Change::AddReceipt(receipt(
-                "c",
-                ReceiptKind::Completed,
-                1,
-                ReceiptStatus::Delivered,
-            )),
-        ])
-        .await?;
-    let summary = store.outbox_summary().await?;
-    assert_eq!(summary.pending, 2);
-    assert_eq!(summary.calls, [("run_1".to_owned(), "a".to_owned())]);
-    assert_eq!(summary.oldest, Some(at(LONG_AGO)));
-    Ok(())
+    store_contract::the_outbox_summary_lists_what_waits_without_reading_bodies(&store).await
 }

@@ -22,5 +22,7 @@ mod review_stuck_running;
 mod review_unknown_fields;
 mod rows;
 mod secrets;
+#[path = "../store_contract/mod.rs"]
+mod store_contract;
 mod store_rules;
 mod tools;

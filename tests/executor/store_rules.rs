@@ -2,20 +2,9 @@
 //! its version, and rows that must never exist are refused.
 
 use anyhow::Result;
-use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{
-    Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store, StoreError,
-};
 
 use super::rows;
-
-fn call(state: LocalState, version: u64) -> LocalCall {
-    rows::call("call_1", state, version)
-}
-
-fn receipt(id: &str, kind: ReceiptKind, sequence: u64, status: ReceiptStatus) -> OutboxReceipt {
-    rows::receipt("call_1", id, kind, sequence, status)
-}
+use crate::store_contract;
 
 /// A decision taken on an old snapshot is never written: the second writer
 /// of version 0 is refused, and the row stays as the first wrote it (this
@@ -24,113 +13,12 @@ fn receipt(id: &str, kind: ReceiptKind, sequence: u64, status: ReceiptStatus) ->
 #[tokio::test]
 async fn a_change_decided_on_an_old_version_is_refused() -> Result<()> {
     let (_dir, store) = rows::store().await?;
-    store
-        .commit(vec![Change::InsertCall(call(LocalState::Running, 0))])
-        .await?;
-    let again = store
-        .commit(vec![Change::InsertCall(call(LocalState::Running, 0))])
-        .await;
-    assert!(matches!(again, Err(StoreError::Conflict(..))), "{again:?}");
-    let mut first = call(LocalState::Settled, 1);
-    first.next_sequence = 2;
-    store
-        .commit(vec![Change::UpdateCall {
-            expect_version: 0,
-            call: first,
-        }])
-        .await?;
-    let stale = store
-        .commit(vec![
-            Change::UpdateCall {
-                expect_version: 0,
-                call: call(LocalState::ReconciliationRequired, 1),
-            },
-            Change::AddReceipt(receipt(
-                "rcp_p",
-                ReceiptKind::Progress,
-                1,
-                ReceiptStatus::Pending,
-            )),
-        ])
-        .await;
-    assert!(matches!(stale, Err(StoreError::Conflict(..))), "{stale:?}");
-    let now = store.call("run_1", "call_1").await?.expect("stored");
-    assert_eq!(
-        (now.state, now.version, now.next_sequence),
-        (LocalState::Settled, 1, 2)
-    );
-    assert!(
-        store.receipt("rcp_p").await?.is_none(),
-        "a refused transition writes nothing at all"
-    );
-    Ok(())
+    store_contract::a_change_decided_on_an_old_version_is_refused(&store).await
 }
 
 /// The schema refuses what must never exist, whoever writes it.
 #[tokio::test]
 async fn impossible_receipts_are_refused() -> Result<()> {
     let (_dir, store) = rows::store().await?;
-    store
-        .commit(vec![
-            Change::InsertCall(call(LocalState::Settled, 0)),
-            Change::AddReceipt(receipt(
-                "rcp_a",
-                ReceiptKind::Accepted,
-                0,
-                ReceiptStatus::Delivered,
-            )),
-            Change::AddReceipt(receipt(
-                "rcp_f",
-                ReceiptKind::Completed,
-                1,
-                ReceiptStatus::Pending,
-            )),
-        ])
-        .await?;
-    let cases = [
-        (
-            "a second live final",
-            receipt("rcp_f2", ReceiptKind::Failed, 2, ReceiptStatus::Pending),
-        ),
-        (
-            "a second accepted",
-            receipt("rcp_a2", ReceiptKind::Accepted, 5, ReceiptStatus::Pending),
-        ),
-        (
-            "a reused sequence",
-            receipt("rcp_p", ReceiptKind::Progress, 1, ReceiptStatus::Rejected),
-        ),
-    ];
-    for (what, r) in cases {
-        let refused = store.commit(vec![Change::AddReceipt(r)]).await;
-        assert!(
-            matches!(refused, Err(StoreError::Refused(_))),
-            "{what}: {refused:?}"
-        );
-    }
-    let mut orphan = receipt("rcp_o", ReceiptKind::Progress, 9, ReceiptStatus::Pending);
-    orphan.call_id = "call_unknown".into();
-    let refused = store.commit(vec![Change::AddReceipt(orphan)]).await;
-    assert!(
-        matches!(refused, Err(StoreError::Refused(_))),
-        "a receipt without its call: {refused:?}"
-    );
-    // A final that is no longer live leaves room for a new one.
-    store
-        .commit(vec![Change::ReceiptStatus {
-            receipt_id: "rcp_f".into(),
-            status: ReceiptStatus::Rejected,
-            error: Some("sequence_conflict".into()),
-            attempt: true,
-        }])
-        .await?;
-    store
-        .commit(vec![Change::AddReceipt(receipt(
-            "rcp_f3",
-            ReceiptKind::Completed,
-            2,
-            ReceiptStatus::Pending,
-        ))])
-        .await?;
-    Ok(())
+    store_contract::impossible_receipts_are_refused(&store).await
 }

@@ -159,7 +159,9 @@ impl ExecutorBuilder {
         self
     }
 
-    /// The store, `sqlite://PATH` (default `sqlite://toolrunner.db`).
+    /// The store, `sqlite://PATH` (default `sqlite://toolrunner.db`), or
+    /// with the `postgres` feature a `postgres://` URL (see
+    /// [`PgStore`](crate::store::PgStore)).
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store_url = url.into();
         self
@@ -547,6 +549,10 @@ impl Executor {
     /// # Errors
     /// The store cannot be opened, or the platform refuses the connect.
     pub async fn start(self) -> Result<RunningExecutor> {
+        if is_postgres(&self.store_url) {
+            let store = open_postgres(&self.store_url).await?;
+            return self.start_locked(store, None).await;
+        }
         // One process per store file: taken before the store is touched.
         let lock = SqliteStore::lock(&self.store_url)?;
         let store = SqliteStore::open(&self.store_url).await?;
@@ -597,4 +603,25 @@ impl Executor {
         });
         runner::start(core).await
     }
+}
+
+/// Whether a store URL names a PostgreSQL database.
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The PostgreSQL store at `url`.
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str) -> Result<Arc<dyn Store>> {
+    Ok(Arc::new(crate::store::PgStore::connect(url).await?))
+}
+
+/// Without the `postgres` feature a `postgres://` URL is a mistake to
+/// explain, not a file name.
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_url: &str) -> Result<Arc<dyn Store>> {
+    Err(crate::Error::new(
+        crate::error::Kind::Configuration,
+        "a postgres:// store needs the `postgres` feature: toolrunner = { version = \"…\", features = [\"postgres\"] }",
+    ))
 }

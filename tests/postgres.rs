@@ -1,0 +1,277 @@
+//! The PostgreSQL suite: the store contract (`tests/store_contract`) and
+//! the executor, on a real server. Run it with
+//!
+//! ```text
+//! TOOLRUNNER_TEST_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --features postgres --test postgres
+//! ```
+//!
+//! Each test works in a schema of its own (created, then dropped), so the
+//! tests run in parallel on one database. Without the `postgres` feature,
+//! or without `TOOLRUNNER_TEST_PG_URL`, the suite runs nothing and says so;
+//! with the URL given, a server that does not answer fails every test.
+
+use std::process::ExitCode;
+
+use libtest_mimic::{Arguments, Trial};
+
+#[cfg(feature = "postgres")]
+#[path = "store_contract/mod.rs"]
+mod store_contract;
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let url = std::env::var("TOOLRUNNER_TEST_PG_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let trials = match url {
+        #[cfg(feature = "postgres")]
+        Some(url) => suite::trials(&url),
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => {
+            eprintln!(
+                "the PostgreSQL suite was not run: TOOLRUNNER_TEST_PG_URL is set but the `postgres` feature is off (add --features postgres)"
+            );
+            return ExitCode::FAILURE;
+        }
+        None => {
+            println!(
+                "the PostgreSQL suite was not run: set TOOLRUNNER_TEST_PG_URL (for example postgres://postgres@127.0.0.1:5432/test) and pass --features postgres"
+            );
+            Vec::<Trial>::new()
+        }
+    };
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+#[cfg(feature = "postgres")]
+mod suite {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use anyhow::{Context, Result, bail};
+    use libtest_mimic::{Failed, Trial};
+    use serde::{Deserialize, Serialize};
+    use serde_json::json;
+    use toolrunner::platform::{NewToolCall, Platform};
+    use toolrunner::store::{LocalState, PgStore, Store};
+    use toolrunner::{CallContext, Executor, Shutdown, ToolError};
+
+    use super::store_contract;
+
+    /// A test body on a fresh store in its own schema.
+    type Body = fn(Arc<dyn Store>, String) -> Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+    /// Every test of the suite.
+    pub(super) fn trials(url: &str) -> Vec<Trial> {
+        let tests: Vec<(&str, Body)> = vec![
+            (
+                "store_contract::a_change_decided_on_an_old_version_is_refused",
+                |s, _| {
+                    Box::pin(async move {
+                        store_contract::a_change_decided_on_an_old_version_is_refused(s.as_ref())
+                            .await
+                    })
+                },
+            ),
+            ("store_contract::impossible_receipts_are_refused", |s, _| {
+                Box::pin(async move {
+                    store_contract::impossible_receipts_are_refused(s.as_ref()).await
+                })
+            }),
+            (
+                "store_contract::prune_takes_only_calls_settled_for_good_before_the_cut_off",
+                |s, _| {
+                    Box::pin(async move {
+                        store_contract::prune_takes_only_calls_settled_for_good_before_the_cut_off(
+                            s.as_ref(),
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
+                "store_contract::the_outbox_summary_lists_what_waits_without_reading_bodies",
+                |s, _| {
+                    Box::pin(async move {
+                        store_contract::the_outbox_summary_lists_what_waits_without_reading_bodies(
+                            s.as_ref(),
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
+                "executor::calls_run_once_and_are_delivered_with_a_postgres_store_url",
+                |s, u| Box::pin(calls_run_once_and_are_delivered(s, u)),
+            ),
+        ];
+        tests
+            .into_iter()
+            .map(|(name, body)| {
+                let url = url.to_owned();
+                Trial::test(name, move || in_schema(&url, name, body))
+            })
+            .collect()
+    }
+
+    /// Runs `body` on a store in a new schema named after the test, which
+    /// is dropped afterwards (kept if the test failed, to look at).
+    fn in_schema(url: &str, name: &str, body: Body) -> Result<(), Failed> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| Failed::from(e.to_string()))?;
+        let schema = schema_name(name);
+        let outcome: Result<()> =
+            runtime.block_on(async {
+                let store = PgStore::connect_in_schema(url, &schema).await.with_context(|| {
+                format!(
+                    "the PostgreSQL server at {} does not answer or refuses the test schema",
+                    without_password(url)
+                )
+            })?;
+                body(Arc::new(store), schema_url(url, &schema)).await?;
+                drop_schema(url, &schema).await
+            });
+        outcome.map_err(|e| Failed::from(format!("{e:#}")))
+    }
+
+    /// `t_` and the test's name, shortened, with a random suffix: unique
+    /// per run, at most 63 characters.
+    fn schema_name(test: &str) -> String {
+        let base: String = test
+            .rsplit("::")
+            .next()
+            .unwrap_or(test)
+            .chars()
+            .take(40)
+            .collect();
+        format!("t_{base}_{:08x}", rand::random::<u32>())
+    }
+
+    /// `url` with the connection's `search_path` set to `schema`.
+    fn schema_url(url: &str, schema: &str) -> String {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}options=-c%20search_path%3D{schema}")
+    }
+
+    /// The URL without a password, for messages.
+    fn without_password(url: &str) -> String {
+        match (url.find("://"), url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                let userinfo = &url[scheme + 3..at];
+                let user = userinfo.split(':').next().unwrap_or("");
+                format!("{}{user}{}", &url[..scheme + 3], &url[at..])
+            }
+            _ => url.to_owned(),
+        }
+    }
+
+    async fn drop_schema(url: &str, schema: &str) -> Result<()> {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        Ok(())
+    }
+
+    /// A number to echo.
+    #[toolrunner::schema]
+    #[derive(Deserialize)]
+    struct In {
+        /// The number.
+        n: u64,
+    }
+
+    /// The number echoed.
+    #[toolrunner::schema]
+    #[derive(Serialize)]
+    struct Out {
+        /// The number.
+        n: u64,
+    }
+
+    /// Handler runs, by this suite's one executor test.
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+    /// Echoes a number, counting its runs.
+    #[toolrunner::tool(name = "pg.echo", effect = write)]
+    async fn echo(_ctx: CallContext, input: In) -> Result<Out, ToolError> {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+        Ok(Out { n: input.n })
+    }
+
+    /// An executor whose store URL is `postgres://…` serves 20 write calls
+    /// on the development platform: each handler runs once, each call is
+    /// `completed` on the platform with its number, and each row in the
+    /// database ends `delivered`.
+    async fn calls_run_once_and_are_delivered(store: Arc<dyn Store>, url: String) -> Result<()> {
+        const CALLS: u64 = 20;
+        let server = toolrunner_devserver::DevServer::builder()
+            .listen("127.0.0.1:0".parse()?)
+            .start()
+            .await?;
+        let admin = Platform::new(&server.base_url(), "dev-admin")?;
+        let agent = admin.create_agent("pg").await?;
+        let binding = admin
+            .create_binding(&agent.agent_id, "pg", &["pg.echo"])
+            .await?;
+        let executor = Executor::builder()
+            .base_url(server.base_url())
+            .token("dev-executor")
+            .executor_id("pg-exe")
+            .binding_id(&binding.binding_id)
+            .store_url(&url)
+            .allow_all()
+            .tool(echo)
+            .build()?;
+        let version = admin
+            .publish(&agent.agent_id, executor.tool_definitions())
+            .await?;
+        let calls = (0..CALLS)
+            .map(|n| NewToolCall::new("pg.echo", json!({ "n": n })))
+            .collect();
+        let run = admin
+            .create_run(&version.agent_version, "pg", calls)
+            .await?;
+        let running = executor.start().await?;
+        let done = admin
+            .wait_settled(&run.run_id, Duration::from_secs(60))
+            .await?;
+        running
+            .shutdown(Shutdown::Drain {
+                deadline: Duration::from_secs(10),
+            })
+            .await?;
+        for call in &done.tool_calls {
+            if call.state.as_str() != "completed" {
+                bail!("call {} ended {}", call.call_id, call.state.as_str());
+            }
+        }
+        let runs = RUNS.load(Ordering::SeqCst);
+        if runs != CALLS as usize {
+            bail!("{runs} handler runs for {CALLS} calls");
+        }
+        let delivered = store.count_by_state().await?;
+        if delivered.get(&LocalState::Delivered).copied() != Some(CALLS) {
+            bail!("the database's counts: {delivered:?}");
+        }
+        for call in &done.tool_calls {
+            let row = store
+                .call(&run.run_id, &call.call_id)
+                .await?
+                .context("the call's row")?;
+            if row.state != LocalState::Delivered {
+                bail!("row {} is {}", call.call_id, row.state);
+            }
+        }
+        server.shutdown().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,16 @@
+//! The store contract: what every backend of `toolrunner::store::Store`
+//! must do, written once against `&dyn Store`. The SQLite tests
+//! (`tests/executor`) and the PostgreSQL suite (`tests/postgres.rs`) run
+//! the same bodies, each on a fresh store of its own.
+
+pub(crate) mod cost;
+pub(crate) mod rows;
+pub(crate) mod rules;
+
+pub(crate) use cost::{
+    prune_takes_only_calls_settled_for_good_before_the_cut_off,
+    the_outbox_summary_lists_what_waits_without_reading_bodies,
+};
+pub(crate) use rules::{
+    a_change_decided_on_an_old_version_is_refused, impossible_receipts_are_refused,
+};
