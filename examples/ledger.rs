@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --example ledger                       # self-contained demo
 //! cargo run --example ledger -- --base-url URL --binding-id ID --executor-id ID \
-//!     --token TOKEN --db PATH --ledger PATH --capacity N --effect-delay-ms N
+//!     --token TOKEN --db PATH|postgres://… --ledger PATH --capacity N --effect-delay-ms N
 //! ```
 //!
 //! Without `--base-url` it starts the development platform in-process,
@@ -49,11 +49,12 @@ struct Args {
     /// Executor binding (required with --base-url).
     #[arg(long)]
     binding_id: Option<String>,
-    /// The executor's store (default: `executor.db` in
+    /// The executor's store: a file (default: `executor.db` in
     /// `$TMPDIR/toolrunner-ledger/EXECUTOR_ID/`; the demo uses a fresh
-    /// temporary directory).
+    /// temporary directory), or, built with `--features postgres`, a
+    /// `postgres://` URL.
     #[arg(long)]
-    db: Option<PathBuf>,
+    db: Option<String>,
     /// The ledger file (default: `ledger.jsonl` beside the default store;
     /// the demo uses a fresh temporary directory).
     #[arg(long)]
@@ -206,7 +207,7 @@ async fn main() -> Result<()> {
             (scratch.join("executor.db"), scratch.join("ledger.jsonl"))
         }
     };
-    args.db.get_or_insert(db);
+    args.db.get_or_insert(db.display().to_string());
     let ledger = Ledger::open(
         args.ledger.get_or_insert(file).clone(),
         Duration::from_millis(args.effect_delay_ms),
@@ -233,16 +234,23 @@ fn executor(
         .token(token)
         .executor_id(&args.executor_id)
         .binding_id(binding_id)
-        .store_url(format!(
-            "sqlite://{}",
-            args.db.as_ref().expect("set in main").display()
-        ))
+        .store_url(store_url(args.db.as_deref().expect("set in main")))
         .capacity(args.capacity)
         .auto_reconcile(!args.no_auto_reconcile)
         .poll_interval(Duration::from_millis(200))
         .allow_all()
         .tool(ledger)
         .build()?)
+}
+
+/// The store URL for `--db`: a PostgreSQL URL as it is, a file as
+/// `sqlite://PATH`.
+fn store_url(db: &str) -> String {
+    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
+        db.to_owned()
+    } else {
+        format!("sqlite://{db}")
+    }
 }
 
 /// Serves an external platform until SIGTERM, then drains.
