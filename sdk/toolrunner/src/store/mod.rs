@@ -5,11 +5,15 @@
 //! SQL so that a second backend (PostgreSQL) can follow; [`SqliteStore`] is
 //! the one shipped.
 
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sqlite;
 
 use serde::{Deserialize, Serialize};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
+#[cfg(feature = "postgres")]
+pub use postgres::PgStore;
 pub use sqlite::{SqliteStore, StoreLock, WriterStats};
 
 /// A point in time: UTC, to the millisecond (stored as RFC 3339).

@@ -1,0 +1,402 @@
+//! [`Store`] on PostgreSQL: a pool of connections, each commit one
+//! transaction on one of them.
+//!
+//! The schema (`migrations/postgres`) is the SQLite store's, constraint for
+//! constraint: the same rows are refused, and every call change is the same
+//! compare-and-set on `version`. Times are stored as the same RFC 3339 text.
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Connection, PgConnection, Postgres, Row};
+use toolrunner_protocol::wire::{Assignment, ReceiptKind};
+
+use super::{
+    Attempt, CallFilter, Change, DatabaseError, Event, LocalCall, LocalState, OutboxReceipt,
+    OutboxSummary, PendingReport, ReceiptStatus, Store, StoreError, Timestamp, rfc3339,
+};
+
+mod changes;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
+
+/// How many times a commit that PostgreSQL aborted as a deadlock (or a
+/// serialization failure) is done again: such a transaction wrote nothing.
+const RETRIES: u32 = 3;
+
+/// The PostgreSQL store. Cheap to clone (the pool is shared).
+///
+/// Unlike a SQLite store file, one database can serve several executor
+/// processes only if each has a schema of its own
+/// ([`connect_in_schema`](Self::connect_in_schema)): two executors must
+/// never drive the same calls.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // No connection options: the URL may hold a password.
+        f.debug_struct("PgStore").finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects to the database at a `postgres://` URL and migrates it (in
+    /// the schema its `search_path` names first, `public` by default).
+    ///
+    /// # Errors
+    /// The URL does not parse, the server cannot be reached or refuses the
+    /// login, or a migration fails.
+    pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
+        Self::connect_with(PgConnectOptions::from_str(url)?).await
+    }
+
+    /// Connects to the database at a `postgres://` URL, creates the schema
+    /// `schema` if it is missing, and migrates it; every connection of the
+    /// store uses that schema (its `search_path`). `schema` is a plain
+    /// lower-case name: `[a-z_][a-z0-9_]*`, at most 63 characters.
+    ///
+    /// # Errors
+    /// The schema name is not such a name, the URL does not parse, the
+    /// server cannot be reached or refuses the login, the schema cannot be
+    /// created, or a migration fails.
+    pub async fn connect_in_schema(url: &str, schema: &str) -> Result<PgStore, StoreError> {
+        check_schema_name(schema)?;
+        let options = PgConnectOptions::from_str(url)?;
+        let mut conn = PgConnection::connect_with(&options).await?;
+        // The name is checked above: nothing in it needs quoting.
+        let create = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
+        let created = sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(&mut conn)
+            .await;
+        match created {
+            // Another connection created it at the same moment.
+            Err(sqlx::Error::Database(e))
+                if matches!(e.code().as_deref(), Some("23505" | "42P06")) => {}
+            other => {
+                other?;
+            }
+        }
+        conn.close().await?;
+        Self::connect_with(options.options([("search_path", schema)])).await
+    }
+
+    async fn connect_with(options: PgConnectOptions) -> Result<PgStore, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(PgStore { pool })
+    }
+
+    /// Applies `changes` in one transaction; the number of calls pruned.
+    async fn apply_all(&self, changes: &[Change]) -> Result<u64, StoreError> {
+        let mut tries = 0;
+        loop {
+            match self.transaction(changes).await {
+                Err(e) if tries < RETRIES && retryable(&e) => tries += 1,
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn transaction(&self, changes: &[Change]) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut notes = Vec::new();
+        let mut pruned = 0;
+        for change in changes {
+            pruned += changes::apply(&mut tx, change, &mut notes).await?;
+        }
+        changes::write_notes(&mut tx, notes).await?;
+        tx.commit().await?;
+        Ok(pruned)
+    }
+
+    /// Folds the call counts' deltas into `call_counts` (see the
+    /// migration), in a transaction of its own.
+    async fn fold_counts(&self) -> Result<(), StoreError> {
+        sqlx::query(
+            "WITH moved AS (DELETE FROM call_count_deltas RETURNING state, n),
+                  sums AS (SELECT state, SUM(n)::BIGINT AS n FROM moved GROUP BY state)
+             UPDATE call_counts c SET n = c.n + sums.n FROM sums WHERE c.state = sums.state",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// `[a-z_][a-z0-9_]*`, at most 63 characters (PostgreSQL's limit).
+fn check_schema_name(schema: &str) -> Result<(), StoreError> {
+    let mut chars = schema.chars();
+    let ok = schema.len() <= 63
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        let why = format!(
+            "schema name {schema:?} is not a plain name ([a-z_][a-z0-9_]*, at most 63 characters)"
+        );
+        Err(StoreError::Database(DatabaseError(why.into())))
+    }
+}
+
+/// A deadlock or a serialization failure: the transaction was rolled back
+/// whole, so it can be done again.
+fn retryable(e: &StoreError) -> bool {
+    let StoreError::Database(DatabaseError(e)) = e else {
+        return false;
+    };
+    match e.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Database(d)) => matches!(d.code().as_deref(), Some("40P01" | "40001")),
+        _ => false,
+    }
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+/// A stored time (RFC 3339).
+fn time(s: &str) -> Result<Timestamp, StoreError> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| corrupt(format!("time {s:?}: {e}")))
+}
+
+/// A stored state name (the schema's CHECK admits only known ones).
+fn parse_state(name: &str) -> Result<LocalState, StoreError> {
+    LocalState::parse(name).ok_or_else(|| corrupt(format!("unknown call state {name}")))
+}
+
+fn call_row(row: &PgRow) -> Result<LocalCall, StoreError> {
+    let state: String = row.try_get("state")?;
+    let assignment: Option<String> = row.try_get("assignment")?;
+    let report: Option<String> = row.try_get("report")?;
+    let seq: i64 = row.try_get("next_sequence")?;
+    Ok(LocalCall {
+        run_id: row.try_get("run_id")?,
+        call_id: row.try_get("call_id")?,
+        tool_name: row.try_get("tool_name")?,
+        operation_key: row.try_get("operation_key")?,
+        state: parse_state(&state)?,
+        assignment: assignment
+            .map(|a| serde_json::from_str::<Assignment>(&a))
+            .transpose()
+            .map_err(corrupt)?,
+        next_sequence: u64::try_from(seq).map_err(corrupt)?,
+        reason: row.try_get("reason")?,
+        report: report
+            .map(|r| serde_json::from_value::<PendingReport>(serde_json::Value::String(r)))
+            .transpose()
+            .map_err(corrupt)?,
+        created_at: time(&row.try_get::<String, _>("created_at")?)?,
+        updated_at: time(&row.try_get::<String, _>("updated_at")?)?,
+        version: u64::try_from(row.try_get::<i64, _>("version")?).map_err(corrupt)?,
+    })
+}
+
+fn receipt_row(row: &PgRow) -> Result<OutboxReceipt, StoreError> {
+    let kind: String = row.try_get("kind")?;
+    let status: String = row.try_get("status")?;
+    let seq: i64 = row.try_get("sequence")?;
+    let attempts: i64 = row.try_get("attempts")?;
+    Ok(OutboxReceipt {
+        receipt_id: row.try_get("receipt_id")?,
+        run_id: row.try_get("run_id")?,
+        call_id: row.try_get("call_id")?,
+        assignment_id: row.try_get("assignment_id")?,
+        kind: serde_json::from_value::<ReceiptKind>(serde_json::Value::String(kind))
+            .map_err(corrupt)?,
+        sequence: u64::try_from(seq).map_err(corrupt)?,
+        body: row.try_get("body")?,
+        status: ReceiptStatus::parse(&status)
+            .ok_or_else(|| corrupt(format!("unknown receipt status {status}")))?,
+        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        last_error: row.try_get("last_error")?,
+        created_at: time(&row.try_get::<String, _>("created_at")?)?,
+        delivered_at: row
+            .try_get::<Option<String>, _>("delivered_at")?
+            .as_deref()
+            .map(time)
+            .transpose()?,
+    })
+}
+
+#[async_trait::async_trait]
+impl Store for PgStore {
+    async fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.apply_all(&changes).await.map(|_| ())
+    }
+
+    async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {
+        let row = sqlx::query("SELECT * FROM calls WHERE run_id = $1 AND call_id = $2")
+            .bind(run_id)
+            .bind(call_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(call_row).transpose()
+    }
+
+    async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError> {
+        let mut sql = sqlx::QueryBuilder::<Postgres>::new("SELECT * FROM calls WHERE 1 = 1");
+        if !filter.states.is_empty() {
+            sql.push(" AND state IN (");
+            let mut list = sql.separated(", ");
+            for s in &filter.states {
+                list.push_bind(s.as_str());
+            }
+            sql.push(")");
+        }
+        if let Some(tool) = &filter.tool_name {
+            sql.push(" AND tool_name = ").push_bind(tool.clone());
+        }
+        if let Some(before) = &filter.updated_before {
+            sql.push(" AND updated_at < ").push_bind(rfc3339(before));
+        }
+        if filter.pending_report {
+            sql.push(" AND report IS NOT NULL");
+        }
+        sql.push(" ORDER BY updated_at, run_id, call_id");
+        let rows = sql.build().fetch_all(&self.pool).await?;
+        rows.iter().map(call_row).collect()
+    }
+
+    async fn count_by_state(
+        &self,
+    ) -> Result<std::collections::BTreeMap<LocalState, u64>, StoreError> {
+        // Kept by triggers (`call_counts` and its deltas): no scan of the calls.
+        self.fold_counts().await?;
+        let rows = sqlx::query(
+            "SELECT c.state, c.n + COALESCE(d.n, 0)
+             FROM call_counts c
+             LEFT JOIN (SELECT state, SUM(n)::BIGINT AS n FROM call_count_deltas GROUP BY state) d
+               ON d.state = c.state",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = std::collections::BTreeMap::new();
+        for row in &rows {
+            let state: String = row.try_get(0)?;
+            let n: i64 = row.try_get(1)?;
+            if n > 0 {
+                out.insert(parse_state(&state)?, u64::try_from(n).unwrap_or(0));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn receipts(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Vec<OutboxReceipt>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM receipts WHERE run_id = $1 AND call_id = $2 ORDER BY sequence, created_at",
+        )
+        .bind(run_id)
+        .bind(call_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(receipt_row).collect()
+    }
+
+    async fn receipt(&self, receipt_id: &str) -> Result<Option<OutboxReceipt>, StoreError> {
+        let row = sqlx::query("SELECT * FROM receipts WHERE receipt_id = $1")
+            .bind(receipt_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(receipt_row).transpose()
+    }
+
+    async fn receipts_with(&self, status: ReceiptStatus) -> Result<Vec<OutboxReceipt>, StoreError> {
+        let rows =
+            sqlx::query("SELECT * FROM receipts WHERE status = $1 ORDER BY created_at, sequence")
+                .bind(status.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter().map(receipt_row).collect()
+    }
+
+    async fn prune(&self, settled_before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+        // Counted in the transaction that deletes them.
+        let n = self
+            .apply_all(&[Change::Prune {
+                settled_before,
+                limit,
+            }])
+            .await?;
+        self.fold_counts().await?;
+        Ok(n)
+    }
+
+    async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
+        // From the `receipts_pending` index: no bodies are read.
+        let (pending, oldest): (i64, Option<String>) = sqlx::query_as(
+            "SELECT COUNT(*), MIN(created_at) FROM receipts WHERE status = 'pending'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let calls: Vec<(String, String)> = sqlx::query_as(
+            "SELECT DISTINCT run_id, call_id FROM receipts
+             WHERE status = 'pending' AND kind <> 'accepted' ORDER BY run_id, call_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(OutboxSummary {
+            pending: u64::try_from(pending).unwrap_or(0),
+            oldest: oldest.as_deref().map(time).transpose()?,
+            calls,
+        })
+    }
+
+    async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT run_id, call_id, operation_key, executor_id, assignment_id, created_at
+             FROM attempts WHERE run_id = $1 AND call_id = $2 ORDER BY id",
+        )
+        .bind(run_id)
+        .bind(call_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Attempt {
+                    run_id: r.try_get(0)?,
+                    call_id: r.try_get(1)?,
+                    operation_key: r.try_get(2)?,
+                    executor_id: r.try_get(3)?,
+                    assignment_id: r.try_get(4)?,
+                    created_at: time(&r.try_get::<String, _>(5)?)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT at, what, detail FROM events WHERE run_id = $1 AND call_id = $2 ORDER BY id",
+        )
+        .bind(run_id)
+        .bind(call_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Event {
+                    at: time(&r.try_get::<String, _>(0)?)?,
+                    what: r.try_get(1)?,
+                    detail: r.try_get(2)?,
+                })
+            })
+            .collect()
+    }
+}
