@@ -174,7 +174,8 @@ mod suite {
     async fn drop_schema(url: &str, schema: &str) -> Result<()> {
         use sqlx::Connection;
         let mut conn = sqlx::PgConnection::connect(url).await?;
-        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        // The name is ours (`schema_name`: letters, digits, `_`).
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
             .execute(&mut conn)
             .await?;
         conn.close().await?;
