@@ -549,10 +549,10 @@ async fn run(
     if core.fence.is_cancelled() {
         return Err(super::CRASH.into());
     }
-    let ctx = CallContext::new(core, &call, &asg, cancel.clone());
-    let outcome = attempt_handler(core, tool.as_ref(), &ctx, &asg).await;
+    let ctx = CallContext::new(core, &call, asg, cancel.clone());
+    let outcome = attempt_handler(core, tool.as_ref(), &ctx, asg).await;
     core.crash_point("after_handler")?;
-    let event = outcome_event(&asg, outcome);
+    let event = outcome_event(asg, outcome);
     let moved = core
         .advance_from(
             &key,
