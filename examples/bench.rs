@@ -81,6 +81,12 @@ struct Args {
     /// default: one in this process.
     #[arg(long)]
     base_url: Option<String>,
+    /// The durable side's store in a PostgreSQL database instead of a
+    /// SQLite file (`postgres://…`, built with `--features postgres`): a
+    /// schema of its own, dropped at the end. Fsyncs are then the server's
+    /// WAL syncs (`pg_stat_wal.wal_sync`) over the run.
+    #[arg(long)]
+    store_url: Option<String>,
 }
 
 /// A number to echo.
@@ -262,7 +268,7 @@ async fn main() -> Result<()> {
         let path = dir.path().join("executor.db");
         let _lock = SqliteStore::lock_path(&path)?;
         let store = SqliteStore::open_path(&path).await?;
-        let timed = Arc::new(Timed::new(store.clone(), calls));
+        let timed = Arc::new(Timed::new(Arc::new(store.clone()), calls));
         let executor = Executor::builder()
             .base_url(&proxied)
             .token(EXEC)
@@ -368,7 +374,7 @@ async fn main() -> Result<()> {
         let seeded = seeding.elapsed();
         let size = std::fs::metadata(&path)?.len() / 1024;
         make_calls(args.calls).await?;
-        let timed = Arc::new(Timed::new(store, args.calls));
+        let timed = Arc::new(Timed::new(Arc::new(store), args.calls));
         let started = Instant::now();
         let running = executor.start_with_store(timed.clone()).await?;
         let up = started.elapsed();
@@ -460,10 +466,8 @@ async fn main() -> Result<()> {
         }
         None => tempfile::tempdir()?,
     };
-    let path = dir.path().join("executor.db");
-    let _lock = SqliteStore::lock_path(&path)?;
-    let store = SqliteStore::open_path(&path).await?;
-    let timed = Arc::new(Timed::new(store.clone(), args.calls));
+    let durable_store = DurableStore::open(dir.path(), args.store_url.as_deref()).await?;
+    let timed = Arc::new(Timed::new(durable_store.store(), args.calls));
     let cpu = cpu_time()?;
     let started = Instant::now();
     let running = executor.start_with_store(timed.clone()).await?;
@@ -486,7 +490,9 @@ async fn main() -> Result<()> {
         cpu,
     };
     durable.print("durable");
-    let stats = store.writer_stats();
+    let jobs = timed.commits.lock().expect("lock").len() as u64;
+    let stats = durable_store.stats(jobs).await?;
+    durable_store.close().await?;
     let per_call = |n: u64| n as f64 / args.calls as f64;
     println!(
         "durable store: {:.2} changes/call in {:.2} transactions/call ({:.1} changes a commit), {} checkpoints, {:.2} fsyncs/call; peak RSS {} KiB",
@@ -771,7 +777,7 @@ type CallId = (String, String);
 /// (the operation key, before the claim) to the platform's answer to its
 /// final receipt (when the delivered mark is asked for).
 struct Timed {
-    inner: SqliteStore,
+    inner: Arc<dyn Store>,
     /// Calls begun (when), and the times of those delivered.
     calls: Mutex<(HashMap<CallId, Instant>, Vec<Duration>)>,
     /// When the first call was inserted (its operation key saved).
@@ -785,7 +791,7 @@ struct Timed {
 }
 
 impl Timed {
-    fn new(inner: SqliteStore, expected: usize) -> Timed {
+    fn new(inner: Arc<dyn Store>, expected: usize) -> Timed {
         Timed {
             inner,
             calls: Mutex::new((
@@ -944,4 +950,124 @@ fn peak_rss_kib() -> Result<u64> {
 /// Starts the peak resident memory afresh (`/proc/self/clear_refs`, 5).
 fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// What the durable side's store did: changes asked for, transactions,
+/// checkpoints and fsyncs.
+struct StoreStats {
+    jobs: u64,
+    transactions: u64,
+    checkpoints: u64,
+    fsyncs: u64,
+}
+
+/// The durable side's store: a SQLite file, or (`--store-url`) a schema of
+/// its own in a PostgreSQL database.
+enum DurableStore {
+    Sqlite {
+        store: SqliteStore,
+        _lock: toolrunner::store::StoreLock,
+    },
+    #[cfg(feature = "postgres")]
+    Postgres {
+        store: toolrunner::store::PgStore,
+        url: String,
+        schema: String,
+        wal_syncs: i64,
+    },
+}
+
+impl DurableStore {
+    async fn open(dir: &std::path::Path, url: Option<&str>) -> Result<DurableStore> {
+        match url {
+            None => {
+                let path = dir.join("executor.db");
+                let lock = SqliteStore::lock_path(&path)?;
+                Ok(DurableStore::Sqlite {
+                    store: SqliteStore::open_path(&path).await?,
+                    _lock: lock,
+                })
+            }
+            #[cfg(feature = "postgres")]
+            Some(url) => {
+                let schema = format!("bench_{:08x}", rand::random::<u32>());
+                let store = toolrunner::store::PgStore::connect_in_schema(url, &schema).await?;
+                let wal_syncs = pg_wal_syncs(url).await?;
+                Ok(DurableStore::Postgres {
+                    store,
+                    url: url.to_owned(),
+                    schema,
+                    wal_syncs,
+                })
+            }
+            #[cfg(not(feature = "postgres"))]
+            Some(_) => bail!(
+                "--store-url needs the postgres feature: cargo run --release --features postgres --example bench -- …"
+            ),
+        }
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        match self {
+            DurableStore::Sqlite { store, .. } => Arc::new(store.clone()),
+            #[cfg(feature = "postgres")]
+            DurableStore::Postgres { store, .. } => Arc::new(store.clone()),
+        }
+    }
+
+    /// `jobs`: the commits the executor asked for (each its own
+    /// transaction on PostgreSQL, which groups their WAL flushes itself).
+    async fn stats(&self, jobs: u64) -> Result<StoreStats> {
+        match self {
+            DurableStore::Sqlite { store, .. } => {
+                let s = store.writer_stats();
+                Ok(StoreStats {
+                    jobs: s.jobs,
+                    transactions: s.transactions,
+                    checkpoints: s.checkpoints,
+                    fsyncs: s.fsyncs,
+                })
+            }
+            #[cfg(feature = "postgres")]
+            DurableStore::Postgres { url, wal_syncs, .. } => {
+                let now = pg_wal_syncs(url).await?;
+                Ok(StoreStats {
+                    jobs,
+                    transactions: jobs,
+                    checkpoints: 0,
+                    fsyncs: u64::try_from(now - wal_syncs).unwrap_or(0),
+                })
+            }
+        }
+    }
+
+    /// Drops the PostgreSQL schema (a SQLite file goes with its directory).
+    async fn close(self) -> Result<()> {
+        match self {
+            DurableStore::Sqlite { .. } => Ok(()),
+            #[cfg(feature = "postgres")]
+            DurableStore::Postgres { url, schema, .. } => {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(&url).await?;
+                // The name is ours: `bench_` and hex digits.
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                    .execute(&mut conn)
+                    .await?;
+                conn.close().await?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The server's WAL syncs so far (`pg_stat_wal`, the whole server).
+#[cfg(feature = "postgres")]
+async fn pg_wal_syncs(url: &str) -> Result<i64> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let n: i64 = sqlx::query_scalar("SELECT wal_sync FROM pg_stat_wal")
+        .fetch_one(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(n)
 }

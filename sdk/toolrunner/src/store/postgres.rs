@@ -84,7 +84,7 @@ impl PgStore {
 
     async fn connect_with(options: PgConnectOptions) -> Result<PgStore, StoreError> {
         let pool = PgPoolOptions::new()
-            .max_connections(8)
+            .max_connections(16)
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
