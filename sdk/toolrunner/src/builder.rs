@@ -160,8 +160,8 @@ impl ExecutorBuilder {
     }
 
     /// The store, `sqlite://PATH` (default `sqlite://toolrunner.db`), or
-    /// with the `postgres` feature a `postgres://` URL (see
-    /// [`PgStore`](crate::store::PgStore)).
+    /// with the `postgres` feature a `postgres://` URL (the store is then
+    /// `toolrunner::store::PgStore`).
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store_url = url.into();
         self
