@@ -135,15 +135,7 @@ impl Core {
         reads: Reads,
         decide: impl FnMut(&Snapshot) -> Option<Event>,
     ) -> Result<Advanced, StoreError> {
-        lifecycle::advance_from(
-            self.store.as_ref(),
-            &self.cfg.executor_id,
-            (&key.run_id, &key.call_id),
-            known,
-            reads,
-            decide,
-        )
-        .await
+        self.advance_then(key, known, reads, None, decide).await
     }
 
     /// [`advance_from`](Self::advance_from), with `then` in the same commit
