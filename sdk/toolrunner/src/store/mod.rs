@@ -5,6 +5,7 @@
 //! SQL so that a second backend (PostgreSQL) can follow; [`SqliteStore`] is
 //! the one shipped.
 
+mod columns;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;

@@ -10,6 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Postgres, Row};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
+use super::columns::{corrupt, parse_state, time};
 use super::{
     Attempt, CallFilter, Change, DatabaseError, Event, LocalCall, LocalState, OutboxReceipt,
     OutboxSummary, PendingReport, ReceiptStatus, Store, StoreError, Timestamp, rfc3339,
@@ -156,22 +157,6 @@ fn retryable(e: &StoreError) -> bool {
         Some(sqlx::Error::Database(d)) => matches!(d.code().as_deref(), Some("40P01" | "40001")),
         _ => false,
     }
-}
-
-fn corrupt(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(e.to_string())
-}
-
-/// A stored time (RFC 3339).
-fn time(s: &str) -> Result<Timestamp, StoreError> {
-    chrono::DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&chrono::Utc))
-        .map_err(|e| corrupt(format!("time {s:?}: {e}")))
-}
-
-/// A stored state name (the schema's CHECK admits only known ones).
-fn parse_state(name: &str) -> Result<LocalState, StoreError> {
-    LocalState::parse(name).ok_or_else(|| corrupt(format!("unknown call state {name}")))
 }
 
 fn call_row(row: &PgRow) -> Result<LocalCall, StoreError> {

@@ -2,9 +2,8 @@
 //! `store/sqlite/changes.rs`, statement for statement).
 use sqlx::PgConnection;
 
-use crate::store::{
-    Change, LocalCall, PendingReport, ReceiptStatus, StoreError, Timestamp, now_rfc3339, rfc3339,
-};
+use crate::store::columns::{assignment_json, report_str, seq};
+use crate::store::{Change, LocalCall, ReceiptStatus, StoreError, Timestamp, now_rfc3339, rfc3339};
 
 /// A constraint the schema enforces failed (SQLSTATE class 23: unique,
 /// check, foreign key, not null): a row that must never exist.
@@ -71,26 +70,6 @@ pub(super) async fn write_notes(
     .execute(conn)
     .await?;
     Ok(())
-}
-
-fn seq(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-fn report_str(r: Option<PendingReport>) -> Option<&'static str> {
-    r.map(|r| match r {
-        PendingReport::ReconciliationRequired => "reconciliation_required",
-        PendingReport::PendingDelivery => "pending_delivery",
-        PendingReport::Released => "released",
-    })
-}
-
-fn assignment_json(c: &LocalCall) -> Result<Option<String>, StoreError> {
-    c.assignment
-        .as_ref()
-        .map(serde_json::to_string)
-        .transpose()
-        .map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 /// Inserts a call row (`expect_version` `None`) or replaces it if its

@@ -1,9 +1,9 @@
 //! The SQL of each [`Change`], on the writer's connection.
 use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
 
+use crate::store::columns::{assignment_json, report_str, seq};
 use crate::store::{
-    Change, DatabaseError, LocalCall, PendingReport, ReceiptStatus, StoreError, now_rfc3339,
-    rfc3339,
+    Change, DatabaseError, LocalCall, ReceiptStatus, StoreError, now_rfc3339, rfc3339,
 };
 
 /// What the database said, kept as the source.
@@ -64,26 +64,6 @@ pub(super) fn write_notes(conn: &Connection, notes: &[Note]) -> Result<(), Store
             .map_err(db)?;
     }
     Ok(())
-}
-
-fn seq(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-fn report_str(r: Option<PendingReport>) -> Option<&'static str> {
-    r.map(|r| match r {
-        PendingReport::ReconciliationRequired => "reconciliation_required",
-        PendingReport::PendingDelivery => "pending_delivery",
-        PendingReport::Released => "released",
-    })
-}
-
-fn assignment_json(c: &LocalCall) -> Result<Option<String>, StoreError> {
-    c.assignment
-        .as_ref()
-        .map(serde_json::to_string)
-        .transpose()
-        .map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 /// Inserts a call row (`expect_version` `None`) or replaces it if its
