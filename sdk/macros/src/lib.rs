@@ -10,7 +10,8 @@ use syn::{Expr, ExprLit, Ident, ItemFn, Lit, LitStr, Meta, Path, Token};
 /// What `#[tool(...)]` was given.
 struct ToolArgs {
     name: LitStr,
-    write: bool,
+    /// `write`, `read` or `transactional`.
+    effect: String,
     reconcile: Option<Path>,
     rerun: bool,
 }
@@ -41,12 +42,11 @@ impl Parse for ToolArgs {
                         _ => None,
                     };
                     effect = Some(match word.as_deref() {
-                        Some("write") => true,
-                        Some("read") => false,
+                        Some(w @ ("write" | "read" | "transactional")) => w.to_owned(),
                         _ => {
                             return Err(syn::Error::new_spanned(
                                 &nv.value,
-                                "`effect` is `write` (side effects: runs at most once) or `read` (none: may run again)",
+                                "`effect` is `write` (side effects: runs at most once), `read` (none: may run again) or `transactional` (only writes in ctx.transaction())",
                             ));
                         }
                     });
@@ -64,7 +64,7 @@ impl Parse for ToolArgs {
                 other => {
                     return Err(syn::Error::new_spanned(
                         other,
-                        "unknown setting; #[tool] takes name = \"…\", effect = write | read, reconcile = fn_name, rerun",
+                        "unknown setting; #[tool] takes name = \"…\", effect = write | read | transactional, reconcile = fn_name, rerun",
                     ));
                 }
             }
@@ -75,7 +75,7 @@ impl Parse for ToolArgs {
                 "#[tool] needs a name: #[toolrunner::tool(name = \"payments.charge\", effect = write)]",
             )
         })?;
-        let write = effect.ok_or_else(|| {
+        let effect = effect.ok_or_else(|| {
             syn::Error::new(
                 Span::call_site(),
                 "#[tool] needs an effect: effect = write (side effects) or effect = read (none)",
@@ -89,7 +89,7 @@ impl Parse for ToolArgs {
         }
         Ok(ToolArgs {
             name,
-            write,
+            effect,
             reconcile,
             rerun,
         })
@@ -164,10 +164,10 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
     func.sig.ident = inner.clone();
     func.vis = syn::Visibility::Inherited;
     let name = &args.name;
-    let constructor = if args.write {
-        quote!(::toolrunner::tool::write)
-    } else {
-        quote!(::toolrunner::tool::read)
+    let constructor = match args.effect.as_str() {
+        "write" => quote!(::toolrunner::tool::write),
+        "transactional" => quote!(::toolrunner::tool::transactional),
+        _ => quote!(::toolrunner::tool::read),
     };
     let reconcile = args.reconcile.as_ref().map(|p| quote!(.reconcile(#p)));
     let rerun = args.rerun.then(|| quote!(.rerun_when_not_performed()));

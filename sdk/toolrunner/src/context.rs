@@ -6,6 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::handler::ToolError;
 use crate::runner::Core;
+use crate::store::StoreTransaction;
 
 /// Why [`CallContext::commit_point`] said no. (It converts into the right
 /// [`ToolError`] with `?`; it is deliberately not a `std::error::Error`,
@@ -121,6 +122,8 @@ pub struct CallContext {
     pub(crate) agent_version: String,
     pub(crate) tool_name: String,
     pub(crate) cancel: CancellationToken,
+    /// The call's transaction, once the handler opened it.
+    pub(crate) transaction: Arc<tokio::sync::Mutex<Option<StoreTransaction>>>,
 }
 
 impl std::fmt::Debug for CallContext {
@@ -150,6 +153,16 @@ impl CallContext {
             agent_version: asg.agent_version.clone(),
             tool_name: asg.tool_name.clone(),
             cancel,
+            transaction: Arc::default(),
+        }
+    }
+
+    /// Takes the transaction the handler opened, if it did: `Err` when a
+    /// guard of it is still held (the handler kept it past its return).
+    pub(crate) fn take_transaction(&self) -> Result<Option<StoreTransaction>, ()> {
+        match self.transaction.try_lock() {
+            Ok(mut slot) => Ok(slot.take()),
+            Err(_) => Err(()),
         }
     }
 
@@ -233,6 +246,58 @@ impl CallContext {
         .await
     }
 
+    /// The call's transaction in the store's own database, for the
+    /// handler's business writes: the executor adds the call's
+    /// `completed` receipt to it and commits both at once when the handler
+    /// returns `Ok`, so the business rows and the receipt are both stored
+    /// or both absent, crash or not. An `Err` (or a panic, or a timeout)
+    /// rolls it back. The first call begins it; later calls return the
+    /// same transaction. Use it in a tool registered as
+    /// [`Effect::Transactional`](crate::Effect::Transactional) (its outcome
+    /// is then never unknown); a write tool may use it too, but its other
+    /// effects keep their own rules.
+    ///
+    /// The business tables live in the store's database: on SQLite, the
+    /// executor's store file (the transaction holds its write lock until
+    /// the handler returns, so keep it short, and do not report progress
+    /// while it is open); on PostgreSQL, the store's database.
+    ///
+    /// ```rust,no_run
+    /// use toolrunner::{CallContext, ToolError, sqlx};
+    ///
+    /// async fn place(ctx: CallContext, amount: i64) -> Result<String, ToolError> {
+    ///     let mut tx = ctx.transaction().await?;
+    ///     sqlx::query("INSERT INTO orders (operation_key, amount) VALUES ($1, $2)")
+    ///         .bind(ctx.operation_key())
+    ///         .bind(amount)
+    ///         .execute(tx.sqlite()?)
+    ///         .await
+    ///         .map_err(|e| ToolError::failed("order_refused", e.to_string()))?;
+    ///     Ok(format!("order {} placed", ctx.operation_key()))
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ToolError::retry`] when the transaction cannot begin (nothing of
+    /// it was written); [`ToolError::unknown`] when a [`Transaction`] of
+    /// this call is still held (hold one at a time).
+    pub async fn transaction(&self) -> Result<Transaction, ToolError> {
+        let Ok(mut slot) = self.transaction.clone().try_lock_owned() else {
+            return Err(ToolError::unknown(
+                "the call's transaction is already held: hold one Transaction at a time",
+            ));
+        };
+        if slot.is_none() {
+            let begun = self.core.store.begin().await.map_err(|e| {
+                ToolError::retry(format!("the store's transaction could not begin: {e}"))
+            })?;
+            *slot = Some(begun);
+        }
+        let guard = tokio::sync::OwnedMutexGuard::try_map(slot, Option::as_mut)
+            .map_err(|_| ToolError::unknown("the call's transaction is gone"))?;
+        Ok(Transaction { guard })
+    }
+
     /// Checks, right now and unthrottled, that the run is not cancelled and
     /// the executor's lease is live. Call it right before an irreversible
     /// step; `?` turns a refusal into the right [`ToolError`].
@@ -252,4 +317,56 @@ impl CallContext {
         }
         Ok(())
     }
+}
+
+/// A handler's hold on its call's transaction
+/// ([`CallContext::transaction`]): run the business writes on
+/// [`sqlite`](Self::sqlite) or [`postgres`](Self::postgres), whichever the
+/// store is. Dropping it does not end the transaction: the executor
+/// commits it with the final receipt, or rolls it back.
+pub struct Transaction {
+    guard: tokio::sync::OwnedMappedMutexGuard<Option<StoreTransaction>, StoreTransaction>,
+}
+
+impl std::fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction")
+            .field("backend", &self.guard.backend())
+            .finish()
+    }
+}
+
+impl Transaction {
+    /// The transaction's connection, when the store is SQLite.
+    ///
+    /// # Errors
+    /// [`ToolError::failed`] with code `wrong_store` when the store is not
+    /// SQLite (nothing was written).
+    pub fn sqlite(&mut self) -> Result<&mut sqlx::SqliteConnection, ToolError> {
+        let backend = self.guard.backend();
+        self.guard
+            .sqlite()
+            .ok_or_else(|| wrong_store("SQLite", backend))
+    }
+
+    /// The transaction's connection, when the store is PostgreSQL (the
+    /// `postgres` feature).
+    ///
+    /// # Errors
+    /// [`ToolError::failed`] with code `wrong_store` when the store is not
+    /// PostgreSQL (nothing was written).
+    #[cfg(feature = "postgres")]
+    pub fn postgres(&mut self) -> Result<&mut sqlx::PgConnection, ToolError> {
+        let backend = self.guard.backend();
+        self.guard
+            .postgres()
+            .ok_or_else(|| wrong_store("PostgreSQL", backend))
+    }
+}
+
+fn wrong_store(wanted: &str, backend: &str) -> ToolError {
+    ToolError::failed(
+        "wrong_store",
+        format!("the handler wrote for {wanted}, but the executor's store is {backend}"),
+    )
 }

@@ -311,6 +311,19 @@ where
     new(name, Effect::Write, handler)
 }
 
+/// A tool whose only side effects are its writes in the store's database,
+/// made in [`CallContext::transaction`](crate::CallContext::transaction)
+/// and committed with its `completed` receipt in one transaction (see
+/// [`Effect::Transactional`]), made of an `async fn`.
+pub fn transactional<H, A, I, O>(name: &str, handler: H) -> FnTool<O>
+where
+    H: Handler<A, I, O>,
+    I: DeserializeOwned + JsonSchema + Send + 'static,
+    O: Serialize + JsonSchema + Send + 'static,
+{
+    new(name, Effect::Transactional, handler)
+}
+
 /// A tool free of side effects (may run again after a crash) made of an
 /// `async fn`.
 pub fn read<H, A, I, O>(name: &str, handler: H) -> FnTool<O>

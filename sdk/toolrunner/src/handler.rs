@@ -18,6 +18,13 @@ pub enum Effect {
     /// Has side effects: runs at most once; an unknown outcome goes to
     /// `reconciliation_required`.
     Write,
+    /// Its only side effects are writes in the store's database, made in
+    /// [`CallContext::transaction`]: they commit in one transaction with
+    /// the call's `completed` receipt, or not at all. So its outcome is
+    /// never unknown: after a crash, or an error that rolled the
+    /// transaction back, nothing was written, and the handler runs again
+    /// (after a crash) or the call fails (after an error).
+    Transactional,
 }
 
 /// The cause kept with a [`ToolError`].

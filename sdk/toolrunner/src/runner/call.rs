@@ -14,8 +14,8 @@ use super::{Active, CallKey, Core, checks, connection, outbox};
 use crate::client::ClientError;
 use crate::context::{CallContext, ProgressError};
 use crate::handler::{Effect, ErasedTool, ToolError};
-use crate::lifecycle::{Advanced, Event, FinalReceipt, Reads};
-use crate::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus};
+use crate::lifecycle::{self, Advanced, Event, FinalReceipt, Reads, Snapshot};
+use crate::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus, StoreTransaction};
 
 /// Starts driving a call on its own task. (A plain function with a boxed
 /// future: it breaks the async cycle drive → connect → resume → drive.)
@@ -533,6 +533,8 @@ async fn run(
         None => Some(unknown(
             "running call of a tool this executor does not serve",
         )),
+        // A transactional tool's writes commit with its final receipt: a
+        // `running` row means none of them is stored, so it runs again.
         Some(t) if resumed && t.effect() == Effect::Write && !PLANTED_BUG => Some(unknown(
             "the process stopped after accepted: the outcome is unknown",
         )),
@@ -551,17 +553,32 @@ async fn run(
     }
     let ctx = CallContext::new(core, &call, asg, cancel.clone());
     let outcome = attempt_handler(core, tool.as_ref(), &ctx, asg).await;
+    // The transaction the handler opened, if it did: committed below with
+    // a `completed` receipt, rolled back (dropped) otherwise.
+    let (outcome, transaction) = match ctx.take_transaction() {
+        Ok(t) => (outcome, t),
+        Err(()) => (
+            Err(ToolError::unknown(
+                "the handler returned while a Transaction of its call was still held",
+            )),
+            None,
+        ),
+    };
     core.crash_point("after_handler")?;
-    let event = outcome_event(asg, outcome);
-    let moved = core
-        .advance_from(
-            &key,
-            Some(Some(call.clone())),
-            Reads::Row,
-            while_in(LocalState::Running, id, event.clone()),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+    let event = outcome_event(asg, outcome, tool.effect() == Effect::Transactional);
+    let completed = matches!(&event, Event::HandlerFinished { outcome } if outcome.kind == ReceiptKind::Completed);
+    let moved = match transaction.filter(|_| completed) {
+        Some(tx) => commit_in(core, &key, &call, tx, event.clone()).await?,
+        None => core
+            .advance_from(
+                &key,
+                Some(Some(call.clone())),
+                Reads::Row,
+                while_in(LocalState::Running, id, event.clone()),
+            )
+            .await
+            .map_err(|e| e.to_string())?,
+    };
     match moved {
         Advanced::Moved { call, receipt } => {
             if receipt.is_some() {
@@ -586,8 +603,79 @@ async fn run(
     }
 }
 
-/// The lifecycle event for a handler's outcome.
-fn outcome_event(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
+/// Saves the call's `completed` (`event`) in the handler's own
+/// transaction, after its business writes, and commits once: both are
+/// stored or neither is. The row's compare-and-set is in the same
+/// transaction, so a call that moved on meanwhile keeps nothing of it.
+async fn commit_in(
+    core: &Arc<Core>,
+    key: &CallKey,
+    call: &LocalCall,
+    tx: StoreTransaction,
+    event: Event,
+) -> Result<Advanced, String> {
+    let snapshot = Snapshot {
+        call: Some(call.clone()),
+        receipts: None,
+    };
+    let plan = lifecycle::plan(
+        &snapshot,
+        (&key.run_id, &key.call_id),
+        event,
+        &core.cfg.executor_id,
+    )
+    .map_err(|e| e.to_string())?;
+    if core.fence.is_cancelled() {
+        return Err(super::CRASH.into());
+    }
+    let Err(e) = tx.commit_with(&plan.changes).await else {
+        return Ok(Advanced::Moved {
+            call: plan.call,
+            receipt: plan.receipt,
+        });
+    };
+    // Refused, or an interrupted `COMMIT` whose outcome only the row tells.
+    let now = read(core, key).await?;
+    if now.version == plan.call.version
+        && now.state == plan.call.state
+        && now.updated_at == plan.call.updated_at
+    {
+        tracing::warn!(error = %e, "the transaction reported an error but it is stored");
+        return Ok(Advanced::Moved {
+            call: plan.call,
+            receipt: plan.receipt,
+        });
+    }
+    if now.state == LocalState::Running && now.version == call.version {
+        // Nothing of it is stored: the call waits in `running`, and is
+        // resumed as after a crash (a transactional tool runs again).
+        return Err(format!(
+            "the handler's transaction did not commit, so nothing of it is stored: {e}"
+        ));
+    }
+    Ok(Advanced::Stayed(Some(now)))
+}
+
+/// The lifecycle event for a handler's outcome. A transactional tool's
+/// outcome is never unknown: whatever went wrong rolled its transaction
+/// back, so nothing was written, and the call fails.
+fn outcome_event(
+    asg: &Assignment,
+    outcome: Result<Value, ToolError>,
+    transactional: bool,
+) -> Event {
+    match outcome_event_of(asg, outcome) {
+        Event::OutcomeUnknown { why, .. } if transactional => Event::HandlerFinished {
+            outcome: FinalReceipt::failed(
+                "transaction_rolled_back",
+                &format!("{why}; the tool's transaction was rolled back: nothing was written"),
+            ),
+        },
+        event => event,
+    }
+}
+
+fn outcome_event_of(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
     match outcome {
         Ok(result) => match checks::check_output(asg, &result) {
             Ok(()) => Event::HandlerFinished {
@@ -643,6 +731,8 @@ async fn attempt_handler(
         match result {
             Err(ToolError::Retry { reason, .. }) if attempt + 1 < core.cfg.retry_attempts => {
                 tracing::info!(attempt, %reason, "handler asked to retry; nothing happened");
+                // Its transaction, if it opened one, is rolled back.
+                drop(ctx.take_transaction());
                 tokio::time::sleep(super::pause(core, attempt)).await;
                 attempt += 1;
             }

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::{
     Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, OutboxSummary,
-    ReceiptStatus, Store, StoreError, Timestamp,
+    ReceiptStatus, Store, StoreError, StoreTransaction, Timestamp,
 };
 
 pub(crate) struct FencedStore {
@@ -22,6 +22,13 @@ impl Store for FencedStore {
             return Err(StoreError::Closed);
         }
         self.inner.commit(changes).await
+    }
+
+    async fn begin(&self) -> Result<StoreTransaction, StoreError> {
+        if self.fence.is_cancelled() {
+            return Err(StoreError::Closed);
+        }
+        self.inner.begin().await
     }
 
     async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {

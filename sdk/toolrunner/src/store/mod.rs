@@ -9,6 +9,7 @@ mod columns;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
+mod transaction;
 
 use serde::{Deserialize, Serialize};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
@@ -16,6 +17,7 @@ use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use sqlite::{SqliteStore, StoreLock, WriterStats};
+pub use transaction::StoreTransaction;
 
 /// A point in time: UTC, to the millisecond (stored as RFC 3339).
 pub type Timestamp = chrono::DateTime<chrono::Utc>;
@@ -462,6 +464,10 @@ pub enum StoreError {
     /// The writer task is gone (the store was closed).
     #[error("store writer has stopped")]
     Closed,
+    /// This store cannot do what was asked (a store of your own that
+    /// keeps the trait's default [`Store::begin`]).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// What the database said (its cause is the source; the database library
@@ -520,6 +526,22 @@ pub trait Store: Send + Sync + 'static {
     async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError>;
     /// A call's attempts, oldest first.
     async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError>;
+
+    /// Begins a transaction of the store's own database for a handler's
+    /// business writes ([`CallContext::transaction`](crate::CallContext::transaction)):
+    /// the executor adds the call's final receipt to it and commits once.
+    /// On SQLite it takes the database's write lock at once (`BEGIN
+    /// IMMEDIATE`) and holds it until the commit: the executor's own
+    /// writes wait meanwhile. The default cannot.
+    ///
+    /// # Errors
+    /// The store failed, or cannot share a transaction
+    /// ([`StoreError::Unsupported`]).
+    async fn begin(&self) -> Result<StoreTransaction, StoreError> {
+        Err(StoreError::Unsupported(
+            "this store cannot share a transaction with a handler".into(),
+        ))
+    }
 
     /// Deletes up to `limit` calls settled for good before
     /// `settled_before` (see [`Change::Prune`]) and says how many went.

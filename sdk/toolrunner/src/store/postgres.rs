@@ -222,6 +222,13 @@ impl Store for PgStore {
         self.apply_all(&changes).await.map(|_| ())
     }
 
+    async fn begin(&self) -> Result<super::StoreTransaction, StoreError> {
+        let tx = self.pool.begin().await?;
+        Ok(super::StoreTransaction {
+            inner: super::transaction::Inner::Postgres(tx),
+        })
+    }
+
     async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {
         let row = sqlx::query("SELECT * FROM calls WHERE run_id = $1 AND call_id = $2")
             .bind(run_id)

@@ -30,6 +30,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sdk"
 #[derive(Clone)]
 pub struct SqliteStore {
     readers: SqlitePool,
+    /// Connections for handlers' transactions (opened when first used).
+    business: SqlitePool,
     writer: mpsc::Sender<Job>,
     counters: Arc<Counters>,
 }
@@ -79,6 +81,10 @@ impl SqliteStore {
             .await?;
         MIGRATOR.run(&migrator).await?;
         migrator.close().await;
+        let business = SqlitePoolOptions::new()
+            .max_connections(4)
+            .min_connections(0)
+            .connect_lazy_with(options.clone());
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options.read_only(true))
@@ -88,6 +94,7 @@ impl SqliteStore {
         writer::spawn(&path, rx, counters.clone())?;
         Ok(SqliteStore {
             readers,
+            business,
             writer: tx,
             counters,
         })
@@ -237,6 +244,15 @@ impl Store for SqliteStore {
             .await
             .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn begin(&self) -> Result<super::StoreTransaction, StoreError> {
+        // The write lock at once: a transaction that read first and wrote
+        // later could find the database changed under it, and fail.
+        let tx = self.business.begin_with("BEGIN IMMEDIATE").await?;
+        Ok(super::StoreTransaction {
+            inner: super::transaction::Inner::Sqlite(tx),
+        })
     }
 
     async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {
