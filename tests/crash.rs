@@ -1132,3 +1132,40 @@ fn after_handler_write_tool_with_reconcile_hook_settles_once() {
         drop(second);
     });
 }
+
+// ------------------------------------------------- transactional handlers
+
+#[path = "transactional/mod.rs"]
+mod transactional;
+
+/// A transactional handler's business row and its final receipt are both
+/// stored or both absent at every step the process stops at; after the
+/// restart each call completed once, never in reconciliation.
+#[test]
+fn transactional_handler_business_row_and_receipt_are_both_or_neither_at_every_step() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("executor.db").display());
+        let open = || async {
+            let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&url).await?);
+            Ok(store)
+        };
+        transactional::both_or_neither_at_every_step(&url, open)
+            .await
+            .expect("both or neither");
+    });
+}
+
+/// An error after a transactional handler's write rolls it back and fails
+/// the call; its neighbours complete with their rows.
+#[test]
+fn transactional_handler_error_rolls_its_write_back() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("executor.db").display());
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&url).await.expect("store"));
+        transactional::an_error_rolls_the_business_write_back(&url, store)
+            .await
+            .expect("rolled back");
+    });
+}

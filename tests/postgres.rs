@@ -18,6 +18,10 @@ use libtest_mimic::{Arguments, Trial};
 #[path = "store_contract/mod.rs"]
 mod store_contract;
 
+#[cfg(feature = "postgres")]
+#[path = "transactional/mod.rs"]
+mod transactional;
+
 fn main() -> ExitCode {
     let args = Arguments::from_args();
     let url = std::env::var("TOOLRUNNER_TEST_PG_URL")
@@ -106,6 +110,26 @@ mod suite {
             (
                 "executor::calls_run_once_and_are_delivered_with_a_postgres_store_url",
                 |s, u| Box::pin(calls_run_once_and_are_delivered(s, u)),
+            ),
+            (
+                "transactional::business_row_and_receipt_are_both_or_neither_at_every_step",
+                |_, u| {
+                    Box::pin(async move {
+                        let open = || async {
+                            let store: Arc<dyn Store> = Arc::new(PgStore::connect(&u).await?);
+                            Ok(store)
+                        };
+                        super::transactional::both_or_neither_at_every_step(&u, open).await
+                    })
+                },
+            ),
+            (
+                "transactional::an_error_rolls_the_business_write_back",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::an_error_rolls_the_business_write_back(&u, s).await
+                    })
+                },
             ),
         ];
         tests

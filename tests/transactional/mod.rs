@@ -1,0 +1,421 @@
+//! Transactional handlers, written once for both stores: the business row
+//! a handler writes in `ctx.transaction()` and the call's final receipt are
+//! both stored or both absent, whatever step the process dies at, and no
+//! such call ever needs reconciliation.
+//!
+//! The SQLite runs are in `tests/crash.rs`, the PostgreSQL ones in
+//! `tests/postgres.rs`; each gives a store URL (a file, or a schema of its
+//! own).
+#![allow(dead_code)] // each suite uses the part it needs
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use toolrunner::platform::{NewToolCall, Platform};
+use toolrunner::protocol::wire::ReceiptKind;
+use toolrunner::store::{LocalState, ReceiptStatus, Store};
+use toolrunner::{CallContext, Executor, RunningExecutor, Shutdown, ToolError, Transaction, sqlx};
+use toolrunner_devserver::DevServer;
+
+/// The business table, in the store's database.
+const CREATE_ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (operation_key TEXT PRIMARY KEY, amount BIGINT NOT NULL CHECK (amount > 0))";
+const INSERT_ORDER: &str = "INSERT INTO orders (operation_key, amount) VALUES ($1, $2)";
+
+/// Every durable step of a call, and the handler's own point between its
+/// business write and its return (`commit_point`).
+pub(crate) const STEPS: [&str; 7] = [
+    "after_claim_answer",
+    "after_assignment_saved",
+    "after_accepted_saved",
+    "after_accepted_confirmed",
+    "commit_point",
+    "after_handler",
+    "after_final_saved",
+];
+
+/// `orders.place` arguments.
+#[toolrunner::schema]
+#[derive(Debug, Deserialize)]
+pub(crate) struct Order {
+    /// How much (positive; 0 makes the insert fail after the handler's
+    /// other checks, so its error rolls back).
+    pub(crate) amount: i64,
+    /// Fail after the insert (the insert must be rolled back).
+    #[serde(default)]
+    pub(crate) fail_after_insert: bool,
+}
+
+/// `orders.place` result.
+#[toolrunner::schema]
+#[derive(Debug, Serialize)]
+pub(crate) struct Placed {
+    /// The order's key (the call's operation key).
+    pub(crate) order: String,
+}
+
+/// How many times the handler ran (a crash between its insert and the
+/// commit makes it run again: only one of its inserts may be stored).
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Inserts the order in the call's transaction, whichever store it is.
+async fn insert(tx: &mut Transaction, key: &str, amount: i64) -> Result<(), ToolError> {
+    let failed = |e: sqlx::Error| ToolError::failed("order_refused", e.to_string());
+    #[cfg(feature = "postgres")]
+    if let Ok(conn) = tx.postgres() {
+        sqlx::query(INSERT_ORDER)
+            .bind(key)
+            .bind(amount)
+            .execute(conn)
+            .await
+            .map_err(failed)?;
+        return Ok(());
+    }
+    sqlx::query(INSERT_ORDER)
+        .bind(key)
+        .bind(amount)
+        .execute(tx.sqlite()?)
+        .await
+        .map_err(failed)?;
+    Ok(())
+}
+
+/// Places an order: one row in `orders`, committed with the receipt.
+#[toolrunner::tool(name = "orders.place", effect = transactional)]
+async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
+    RUNS.fetch_add(1, Ordering::SeqCst);
+    let mut tx = ctx.transaction().await?;
+    insert(&mut tx, ctx.operation_key(), order.amount).await?;
+    // Between the business write and the return: a test stops here.
+    ctx.commit_point().await?;
+    if order.fail_after_insert {
+        return Err(ToolError::unknown("the handler failed after its insert"));
+    }
+    Ok(Placed {
+        order: ctx.operation_key().to_owned(),
+    })
+}
+
+/// The platform with `orders.place` published.
+struct Bench {
+    server: DevServer,
+    admin: Platform,
+    version: String,
+    binding: String,
+    store_url: String,
+}
+
+impl Bench {
+    async fn start(store_url: &str) -> Result<Bench> {
+        let server = DevServer::builder()
+            .listen("127.0.0.1:0".parse()?)
+            .lease_ttl_ms(3_000)
+            .heartbeat_interval_ms(500)
+            .start()
+            .await?;
+        let admin = Platform::new(&server.base_url(), "dev-admin")?;
+        let agent = admin.create_agent("orders").await?;
+        let binding = admin
+            .create_binding(&agent.agent_id, "orders", &["orders.place"])
+            .await?;
+        let mut bench = Bench {
+            server,
+            admin,
+            version: String::new(),
+            binding: binding.binding_id,
+            store_url: store_url.to_owned(),
+        };
+        let executor = bench.executor(None)?;
+        bench.version = bench
+            .admin
+            .publish(&agent.agent_id, executor.tool_definitions())
+            .await?
+            .agent_version;
+        Ok(bench)
+    }
+
+    /// An executor on the store; with `crash`, it stops (as a lost
+    /// process) the first time a call reaches that step, and raises the
+    /// flag.
+    fn executor(&self, crash: Option<(&'static str, Arc<AtomicBool>)>) -> Result<Executor> {
+        let mut builder = Executor::builder()
+            .base_url(self.server.base_url())
+            .token("dev-executor")
+            .executor_id("orders-exe")
+            .binding_id(&self.binding)
+            .store_url(&self.store_url)
+            .poll_interval(Duration::from_millis(25))
+            .reconcile_interval(Duration::from_millis(100))
+            .backoff(Duration::from_millis(10), Duration::from_millis(100), 4)
+            .allow_all()
+            .tool(place);
+        if let Some((step, crashed)) = crash {
+            builder =
+                builder.crash_plan(move |at| at == step && !crashed.swap(true, Ordering::SeqCst));
+        }
+        Ok(builder.build()?)
+    }
+
+    async fn submit(&self, calls: Vec<NewToolCall>) -> Result<String> {
+        Ok(self
+            .admin
+            .create_run(&self.version, "orders", calls)
+            .await?
+            .run_id)
+    }
+}
+
+/// The orders stored for an operation key.
+async fn orders(store_url: &str, key: &str) -> Result<i64> {
+    use sqlx::Connection;
+    const COUNT: &str = "SELECT COUNT(*) FROM orders WHERE operation_key = $1";
+    #[cfg(feature = "postgres")]
+    if store_url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(store_url).await?;
+        let n: i64 = sqlx::query_scalar(COUNT)
+            .bind(key)
+            .fetch_one(&mut conn)
+            .await?;
+        conn.close().await?;
+        return Ok(n);
+    }
+    let mut conn = sqlx::SqliteConnection::connect(store_url).await?;
+    let n: i64 = sqlx::query_scalar(COUNT)
+        .bind(key)
+        .fetch_one(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(n)
+}
+
+/// Creates the business table in the store's database.
+async fn create_orders(store_url: &str) -> Result<()> {
+    use sqlx::Connection;
+    #[cfg(feature = "postgres")]
+    if store_url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(store_url).await?;
+        sqlx::query(CREATE_ORDERS).execute(&mut conn).await?;
+        conn.close().await?;
+        return Ok(());
+    }
+    let url = format!("{store_url}?mode=rwc");
+    let mut conn = sqlx::SqliteConnection::connect(&url).await?;
+    sqlx::query(CREATE_ORDERS).execute(&mut conn).await?;
+    conn.close().await?;
+    Ok(())
+}
+
+/// The one call of a run, once it settled.
+async fn settled(bench: &Bench, run_id: &str) -> Result<toolrunner::platform::RunCall> {
+    let run = bench
+        .admin
+        .wait_settled(run_id, Duration::from_secs(60))
+        .await?;
+    run.tool_calls.into_iter().next().context("the run's call")
+}
+
+/// Whether the business row and the final receipt are both present or
+/// both absent; `Some(true)` when both are.
+async fn both_or_neither(
+    store: &dyn Store,
+    store_url: &str,
+    run_id: &str,
+    call_id: &str,
+    step: &str,
+) -> Result<bool> {
+    let Some(row) = store.call(run_id, call_id).await? else {
+        return Ok(false);
+    };
+    let finals = store
+        .receipts(run_id, call_id)
+        .await?
+        .into_iter()
+        .filter(|r| r.kind == ReceiptKind::Completed)
+        .count();
+    let stored = orders(store_url, &row.operation_key).await?;
+    ensure!(
+        (stored, finals) == (0, 0) || (stored, finals) == (1, 1),
+        "stopped at {step}: {stored} order rows and {finals} completed receipts (the call is {})",
+        row.state
+    );
+    Ok(stored == 1)
+}
+
+/// Stops an executor at every step of a call in turn, then starts another
+/// on the same store: at the stop, the business row and the final receipt
+/// are both there or both absent; after the restart, the call completed
+/// with exactly one business row, its receipt delivered, and no step left
+/// it to reconciliation.
+///
+/// `open` opens the store for reading while no executor runs.
+pub(crate) async fn both_or_neither_at_every_step<F, Fut>(store_url: &str, open: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn Store>>>,
+{
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    for step in STEPS {
+        let crashed = Arc::new(AtomicBool::new(false));
+        let executor = bench.executor(Some((step, crashed.clone())))?;
+        let running = executor.start().await?;
+        let run_id = bench
+            .submit(vec![NewToolCall::new("orders.place", json!({"amount": 5}))])
+            .await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !crashed.load(Ordering::SeqCst) {
+            if tokio::time::Instant::now() >= deadline {
+                bail!("the executor never reached {step}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Gone, as a lost process: nothing more is written or sent.
+        drop(running);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let call_id = bench
+            .admin
+            .run(&run_id)
+            .await?
+            .tool_calls
+            .first()
+            .context("the run's call")?
+            .call_id
+            .clone();
+        let store = open().await?;
+        let at = format!("a stop at {step}");
+        let before = both_or_neither(store.as_ref(), store_url, &run_id, &call_id, &at).await?;
+        drop(store);
+
+        let running = bench.executor(None)?.start().await?;
+        let call = settled(&bench, &run_id).await?;
+        running
+            .shutdown(Shutdown::Drain {
+                deadline: Duration::from_secs(10),
+            })
+            .await?;
+        ensure!(
+            call.state.as_str() == "completed",
+            "after a stop at {step} the call ended {}",
+            call.state.as_str()
+        );
+        let store = open().await?;
+        let row = store
+            .call(&run_id, &call_id)
+            .await?
+            .context("the call's row")?;
+        ensure!(
+            row.state == LocalState::Delivered,
+            "after a stop at {step} the call is {} (never reconciliation_required)",
+            row.state
+        );
+        let after = format!("a restart after {step}");
+        ensure!(
+            both_or_neither(store.as_ref(), store_url, &run_id, &call_id, &after).await?,
+            "after a stop at {step} and a restart, the order is not stored"
+        );
+        let delivered = store
+            .receipts(&run_id, &call_id)
+            .await?
+            .into_iter()
+            .any(|r| r.kind == ReceiptKind::Completed && r.status == ReceiptStatus::Delivered);
+        ensure!(
+            delivered,
+            "after a stop at {step} the receipt was not delivered"
+        );
+        if before {
+            // Stored before the stop: the restart did not run it again.
+            ensure!(
+                step == "after_final_saved",
+                "the order was stored before {step}"
+            );
+        }
+    }
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// An error after the business write rolls it back: the call fails
+/// (`transaction_rolled_back`), no order is stored; a good call beside it
+/// completes with its order; none ends in reconciliation.
+pub(crate) async fn an_error_rolls_the_business_write_back(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running: RunningExecutor = bench.executor(None)?.start().await?;
+    let bad = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 7, "fail_after_insert": true}),
+        )])
+        .await?;
+    let refused = bench
+        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 0}))])
+        .await?;
+    let calls = (0..12)
+        .map(|n| NewToolCall::new("orders.place", json!({"amount": n + 1})))
+        .collect();
+    let good = bench.submit(calls).await?;
+    let bad_call = settled(&bench, &bad).await?;
+    let refused_call = settled(&bench, &refused).await?;
+    let good_run = bench
+        .admin
+        .wait_settled(&good, Duration::from_secs(60))
+        .await?;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    for (call, code) in [
+        (&bad_call, "transaction_rolled_back"),
+        (&refused_call, "order_refused"),
+    ] {
+        ensure!(
+            call.state.as_str() == "failed",
+            "the call ended {}",
+            call.state.as_str()
+        );
+        let text = serde_json::to_string(call)?;
+        ensure!(
+            text.contains(code),
+            "the call failed without {code}: {text}"
+        );
+    }
+    for (run_id, call) in [(&bad, &bad_call), (&refused, &refused_call)] {
+        let row = store
+            .call(run_id, &call.call_id)
+            .await?
+            .context("the call's row")?;
+        ensure!(
+            row.state == LocalState::Delivered,
+            "the call is {}",
+            row.state
+        );
+        ensure!(
+            orders(store_url, &row.operation_key).await? == 0,
+            "a failed call's order is stored"
+        );
+    }
+    for call in &good_run.tool_calls {
+        ensure!(
+            call.state.as_str() == "completed",
+            "a good call ended {}",
+            call.state.as_str()
+        );
+        let row = store
+            .call(&good, &call.call_id)
+            .await?
+            .context("the call's row")?;
+        ensure!(
+            orders(store_url, &row.operation_key).await? == 1,
+            "a completed call's order is not stored once"
+        );
+    }
+    bench.server.shutdown().await;
+    Ok(())
+}
