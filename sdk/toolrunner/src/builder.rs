@@ -605,6 +605,15 @@ impl Executor {
     }
 }
 
+/// The store at a URL, without a process lock (operators' tools): a
+/// PostgreSQL store for a `postgres://` URL, SQLite otherwise.
+pub(crate) async fn open_store(url: &str) -> Result<Arc<dyn Store>> {
+    if is_postgres(url) {
+        return open_postgres(url).await;
+    }
+    Ok(Arc::new(SqliteStore::open(url).await?))
+}
+
 /// Whether a store URL names a PostgreSQL database.
 fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")

@@ -221,13 +221,14 @@ impl std::fmt::Debug for Reconciler {
 
 impl Reconciler {
     /// Opens the store at a `sqlite://PATH` URL (safe beside a running
-    /// executor: WAL readers, and writes go through guarded transactions).
+    /// executor: WAL readers, and writes go through guarded transactions),
+    /// or, with the `postgres` feature, a `postgres://` URL.
     ///
     /// # Errors
     /// The store cannot be opened.
     pub async fn open(store_url: &str) -> Result<Reconciler> {
         Ok(Reconciler {
-            store: Arc::new(SqliteStore::open(store_url).await?),
+            store: crate::builder::open_store(store_url).await?,
             client: None,
         })
     }
