@@ -296,6 +296,14 @@ mod suite {
                 bail!("row {} is {}", call.call_id, row.state);
             }
         }
+        // The operator's API opens the same database by its URL.
+        let operator = toolrunner::Reconciler::open(&url).await?;
+        let listed = operator
+            .list(&toolrunner::store::CallFilter::default())
+            .await?;
+        if listed.len() != CALLS as usize {
+            bail!("the Reconciler lists {} calls of {CALLS}", listed.len());
+        }
         server.shutdown().await;
         Ok(())
     }
