@@ -31,7 +31,9 @@
 //! interleaving: a replay plays the same schedule, and a failure almost
 //! always shows again (`TOOLRUNNER_SIM_REPEAT=N` plays it N times).
 //! `TOOLRUNNER_SIM_FIRST` is the first seed (default 0) and
-//! `TOOLRUNNER_SIM_PARALLEL` how many seeds run at once (default 12).
+//! `TOOLRUNNER_SIM_PARALLEL` how many seeds run at once (default 12; 4 on
+//! PostgreSQL). With `--features postgres`, `TOOLRUNNER_SIM_PG_URL` puts
+//! every executor's store in a schema of its own in that database.
 
 #![allow(missing_docs)]
 
@@ -46,6 +48,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use toolrunner::protocol::json::{canonical, parse_strict};
 use toolrunner::store::{CallFilter, LocalState, ReceiptStatus, SqliteStore, Store};
+
+/// With `--features postgres`, the stores are schemas of the PostgreSQL
+/// database at this URL instead of SQLite files.
+const PG_URL_VAR: &str = "TOOLRUNNER_SIM_PG_URL";
 use toolrunner::{
     CallContext, Effect, Evidence, Executor, Outcome, Reconciled, Reconciler, RunningExecutor,
     Shutdown, Tool, ToolError, async_trait,
@@ -449,17 +455,28 @@ impl Seed {
             tempfile::tempdir()
         }
         .map_err(|e| e.to_string())?;
-        let slots = (0..executors)
-            .map(|i| Slot {
-                id: format!("sim-exe-{i}"),
-                store_url: format!(
+        let mut slots = Vec::with_capacity(executors);
+        for i in 0..executors {
+            let store_url = match pg_url() {
+                Some(pg) => {
+                    pg_schema(
+                        &pg,
+                        &format!("sim_{seed}_{i}_{:08x}", rand::random::<u32>()),
+                    )
+                    .await?
+                }
+                None => format!(
                     "sqlite://{}",
                     dir.path().join(format!("exe-{i}.db")).display()
                 ),
+            };
+            slots.push(Slot {
+                id: format!("sim-exe-{i}"),
+                store_url,
                 running: None,
                 crashed: Arc::default(),
-            })
-            .collect();
+            });
+        }
         let mut s = Seed {
             seed,
             verbose,
@@ -865,9 +882,7 @@ impl Seed {
             }
         }
         for s in &self.slots {
-            let store = SqliteStore::open(&s.store_url)
-                .await
-                .map_err(|e| e.to_string())?;
+            let store = open_store(&s.store_url).await?;
             for c in store
                 .calls(&CallFilter::default())
                 .await
@@ -925,9 +940,7 @@ impl Seed {
         let mut local: HashMap<String, Vec<(usize, toolrunner::store::LocalCall)>> = HashMap::new();
         let mut local_receipts: HashMap<String, (usize, String, ReceiptStatus)> = HashMap::new();
         for (i, s) in self.slots.iter().enumerate() {
-            let store = SqliteStore::open(&s.store_url)
-                .await
-                .map_err(|e| e.to_string())?;
+            let store = open_store(&s.store_url).await?;
             for c in store
                 .calls(&CallFilter::default())
                 .await
@@ -1082,7 +1095,69 @@ impl Seed {
             s.running.take();
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server.shutdown()).await;
+        if let Some(pg) = pg_url() {
+            for s in &self.slots {
+                drop_schema(&pg, &s.store_url).await;
+            }
+        }
     }
+}
+
+/// The PostgreSQL database the stores live in, if one is given.
+fn pg_url() -> Option<String> {
+    std::env::var(PG_URL_VAR).ok().filter(|u| !u.is_empty())
+}
+
+/// Opens a store by its URL: a schema of the PostgreSQL database, or a
+/// SQLite file.
+async fn open_store(url: &str) -> Result<Arc<dyn Store>, String> {
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres") {
+        let store = toolrunner::store::PgStore::connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(Arc::new(store));
+    }
+    let store = SqliteStore::open(url).await.map_err(|e| e.to_string())?;
+    Ok(Arc::new(store))
+}
+
+/// Creates (and migrates) the schema `schema` in the database at `pg`; the
+/// store URL that uses it.
+async fn pg_schema(pg: &str, schema: &str) -> Result<String, String> {
+    #[cfg(feature = "postgres")]
+    {
+        toolrunner::store::PgStore::connect_in_schema(pg, schema)
+            .await
+            .map_err(|e| format!("PostgreSQL at {PG_URL_VAR}: {e}"))?;
+        let sep = if pg.contains('?') { '&' } else { '?' };
+        Ok(format!("{pg}{sep}options=-c%20search_path%3D{schema}"))
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = schema;
+        Err(format!(
+            "{PG_URL_VAR} is set ({pg}) but the `postgres` feature is off: add --features postgres"
+        ))
+    }
+}
+
+/// Drops the schema a store URL names (the seed is over).
+async fn drop_schema(pg: &str, store_url: &str) {
+    #[cfg(feature = "postgres")]
+    if let Some(schema) = store_url.rsplit("search_path%3D").next() {
+        use sqlx::Connection;
+        if let Ok(mut conn) = sqlx::PgConnection::connect(pg).await {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE"
+            )))
+            .execute(&mut conn)
+            .await;
+            let _ = conn.close().await;
+        }
+    }
+    #[cfg(not(feature = "postgres"))]
+    let _ = (pg, store_url);
 }
 
 async fn bounded<T>(
@@ -1166,7 +1241,12 @@ fn simulation() {
     let default_seeds = if cfg!(debug_assertions) { 60 } else { 2_000 };
     let count = env_u64("TOOLRUNNER_SIM_SEEDS").unwrap_or(default_seeds);
     let first = env_u64("TOOLRUNNER_SIM_FIRST").unwrap_or(0);
-    let parallel = env_u64("TOOLRUNNER_SIM_PARALLEL").unwrap_or(12).max(1) as usize;
+    // On PostgreSQL every executor's store has a pool of connections, and
+    // the server admits 100 by default.
+    let default_parallel = if pg_url().is_some() { 4 } else { 12 };
+    let parallel = env_u64("TOOLRUNNER_SIM_PARALLEL")
+        .unwrap_or(default_parallel)
+        .max(1) as usize;
     let repeat = env_u64("TOOLRUNNER_SIM_REPEAT").unwrap_or(1).max(1);
     let seeds: Vec<u64> = match replay {
         Some(s) => std::iter::repeat_n(s, repeat as usize).collect(),
