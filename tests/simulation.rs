@@ -457,21 +457,24 @@ impl Seed {
         .map_err(|e| e.to_string())?;
         let mut slots = Vec::with_capacity(executors);
         for i in 0..executors {
-            let store_url = match pg_url() {
-                Some(pg) => {
-                    pg_schema(
-                        &pg,
-                        &format!("sim_{seed}_{i}_{:08x}", rand::random::<u32>()),
-                    )
-                    .await?
-                }
-                None => format!(
-                    "sqlite://{}",
-                    dir.path().join(format!("exe-{i}.db")).display()
+            let unique = rand::random::<u32>();
+            let (id, store_url) = match pg_url() {
+                // Executor leases are shared by the whole database: an id
+                // of its own per seed.
+                Some(pg) => (
+                    format!("sim-exe-{i}-{seed}-{unique:08x}"),
+                    pg_schema(&pg, &format!("sim_{seed}_{i}_{unique:08x}")).await?,
+                ),
+                None => (
+                    format!("sim-exe-{i}"),
+                    format!(
+                        "sqlite://{}",
+                        dir.path().join(format!("exe-{i}.db")).display()
+                    ),
                 ),
             };
             slots.push(Slot {
-                id: format!("sim-exe-{i}"),
+                id,
                 store_url,
                 running: None,
                 crashed: Arc::default(),

@@ -106,6 +106,9 @@ struct Bench {
     version: String,
     binding: String,
     store_url: String,
+    /// Its own, so that tests sharing a database (and its executor
+    /// leases) do not fence each other.
+    executor_id: String,
 }
 
 impl Bench {
@@ -127,6 +130,7 @@ impl Bench {
             version: String::new(),
             binding: binding.binding_id,
             store_url: store_url.to_owned(),
+            executor_id: format!("orders-exe-{:08x}", rand::random::<u32>()),
         };
         let executor = bench.executor(None)?;
         bench.version = bench
@@ -144,7 +148,7 @@ impl Bench {
         let mut builder = Executor::builder()
             .base_url(self.server.base_url())
             .token("dev-executor")
-            .executor_id("orders-exe")
+            .executor_id(&self.executor_id)
             .binding_id(&self.binding)
             .store_url(&self.store_url)
             .poll_interval(Duration::from_millis(25))

@@ -42,6 +42,7 @@ pub struct ExecutorBuilder {
     states: States,
     allow_insecure_http: bool,
     crash_plan: Option<CrashPlan>,
+    takeover_grace: Option<Duration>,
 }
 
 impl std::fmt::Debug for ExecutorBuilder {
@@ -84,6 +85,7 @@ impl Default for ExecutorBuilder {
             states: States::default(),
             allow_insecure_http: false,
             crash_plan: None,
+            takeover_grace: None,
         }
     }
 }
@@ -164,6 +166,20 @@ impl ExecutorBuilder {
     /// `toolrunner::store::PgStore`).
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store_url = url.into();
+        self
+    }
+
+    /// Adopts the executor identities that share this executor's
+    /// PostgreSQL database and whose lease lapsed longer than `grace` ago
+    /// (a replica that died for good): an executor of this process then
+    /// connects as that identity, superseding any zombie, recovers its
+    /// calls by the crash table, delivers its outbox and runs its
+    /// reconciliation. Default: never. Needs a `postgres://` store (the
+    /// `postgres` feature); refused at [`build`](Self::build) otherwise.
+    /// Choose a grace well above a restart's length: a process of an
+    /// adopted identity refuses to start.
+    pub fn takeover_grace(mut self, grace: Duration) -> Self {
+        self.takeover_grace = Some(grace);
         self
     }
 
@@ -332,6 +348,12 @@ impl ExecutorBuilder {
         if self.capacity == 0 {
             return Err(Error::new(Kind::Builder, "capacity must be at least 1"));
         }
+        if self.takeover_grace.is_some() && !is_postgres(&self.store_url) {
+            return Err(Error::new(
+                Kind::Builder,
+                "takeover_grace needs a postgres:// store: replicas adopt each other's identities through their shared database",
+            ));
+        }
         if self.tools.is_empty() {
             return Err(Error::new(
                 Kind::Builder,
@@ -400,6 +422,7 @@ impl ExecutorBuilder {
             authorizer,
             definitions,
             crash_plan: self.crash_plan,
+            takeover_grace: self.takeover_grace,
         })
     }
 }
@@ -488,6 +511,8 @@ pub struct Executor {
     authorizer: Arc<dyn Authorizer>,
     definitions: Vec<ToolDefinition>,
     crash_plan: Option<CrashPlan>,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    takeover_grace: Option<Duration>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -550,13 +575,18 @@ impl Executor {
     /// The store cannot be opened, or the platform refuses the connect.
     pub async fn start(self) -> Result<RunningExecutor> {
         if is_postgres(&self.store_url) {
-            let store = open_postgres(&self.store_url).await?;
-            return self.start_locked(store, None).await;
+            return self.start_replica().await;
         }
         // One process per store file: taken before the store is touched.
         let lock = SqliteStore::lock(&self.store_url)?;
         let store = SqliteStore::open(&self.store_url).await?;
-        self.start_locked(Arc::new(store), lock).await
+        self.start_locked(
+            Arc::new(store),
+            lock,
+            #[cfg(feature = "postgres")]
+            None,
+        )
+        .await
     }
 
     /// Like [`start`](Self::start) with a store of your own. No lock is
@@ -567,13 +597,78 @@ impl Executor {
     /// # Errors
     /// The platform refuses the connect.
     pub async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
+        self.start_locked(
+            store,
+            None,
+            #[cfg(feature = "postgres")]
+            None,
+        )
+        .await
+    }
+
+    /// Starts on a PostgreSQL store as this executor's identity: its lease
+    /// is taken (with a new fencing token) before anything is sent.
+    #[cfg(feature = "postgres")]
+    async fn start_replica(self) -> Result<RunningExecutor> {
+        let store = crate::store::PgStore::connect_as(
+            &self.store_url,
+            &self.cfg.executor_id,
+            &self.cfg.instance_id,
+        )
+        .await?;
+        let template = self
+            .takeover_grace
+            .is_some()
+            .then(|| self.adopted_as(&self.cfg.executor_id));
+        let replica = runner::replicas::Replica::new(store.clone(), self.takeover_grace, template);
+        self.start_locked(Arc::new(store), None, Some(replica))
+            .await
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    async fn start_replica(self) -> Result<RunningExecutor> {
+        let store = open_postgres(&self.store_url).await?;
         self.start_locked(store, None).await
+    }
+
+    /// This executor's settings and tools under another executor id (an
+    /// adopted identity), as a new process instance.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn adopted_as(&self, executor_id: &str) -> Executor {
+        let mut cfg = self.cfg.clone();
+        cfg.executor_id = executor_id.to_owned();
+        cfg.instance_id = format!("ins_{}", uuid::Uuid::new_v4().simple());
+        Executor {
+            cfg,
+            client: self.client.fresh(),
+            store_url: self.store_url.clone(),
+            tools: self.tools.clone(),
+            authorizer: self.authorizer.clone(),
+            definitions: self.definitions.clone(),
+            crash_plan: None,
+            takeover_grace: None,
+        }
+    }
+
+    /// Starts as an adopted identity on its (fenced) store. (A boxed
+    /// future: it breaks the cycle start → lease loop → adoption → start.)
+    #[cfg(feature = "postgres")]
+    pub(crate) fn start_adopted(
+        self,
+        store: crate::store::PgStore,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<RunningExecutor>> + Send>> {
+        Box::pin(async move {
+            let replica = runner::replicas::Replica::new(store.clone(), None, None);
+            self.start_locked(Arc::new(store), None, Some(replica))
+                .await
+        })
     }
 
     async fn start_locked(
         self,
         store: Arc<dyn Store>,
         lock: Option<crate::store::StoreLock>,
+        #[cfg(feature = "postgres")] replica: Option<runner::replicas::Replica>,
     ) -> Result<RunningExecutor> {
         let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
         let fence = CancellationToken::new();
@@ -600,6 +695,8 @@ impl Executor {
             fence,
             lock: StdMutex::new(lock),
             crash_plan: self.crash_plan,
+            #[cfg(feature = "postgres")]
+            replica,
         });
         runner::start(core).await
     }

@@ -132,6 +132,18 @@ impl Client {
         })
     }
 
+    /// The same client for another executor of this process: the
+    /// connection pool is shared, the fence and the room for requests are
+    /// its own.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn fresh(&self) -> Client {
+        Client {
+            fence: tokio_util::sync::CancellationToken::new(),
+            call_requests: Arc::new(tokio::sync::Semaphore::new(CALL_REQUESTS)),
+            ..self.clone()
+        }
+    }
+
     /// The platform's base URL (never the token).
     pub(crate) fn base(&self) -> &str {
         &self.base

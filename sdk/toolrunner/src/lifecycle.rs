@@ -1081,7 +1081,12 @@ pub(crate) async fn advance_then(
                 );
                 continue;
             }
-            Err(e @ (StoreError::Refused(_) | StoreError::Closed | StoreError::Conflict(..))) => {
+            Err(
+                e @ (StoreError::Refused(_)
+                | StoreError::Closed
+                | StoreError::Fenced(_)
+                | StoreError::Conflict(..)),
+            ) => {
                 tracing::error!(run_id = key.0, call_id = key.1, event = name, error = %e, "transition not written");
                 return Err(e);
             }

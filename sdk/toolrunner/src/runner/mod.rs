@@ -12,6 +12,8 @@ mod gauges;
 pub(crate) mod outbox;
 mod reconcile;
 mod recovery;
+#[cfg(feature = "postgres")]
+pub(crate) mod replicas;
 mod retention;
 mod stream;
 pub(crate) mod unwind;
@@ -112,6 +114,9 @@ pub(crate) struct Core {
     pub(crate) lock: StdMutex<Option<crate::store::StoreLock>>,
     /// Per-instance fail points (tests and the simulation).
     pub(crate) crash_plan: Option<CrashPlan>,
+    /// The executor identity on a database shared by replicas.
+    #[cfg(feature = "postgres")]
+    pub(crate) replica: Option<replicas::Replica>,
 }
 
 impl Core {
@@ -219,6 +224,11 @@ impl Core {
         self.stop.cancel();
         self.done.cancel();
         self.lock.lock().expect("not poisoned").take();
+        // The identities this process adopted are lost with it.
+        #[cfg(feature = "postgres")]
+        if let Some(replica) = &self.replica {
+            drop(replica.take_adopted());
+        }
     }
 
     /// A fail point after a durable step: `Err` (and the process halted)
@@ -298,6 +308,8 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     tasks.spawn(outbox::outbox_loop(core.clone()));
     tasks.spawn(reconcile::reconcile_loop(core.clone()));
     tasks.spawn(retention::retention_loop(core.clone()));
+    #[cfg(feature = "postgres")]
+    tasks.spawn(replicas::lease_loop(core.clone()));
     if core.cfg.use_stream {
         tasks.spawn(stream::stream_loop(core.clone()));
     }
@@ -363,6 +375,19 @@ impl RunningExecutor {
             }
         }
         let result = connection::disconnect(&self.core, how).await;
+        // The identities this process adopted leave with it.
+        #[cfg(feature = "postgres")]
+        let result = match &self.core.replica {
+            Some(replica) => {
+                let mut result = result;
+                for adopted in replica.take_adopted() {
+                    let stopped = Box::pin(adopted.shutdown(how)).await;
+                    result = result.and(stopped);
+                }
+                result
+            }
+            None => result,
+        };
         self.core.halt();
         while self.tasks.join_next().await.is_some() {}
         result

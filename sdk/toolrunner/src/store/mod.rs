@@ -464,6 +464,11 @@ pub enum StoreError {
     /// The writer task is gone (the store was closed).
     #[error("store writer has stopped")]
     Closed,
+    /// Another replica holds this executor identity now (it adopted it, or
+    /// a newer process of it started): this process must stop, and its
+    /// writes are refused.
+    #[error("{0}")]
+    Fenced(String),
     /// This store cannot do what was asked (a store of your own that
     /// keeps the trait's default [`Store::begin`]).
     #[error("{0}")]

@@ -17,6 +17,9 @@ use super::{
 };
 
 mod changes;
+mod lease;
+
+use lease::Fence;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
 
@@ -33,6 +36,11 @@ const RETRIES: u32 = 3;
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// How to connect (for the stores of other identities: adoption).
+    options: PgConnectOptions,
+    /// The identity this store writes for, and its fencing token: every
+    /// write checks it first (none for a store opened without an identity).
+    fence: Option<Fence>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -63,33 +71,150 @@ impl PgStore {
     /// server cannot be reached or refuses the login, the schema cannot be
     /// created, or a migration fails.
     pub async fn connect_in_schema(url: &str, schema: &str) -> Result<PgStore, StoreError> {
-        check_schema_name(schema)?;
-        let options = PgConnectOptions::from_str(url)?;
-        let mut conn = PgConnection::connect_with(&options).await?;
-        // The name is checked above: nothing in it needs quoting.
-        let create = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
-        let created = sqlx::query(sqlx::AssertSqlSafe(create))
-            .execute(&mut conn)
-            .await;
-        match created {
-            // Another connection created it at the same moment.
-            Err(sqlx::Error::Database(e))
-                if matches!(e.code().as_deref(), Some("23505" | "42P06")) => {}
-            other => {
-                other?;
-            }
+        Self::in_schema(PgConnectOptions::from_str(url)?, schema).await
+    }
+
+    /// The schema an executor identity's store lives in when its URL names
+    /// none (`toolrunner_` and the id in lower case, characters other than
+    /// letters, digits and `_` as `_`, and a hash of the id when that
+    /// changed it or it is long). Operators' tools reach the store with
+    /// `?options=-c%20search_path%3DSCHEMA` on the URL.
+    pub fn identity_schema(executor_id: &str) -> String {
+        let plain: String = executor_id
+            .chars()
+            .map(|c| match c.to_ascii_lowercase() {
+                c @ ('a'..='z' | '0'..='9' | '_') => c,
+                _ => '_',
+            })
+            .collect();
+        let name = format!("toolrunner_{plain}");
+        if plain == executor_id && name.len() <= 63 {
+            return name;
         }
-        conn.close().await?;
-        Self::connect_with(options.options([("search_path", schema)])).await
+        // FNV-1a: stable across versions and platforms.
+        let hash = executor_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let keep: String = name.chars().take(63 - 17).collect();
+        format!("{keep}_{hash:016x}")
+    }
+
+    /// The store of the executor identity `executor_id` at a `postgres://`
+    /// URL, held for the process `holder` (its instance id): the schema the
+    /// URL names (`options=-c search_path=…`), or else the identity's own
+    /// ([`identity_schema`](Self::identity_schema)), so replicas with
+    /// distinct ids share one database and each works only its own rows.
+    /// Takes the identity's lease (`toolrunner_leases.executor_leases`)
+    /// with a new fencing token, which every write of this store checks.
+    ///
+    /// # Errors
+    /// As [`connect_in_schema`](Self::connect_in_schema); and
+    /// [`StoreError::Fenced`] when a replica adopted the identity (this
+    /// process must not run it: start it with a new executor id).
+    pub async fn connect_as(
+        url: &str,
+        executor_id: &str,
+        holder: &str,
+    ) -> Result<PgStore, StoreError> {
+        let options = PgConnectOptions::from_str(url)?;
+        let mut store = if url.contains("search_path") {
+            Self::connect_with(options).await?
+        } else {
+            Self::in_schema(options, &Self::identity_schema(executor_id)).await?
+        };
+        store.migrate_leases().await?;
+        let token = lease::take(&store.pool, executor_id, holder).await?;
+        store.fence = Some(Fence {
+            executor_id: executor_id.to_owned(),
+            token,
+        });
+        Ok(store)
+    }
+
+    /// Adopts, for this store's identity (a replica, process `holder`), one
+    /// identity whose lease was last renewed more than `grace` ago, and
+    /// opens its store, fenced by the adoption's token: `None` when no
+    /// lease lapsed that long.
+    ///
+    /// # Errors
+    /// The database failed, or this store holds no identity.
+    pub(crate) async fn adopt_lapsed(
+        &self,
+        holder: &str,
+        grace: std::time::Duration,
+    ) -> Result<Option<PgStore>, StoreError> {
+        let me = self.fence.as_ref().ok_or_else(|| {
+            StoreError::Unsupported("a store without an identity adopts none".into())
+        })?;
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let Some(fence) =
+            lease::adopt_lapsed(&self.pool, &me.executor_id, holder, grace_ms).await?
+        else {
+            return Ok(None);
+        };
+        let mut adopted = Self::in_schema(
+            self.options.clone(),
+            &Self::identity_schema(&fence.executor_id),
+        )
+        .await?;
+        adopted.fence = Some(fence);
+        Ok(Some(adopted))
+    }
+
+    /// The executor id this store writes for, if it holds one.
+    pub(crate) fn identity(&self) -> Option<&str> {
+        self.fence.as_ref().map(|f| f.executor_id.as_str())
+    }
+
+    /// Renews this store's lease.
+    ///
+    /// # Errors
+    /// [`StoreError::Fenced`] when the identity's token moved on; the
+    /// database failed.
+    pub(crate) async fn renew(&self) -> Result<(), StoreError> {
+        match &self.fence {
+            Some(f) => lease::renew(&self.pool, f).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Creates and migrates the lease table's schema.
+    async fn migrate_leases(&self) -> Result<(), StoreError> {
+        let leases = Self::in_schema_pool(self.options.clone(), lease::SCHEMA).await?;
+        let migrated = lease::migrate(&leases).await;
+        leases.close().await;
+        migrated
+    }
+
+    /// Connects, in `schema` (created if missing, then migrated).
+    async fn in_schema(options: PgConnectOptions, schema: &str) -> Result<PgStore, StoreError> {
+        create_schema(&options, schema).await?;
+        let mut store =
+            Self::connect_with(options.clone().options([("search_path", schema)])).await?;
+        store.options = options;
+        Ok(store)
+    }
+
+    /// A small pool in `schema` (created if missing), not migrated.
+    async fn in_schema_pool(options: PgConnectOptions, schema: &str) -> Result<PgPool, StoreError> {
+        create_schema(&options, schema).await?;
+        Ok(PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.options([("search_path", schema)]))
+            .await?)
     }
 
     async fn connect_with(options: PgConnectOptions) -> Result<PgStore, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(16)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(PgStore { pool })
+        Ok(PgStore {
+            pool,
+            options,
+            fence: None,
+        })
     }
 
     /// Applies `changes` in one transaction; the number of calls pruned.
@@ -105,6 +230,9 @@ impl PgStore {
 
     async fn transaction(&self, changes: &[Change]) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
+        if let Some(fence) = &self.fence {
+            lease::check(&mut tx, fence).await?;
+        }
         let mut notes = Vec::new();
         let mut pruned = 0;
         for change in changes {
@@ -118,15 +246,41 @@ impl PgStore {
     /// Folds the call counts' deltas into `call_counts` (see the
     /// migration), in a transaction of its own.
     async fn fold_counts(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(fence) = &self.fence {
+            lease::check(&mut tx, fence).await?;
+        }
         sqlx::query(
             "WITH moved AS (DELETE FROM call_count_deltas RETURNING state, n),
                   sums AS (SELECT state, SUM(n)::BIGINT AS n FROM moved GROUP BY state)
              UPDATE call_counts c SET n = c.n + sums.n FROM sums WHERE c.state = sums.state",
         )
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(())
     }
+}
+
+/// Creates the schema `schema` if it is missing.
+async fn create_schema(options: &PgConnectOptions, schema: &str) -> Result<(), StoreError> {
+    check_schema_name(schema)?;
+    let mut conn = PgConnection::connect_with(options).await?;
+    // The name is checked above: nothing in it needs quoting.
+    let create = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
+    let created = sqlx::query(sqlx::AssertSqlSafe(create))
+        .execute(&mut conn)
+        .await;
+    match created {
+        // Another connection created it at the same moment.
+        Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("23505" | "42P06")) => {
+        }
+        other => {
+            other?;
+        }
+    }
+    conn.close().await?;
+    Ok(())
 }
 
 /// `[a-z_][a-z0-9_]*`, at most 63 characters (PostgreSQL's limit).
@@ -223,7 +377,11 @@ impl Store for PgStore {
     }
 
     async fn begin(&self) -> Result<super::StoreTransaction, StoreError> {
-        let tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await?;
+        // Checked at once, and held (a shared row lock) until the commit.
+        if let Some(fence) = &self.fence {
+            lease::check(&mut tx, fence).await?;
+        }
         Ok(super::StoreTransaction {
             inner: super::transaction::Inner::Postgres(tx),
         })

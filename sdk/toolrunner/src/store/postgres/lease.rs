@@ -1,0 +1,161 @@
+//! Executor identities shared by replicas on one database: a lease row
+//! per identity with a fencing token (`migrations/postgres-leases`).
+//!
+//! - A process takes its identity's lease before it connects to the
+//!   platform ([`take`]): the token is bumped (fencing out any earlier
+//!   process of the identity), unless a replica adopted the identity, in
+//!   which case the process refuses to start and writes nothing.
+//! - Every write of the identity's store first checks, under a shared row
+//!   lock, that the row still has the writer's token ([`check`]); an
+//!   adoption's update waits for those writes and fences every later one.
+//! - The holder renews the row ([`renew`]); a replica with a takeover grace
+//!   adopts an identity whose renewal lapsed longer ago than the grace
+//!   ([`adopt_lapsed`], `SELECT … FOR UPDATE SKIP LOCKED`).
+use sqlx::PgConnection;
+use sqlx::postgres::PgPool;
+
+use crate::store::StoreError;
+
+/// The schema of the lease table.
+pub(super) const SCHEMA: &str = "toolrunner_leases";
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres-leases");
+
+/// An identity as one writer holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Fence {
+    pub(super) executor_id: String,
+    pub(super) token: i64,
+}
+
+/// Migrates the lease table (in [`SCHEMA`], created if missing) on a pool
+/// whose `search_path` is that schema.
+pub(super) async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+fn fenced(executor_id: &str, why: &str) -> StoreError {
+    StoreError::Fenced(format!(
+        "executor {executor_id} {why}: this process must stop and write nothing more (another replica holds the identity)"
+    ))
+}
+
+/// Takes the identity's lease for the process `holder`: the new token.
+///
+/// # Errors
+/// [`StoreError::Fenced`] when a replica adopted the identity.
+pub(super) async fn take(
+    pool: &PgPool,
+    executor_id: &str,
+    holder: &str,
+) -> Result<i64, StoreError> {
+    let mut tx = pool.begin().await?;
+    let row: Option<(i64, Option<String>)> = sqlx::query_as(
+        "SELECT token, adopted_by FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR UPDATE",
+    )
+    .bind(executor_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some((_, Some(by))) = &row {
+        return Err(fenced(
+            executor_id,
+            &format!(
+                "was adopted by replica {by}, which finished its calls; start this process with a new executor id"
+            ),
+        ));
+    }
+    let token: i64 = sqlx::query_scalar(
+        "INSERT INTO toolrunner_leases.executor_leases (executor_id, token, holder, renewed_at)
+         VALUES ($1, 1, $2, now())
+         ON CONFLICT (executor_id) DO UPDATE SET token = executor_leases.token + 1, holder = $2, renewed_at = now()
+         RETURNING token",
+    )
+    .bind(executor_id)
+    .bind(holder)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(token)
+}
+
+/// Renews the lease `fence` holds.
+///
+/// # Errors
+/// [`StoreError::Fenced`] when the identity's token moved on.
+pub(super) async fn renew(pool: &PgPool, fence: &Fence) -> Result<(), StoreError> {
+    let renewed = sqlx::query(
+        "UPDATE toolrunner_leases.executor_leases SET renewed_at = now() WHERE executor_id = $1 AND token = $2",
+    )
+    .bind(&fence.executor_id)
+    .bind(fence.token)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if renewed == 0 {
+        return Err(fenced(
+            &fence.executor_id,
+            "lost its lease (its fencing token moved on)",
+        ));
+    }
+    Ok(())
+}
+
+/// In a write transaction, before its first write: the identity still has
+/// the writer's token. The shared row lock lasts until the transaction
+/// ends, so an adoption waits for this write and fences the next.
+///
+/// # Errors
+/// [`StoreError::Fenced`] when the token moved on.
+pub(super) async fn check(conn: &mut PgConnection, fence: &Fence) -> Result<(), StoreError> {
+    let token: Option<i64> = sqlx::query_scalar(
+        "SELECT token FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR SHARE",
+    )
+    .bind(&fence.executor_id)
+    .fetch_optional(conn)
+    .await?;
+    if token != Some(fence.token) {
+        return Err(fenced(
+            &fence.executor_id,
+            "lost its lease (its fencing token moved on)",
+        ));
+    }
+    Ok(())
+}
+
+/// Adopts, for the replica `me` (process `holder`), one identity whose
+/// lease was last renewed more than `grace_ms` ago: its id and new token.
+///
+/// # Errors
+/// The database failed.
+pub(super) async fn adopt_lapsed(
+    pool: &PgPool,
+    me: &str,
+    holder: &str,
+    grace_ms: u64,
+) -> Result<Option<Fence>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let lapsed: Option<String> = sqlx::query_scalar(
+        "SELECT executor_id FROM toolrunner_leases.executor_leases
+         WHERE executor_id <> $1 AND renewed_at < now() - make_interval(secs => $2::double precision / 1000)
+         ORDER BY renewed_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(me)
+    .bind(i64::try_from(grace_ms).unwrap_or(i64::MAX) as f64)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(executor_id) = lapsed else {
+        return Ok(None);
+    };
+    let token: i64 = sqlx::query_scalar(
+        "UPDATE toolrunner_leases.executor_leases SET token = token + 1, holder = $2, adopted_by = $3, renewed_at = now()
+         WHERE executor_id = $1 RETURNING token",
+    )
+    .bind(&executor_id)
+    .bind(holder)
+    .bind(me)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Some(Fence { executor_id, token }))
+}
