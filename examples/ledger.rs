@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --example ledger                       # self-contained demo
 //! cargo run --example ledger -- --base-url URL --binding-id ID --executor-id ID \
-//!     --token TOKEN --db PATH|postgres://… --ledger PATH --capacity N --effect-delay-ms N
+//!     --token TOKEN --db PATH|postgres://… --ledger PATH --capacity N --effect-delay-ms N \
+//!     [--takeover-grace-ms N]
 //! ```
 //!
 //! Without `--base-url` it starts the development platform in-process,
@@ -69,6 +70,12 @@ struct Args {
     /// for a human.
     #[arg(long)]
     no_auto_reconcile: bool,
+    /// With a `postgres://` --db shared by replicas: adopt the executor
+    /// identities whose lease lapsed longer than N ms ago (finish their
+    /// calls, outbox and reconciliation under their identity). Default:
+    /// never.
+    #[arg(long, value_name = "N")]
+    takeover_grace_ms: Option<u64>,
 }
 
 /// `ledger.append` arguments.
@@ -229,7 +236,11 @@ fn executor(
     binding_id: &str,
     token: &str,
 ) -> Result<Executor> {
-    Ok(Executor::builder()
+    let mut builder = Executor::builder();
+    if let Some(ms) = args.takeover_grace_ms {
+        builder = builder.takeover_grace(Duration::from_millis(ms));
+    }
+    Ok(builder
         .base_url(base_url)
         .token(token)
         .executor_id(&args.executor_id)

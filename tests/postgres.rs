@@ -22,6 +22,10 @@ mod store_contract;
 #[path = "transactional/mod.rs"]
 mod transactional;
 
+#[cfg(feature = "postgres")]
+#[path = "replicas/mod.rs"]
+mod replicas;
+
 fn main() -> ExitCode {
     let args = Arguments::from_args();
     let url = std::env::var("TOOLRUNNER_TEST_PG_URL")
@@ -124,6 +128,14 @@ mod suite {
                 },
             ),
             (
+                "replicas::a_write_with_an_older_fencing_token_is_refused",
+                |_, u| {
+                    Box::pin(async move {
+                        super::replicas::a_write_with_an_older_token_is_refused(&u).await
+                    })
+                },
+            ),
+            (
                 "transactional::an_error_rolls_the_business_write_back",
                 |s, u| {
                     Box::pin(async move {
@@ -132,17 +144,35 @@ mod suite {
                 },
             ),
         ];
-        tests
+        let mut trials: Vec<Trial> = tests
             .into_iter()
             .map(|(name, body)| {
                 let url = url.to_owned();
                 Trial::test(name, move || in_schema(&url, name, body))
             })
-            .collect()
+            .collect();
+        let url = url.to_owned();
+        trials.push(Trial::test(
+            "replicas::three_processes_killed_at_random_one_for_good_adopted_and_the_zombie_writes_nothing",
+            move || on_runtime(super::replicas::three_replicas_one_killed_for_good(&url)),
+        ));
+        trials
     }
 
     /// Runs `body` on a store in a new schema named after the test, which
     /// is dropped afterwards (kept if the test failed, to look at).
+    /// Runs `body` on a runtime of its own.
+    fn on_runtime(body: impl Future<Output = Result<()>>) -> Result<(), Failed> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| Failed::from(e.to_string()))?;
+        runtime
+            .block_on(body)
+            .map_err(|e| Failed::from(format!("{e:#}")))
+    }
+
     fn in_schema(url: &str, name: &str, body: Body) -> Result<(), Failed> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -250,7 +280,7 @@ mod suite {
         let executor = Executor::builder()
             .base_url(server.base_url())
             .token("dev-executor")
-            .executor_id("pg-exe")
+            .executor_id(format!("pg-exe-{:08x}", rand::random::<u32>()))
             .binding_id(&binding.binding_id)
             .store_url(&url)
             .allow_all()

@@ -613,6 +613,7 @@ impl Executor {
         let store = crate::store::PgStore::connect_as(
             &self.store_url,
             &self.cfg.executor_id,
+            &self.cfg.binding_id,
             &self.cfg.instance_id,
         )
         .await?;

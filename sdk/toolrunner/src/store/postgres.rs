@@ -100,7 +100,9 @@ impl PgStore {
     }
 
     /// The store of the executor identity `executor_id` at a `postgres://`
-    /// URL, held for the process `holder` (its instance id): the schema the
+    /// URL, serving the executor binding `binding_id` (replicas of one
+    /// binding adopt each other), held for the process `holder` (its
+    /// instance id): the schema the
     /// URL names (`options=-c search_path=…`), or else the identity's own
     /// ([`identity_schema`](Self::identity_schema)), so replicas with
     /// distinct ids share one database and each works only its own rows.
@@ -114,6 +116,7 @@ impl PgStore {
     pub async fn connect_as(
         url: &str,
         executor_id: &str,
+        binding_id: &str,
         holder: &str,
     ) -> Result<PgStore, StoreError> {
         let options = PgConnectOptions::from_str(url)?;
@@ -123,9 +126,10 @@ impl PgStore {
             Self::in_schema(options, &Self::identity_schema(executor_id)).await?
         };
         store.migrate_leases().await?;
-        let token = lease::take(&store.pool, executor_id, holder).await?;
+        let token = lease::take(&store.pool, executor_id, holder, binding_id).await?;
         store.fence = Some(Fence {
             executor_id: executor_id.to_owned(),
+            binding_id: binding_id.to_owned(),
             token,
         });
         Ok(store)
@@ -147,8 +151,14 @@ impl PgStore {
             StoreError::Unsupported("a store without an identity adopts none".into())
         })?;
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-        let Some(fence) =
-            lease::adopt_lapsed(&self.pool, &me.executor_id, holder, grace_ms).await?
+        let Some(fence) = lease::adopt_lapsed(
+            &self.pool,
+            &me.executor_id,
+            holder,
+            &me.binding_id,
+            grace_ms,
+        )
+        .await?
         else {
             return Ok(None);
         };
@@ -207,6 +217,8 @@ impl PgStore {
     async fn connect_with(options: PgConnectOptions) -> Result<PgStore, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(16)
+            // Replicas share the server's connections: an idle one goes.
+            .idle_timeout(std::time::Duration::from_secs(30))
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;

@@ -9,8 +9,9 @@
 //!   lock, that the row still has the writer's token ([`check`]); an
 //!   adoption's update waits for those writes and fences every later one.
 //! - The holder renews the row ([`renew`]); a replica with a takeover grace
-//!   adopts an identity whose renewal lapsed longer ago than the grace
-//!   ([`adopt_lapsed`], `SELECT … FOR UPDATE SKIP LOCKED`).
+//!   adopts an identity of the same executor binding whose renewal lapsed
+//!   longer ago than the grace ([`adopt_lapsed`], `SELECT … FOR UPDATE
+//!   SKIP LOCKED`, so two replicas never adopt the same one).
 use sqlx::PgConnection;
 use sqlx::postgres::PgPool;
 
@@ -25,6 +26,9 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/post
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Fence {
     pub(super) executor_id: String,
+    /// The executor binding it serves (replicas of one binding adopt each
+    /// other).
+    pub(super) binding_id: String,
     pub(super) token: i64,
 }
 
@@ -49,6 +53,7 @@ pub(super) async fn take(
     pool: &PgPool,
     executor_id: &str,
     holder: &str,
+    binding_id: &str,
 ) -> Result<i64, StoreError> {
     let mut tx = pool.begin().await?;
     let row: Option<(i64, Option<String>)> = sqlx::query_as(
@@ -66,13 +71,14 @@ pub(super) async fn take(
         ));
     }
     let token: i64 = sqlx::query_scalar(
-        "INSERT INTO toolrunner_leases.executor_leases (executor_id, token, holder, renewed_at)
-         VALUES ($1, 1, $2, now())
-         ON CONFLICT (executor_id) DO UPDATE SET token = executor_leases.token + 1, holder = $2, renewed_at = now()
+        "INSERT INTO toolrunner_leases.executor_leases (executor_id, token, holder, renewed_at, binding_id)
+         VALUES ($1, 1, $2, now(), $3)
+         ON CONFLICT (executor_id) DO UPDATE SET token = executor_leases.token + 1, holder = $2, renewed_at = now(), binding_id = $3
          RETURNING token",
     )
     .bind(executor_id)
     .bind(holder)
+    .bind(binding_id)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -123,8 +129,9 @@ pub(super) async fn check(conn: &mut PgConnection, fence: &Fence) -> Result<(), 
     Ok(())
 }
 
-/// Adopts, for the replica `me` (process `holder`), one identity whose
-/// lease was last renewed more than `grace_ms` ago: its id and new token.
+/// Adopts, for the replica `me` (process `holder`) serving `binding_id`,
+/// one identity of the same binding whose lease was last renewed more than
+/// `grace_ms` ago: its id and new token.
 ///
 /// # Errors
 /// The database failed.
@@ -132,16 +139,19 @@ pub(super) async fn adopt_lapsed(
     pool: &PgPool,
     me: &str,
     holder: &str,
+    binding_id: &str,
     grace_ms: u64,
 ) -> Result<Option<Fence>, StoreError> {
     let mut tx = pool.begin().await?;
     let lapsed: Option<String> = sqlx::query_scalar(
         "SELECT executor_id FROM toolrunner_leases.executor_leases
-         WHERE executor_id <> $1 AND renewed_at < now() - make_interval(secs => $2::double precision / 1000)
+         WHERE binding_id = $3 AND binding_id <> '' AND executor_id <> $1
+           AND renewed_at < now() - make_interval(secs => $2::double precision / 1000)
          ORDER BY renewed_at LIMIT 1 FOR UPDATE SKIP LOCKED",
     )
     .bind(me)
     .bind(i64::try_from(grace_ms).unwrap_or(i64::MAX) as f64)
+    .bind(binding_id)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(executor_id) = lapsed else {
@@ -157,5 +167,9 @@ pub(super) async fn adopt_lapsed(
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(Some(Fence { executor_id, token }))
+    Ok(Some(Fence {
+        executor_id,
+        binding_id: binding_id.to_owned(),
+        token,
+    }))
 }
