@@ -970,7 +970,7 @@ enum DurableStore {
     },
     #[cfg(feature = "postgres")]
     Postgres {
-        store: toolrunner::store::PgStore,
+        store: Box<toolrunner::store::PgStore>,
         url: String,
         schema: String,
         wal_syncs: i64,
@@ -994,7 +994,7 @@ impl DurableStore {
                 let store = toolrunner::store::PgStore::connect_in_schema(url, &schema).await?;
                 let wal_syncs = pg_wal_syncs(url).await?;
                 Ok(DurableStore::Postgres {
-                    store,
+                    store: Box::new(store),
                     url: url.to_owned(),
                     schema,
                     wal_syncs,
@@ -1011,7 +1011,7 @@ impl DurableStore {
         match self {
             DurableStore::Sqlite { store, .. } => Arc::new(store.clone()),
             #[cfg(feature = "postgres")]
-            DurableStore::Postgres { store, .. } => Arc::new(store.clone()),
+            DurableStore::Postgres { store, .. } => Arc::new((**store).clone()),
         }
     }
 
