@@ -29,10 +29,11 @@ const RETRIES: u32 = 3;
 
 /// The PostgreSQL store. Cheap to clone (the pool is shared).
 ///
-/// Unlike a SQLite store file, one database can serve several executor
-/// processes only if each has a schema of its own
-/// ([`connect_in_schema`](Self::connect_in_schema)): two executors must
-/// never drive the same calls.
+/// One database serves several executor processes: each executor identity
+/// has a schema of its own ([`connect_as`](Self::connect_as), which the
+/// executor uses for a `postgres://` store URL), held through a lease with
+/// a fencing token that every write checks, so two processes never drive
+/// the same calls.
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
