@@ -136,6 +136,14 @@ mod suite {
                 },
             ),
             (
+                "replicas::a_running_executor_whose_lease_moved_on_stops",
+                |_, u| {
+                    Box::pin(async move {
+                        super::replicas::a_running_executor_whose_lease_moved_on_stops(&u).await
+                    })
+                },
+            ),
+            (
                 "transactional::an_error_rolls_the_business_write_back",
                 |s, u| {
                     Box::pin(async move {

@@ -594,3 +594,55 @@ pub(crate) async fn a_write_with_an_older_token_is_refused(url: &str) -> Result<
     );
     clean_up(url, &[id]).await
 }
+
+/// A running executor whose identity moves on (here a newer process of the
+/// same id takes the lease, as an adoption does) stops by itself, saying
+/// why, and its store refuses its writes from then on.
+pub(crate) async fn a_running_executor_whose_lease_moved_on_stops(url: &str) -> Result<()> {
+    let id = format!("moved-{:08x}", rand::random::<u32>());
+    let server = DevServer::builder()
+        .listen("127.0.0.1:0".parse()?)
+        .start()
+        .await?;
+    let admin = Platform::new(&server.base_url(), "dev-admin")?;
+    let agent = admin.create_agent("moved").await?;
+    let binding = admin
+        .create_binding(&agent.agent_id, "moved", &["moved.echo"])
+        .await?;
+    let running = toolrunner::Executor::builder()
+        .base_url(server.base_url())
+        .token("dev-executor")
+        .executor_id(&id)
+        .binding_id(&binding.binding_id)
+        .store_url(url)
+        .allow_all()
+        .tool(toolrunner::tool::read("moved.echo", echo).describe("Echoes."))
+        .build()?
+        .start()
+        .await?;
+    // The identity moves on.
+    let _newer = PgStore::connect_as(url, &id, &binding.binding_id, "ins_newer").await?;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), running.wait())
+        .await
+        .context("the executor did not stop within 10 s of losing its lease")?;
+    let why = stopped.err().context("it stopped without an error")?;
+    ensure!(
+        why.to_string().contains("lost its lease"),
+        "it stopped for another reason: {why}"
+    );
+    drop(running);
+    server.shutdown().await;
+    clean_up(url, &[id]).await
+}
+
+/// `moved.echo` arguments and result.
+#[toolrunner::schema]
+#[derive(serde::Deserialize, serde::Serialize)]
+struct Echo {
+    /// Anything.
+    text: String,
+}
+
+async fn echo(_ctx: toolrunner::CallContext, input: Echo) -> Result<Echo, toolrunner::ToolError> {
+    Ok(input)
+}
