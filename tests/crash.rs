@@ -139,6 +139,80 @@ impl Tool for Recorder {
 
 // --------------------------------------------------------------- harness
 
+/// With `--features postgres`, every store of these tests is a schema of
+/// its own in the PostgreSQL database at this URL instead of a SQLite file
+/// (`TOOLRUNNER_CRASH_PG_URL=postgres://… cargo test --features postgres
+/// --test crash`).
+const PG_URL_VAR: &str = "TOOLRUNNER_CRASH_PG_URL";
+
+fn pg_url() -> Option<String> {
+    std::env::var(PG_URL_VAR).ok().filter(|u| !u.is_empty())
+}
+
+/// The schemas this test created, dropped when it ends.
+static SCHEMAS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// A new, empty store: a file in `dir`, or a schema of its own.
+async fn fresh_store(dir: &std::path::Path) -> String {
+    match pg_url() {
+        Some(pg) => pg_schema(&pg).await,
+        None => format!("sqlite://{}", dir.join("exec.db").display()),
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn pg_schema(pg: &str) -> String {
+    let schema = format!("crash_{:08x}", rand::random::<u32>());
+    toolrunner::store::PgStore::connect_in_schema(pg, &schema)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {PG_URL_VAR} answers: {e}"));
+    SCHEMAS.lock().expect("lock").push(schema.clone());
+    let sep = if pg.contains('?') { '&' } else { '?' };
+    format!("{pg}{sep}options=-c%20search_path%3D{schema}")
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn pg_schema(pg: &str) -> String {
+    panic!("{PG_URL_VAR} is set ({pg}) but the `postgres` feature is off: add --features postgres")
+}
+
+/// Opens a store by its URL, beside the executor.
+async fn open_store(url: &str) -> Arc<dyn Store> {
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres") {
+        return Arc::new(
+            toolrunner::store::PgStore::connect(url)
+                .await
+                .expect("the store opens for inspection"),
+        );
+    }
+    Arc::new(
+        SqliteStore::open(url)
+            .await
+            .expect("the store opens for inspection"),
+    )
+}
+
+/// Drops the schemas the test created.
+async fn drop_schemas() {
+    let schemas = std::mem::take(&mut *SCHEMAS.lock().expect("lock"));
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = pg_url() {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&pg).await.expect("PostgreSQL");
+        for schema in schemas {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE"
+            )))
+            .execute(&mut conn)
+            .await
+            .expect("schema dropped");
+        }
+    }
+    #[cfg(not(feature = "postgres"))]
+    drop(schemas);
+}
+
 /// Runs `body` on a fresh multi-threaded runtime while holding the
 /// fail-point scenario (which also clears every fail point before and after).
 fn with_failpoints<F: Future<Output = ()>>(body: F) {
@@ -149,7 +223,10 @@ fn with_failpoints<F: Future<Output = ()>>(body: F) {
         .enable_all()
         .build()
         .expect("runtime")
-        .block_on(body);
+        .block_on(async {
+            body.await;
+            drop_schemas().await;
+        });
     scenario.teardown();
 }
 
@@ -226,7 +303,7 @@ struct Row {
     _dir: tempfile::TempDir,
     /// The handler invocations of every executor started with [`Row::start`].
     log: Log,
-    local: Option<SqliteStore>,
+    local: Option<Arc<dyn Store>>,
 }
 
 struct Options {
@@ -302,7 +379,7 @@ impl Row {
             .as_str()
             .expect("binding_id")
             .to_owned();
-        let store_url = format!("sqlite://{}", dir.path().join("exec.db").display());
+        let store_url = fresh_store(dir.path()).await;
         let definitions = build_executor(
             &binding_id,
             &platform.server.base_url(),
@@ -350,11 +427,7 @@ impl Row {
     async fn start_custom(&mut self, o: &Options) -> RunningExecutor {
         let running = self.start_with(o).await;
         if self.local.is_none() {
-            self.local = Some(
-                SqliteStore::open(&self.store_url)
-                    .await
-                    .expect("the executor's store opens for inspection"),
-            );
+            self.local = Some(open_store(&self.store_url).await);
         }
         running
     }
@@ -366,8 +439,8 @@ impl Row {
             .expect("executor starts")
     }
 
-    fn store(&self) -> &SqliteStore {
-        self.local.as_ref().expect("an executor was started")
+    fn store(&self) -> &dyn Store {
+        self.local.as_deref().expect("an executor was started")
     }
 
     async fn local_call(&self) -> Option<LocalCall> {
@@ -947,7 +1020,7 @@ fn outstanding_claim_unknown_to_the_store_is_released() {
         assert_eq!(row.platform_call().await["state"], "claimed");
 
         let dir_b = tempfile::tempdir().expect("tempdir");
-        let store_b = format!("sqlite://{}", dir_b.path().join("exec.db").display());
+        let store_b = fresh_store(dir_b.path()).await;
         let log_b = Log::default();
         let b = row
             .start_with(&Options {
@@ -958,7 +1031,7 @@ fn outstanding_claim_unknown_to_the_store_is_released() {
             .await;
         let pending = row.wait_platform("pending").await;
         assert_eq!(pending["assignment_id"], Value::Null);
-        let inspect_b = SqliteStore::open(&store_b).await.expect("store B");
+        let inspect_b = open_store(&store_b).await;
         let known = eventually("B records the call released", LIMIT, || async {
             inspect_b
                 .call(&row.run_id, &row.call_id)
@@ -1008,12 +1081,12 @@ fn outstanding_running_call_unknown_to_the_store_needs_reconciliation() {
         fail::remove("after_accepted_confirmed");
 
         let dir_b = tempfile::tempdir().expect("tempdir");
-        let store_b = format!("sqlite://{}", dir_b.path().join("exec.db").display());
+        let store_b = fresh_store(dir_b.path()).await;
         let log_b = Log::default();
         let b = row.start_with(&Options::new(&store_b, &log_b)).await;
         let call = row.wait_platform("reconciliation_required").await;
         assert_eq!(receipt_kinds(&call), ["accepted"]);
-        let inspect_b = SqliteStore::open(&store_b).await.expect("store B");
+        let inspect_b = open_store(&store_b).await;
         let known = eventually("B records reconciliation_required", LIMIT, || async {
             inspect_b
                 .call(&row.run_id, &row.call_id)
@@ -1145,11 +1218,8 @@ mod transactional;
 fn transactional_handler_business_row_and_receipt_are_both_or_neither_at_every_step() {
     with_failpoints(async {
         let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}", dir.path().join("executor.db").display());
-        let open = || async {
-            let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&url).await?);
-            Ok(store)
-        };
+        let url = fresh_store(dir.path()).await;
+        let open = || async { Ok(open_store(&url).await) };
         transactional::both_or_neither_at_every_step(&url, open)
             .await
             .expect("both or neither");
@@ -1162,8 +1232,8 @@ fn transactional_handler_business_row_and_receipt_are_both_or_neither_at_every_s
 fn transactional_handler_error_rolls_its_write_back() {
     with_failpoints(async {
         let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}", dir.path().join("executor.db").display());
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&url).await.expect("store"));
+        let url = fresh_store(dir.path()).await;
+        let store = open_store(&url).await;
         transactional::an_error_rolls_the_business_write_back(&url, store)
             .await
             .expect("rolled back");

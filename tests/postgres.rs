@@ -196,8 +196,10 @@ mod suite {
                     without_password(url)
                 )
             })?;
-                body(Arc::new(store), schema_url(url, &schema)).await?;
-                drop_schema(url, &schema).await
+                let outcome = body(Arc::new(store), schema_url(url, &schema)).await;
+                // Dropped whether the test passed or not.
+                let dropped = drop_schema(url, &schema).await;
+                outcome.and(dropped)
             });
         outcome.map_err(|e| Failed::from(format!("{e:#}")))
     }
