@@ -1239,3 +1239,16 @@ fn transactional_handler_error_rolls_its_write_back() {
             .expect("rolled back");
     });
 }
+
+/// A transactional handler that reported progress first completes once.
+#[test]
+fn transactional_handler_with_progress_first_completes_once() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let store = open_store(&url).await;
+        transactional::progress_before_the_transaction_completes_once(&url, store)
+            .await
+            .expect("completes once");
+    });
+}

@@ -144,6 +144,15 @@ mod suite {
                 },
             ),
             (
+                "transactional::progress_before_the_transaction_completes_once",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::progress_before_the_transaction_completes_once(&u, s)
+                            .await
+                    })
+                },
+            ),
+            (
                 "transactional::an_error_rolls_the_business_write_back",
                 |s, u| {
                     Box::pin(async move {

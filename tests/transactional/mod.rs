@@ -47,6 +47,9 @@ pub(crate) struct Order {
     /// Fail after the insert (the insert must be rolled back).
     #[serde(default)]
     pub(crate) fail_after_insert: bool,
+    /// Report progress before opening the transaction.
+    #[serde(default)]
+    pub(crate) progress_first: bool,
 }
 
 /// `orders.place` result.
@@ -87,6 +90,11 @@ async fn insert(tx: &mut Transaction, key: &str, amount: i64) -> Result<(), Tool
 #[toolrunner::tool(name = "orders.place", effect = transactional)]
 async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
     RUNS.fetch_add(1, Ordering::SeqCst);
+    if order.progress_first {
+        ctx.progress("checking the stock")
+            .await
+            .map_err(|e| ToolError::failed("progress", e.to_string()))?;
+    }
     let mut tx = ctx.transaction().await?;
     insert(&mut tx, ctx.operation_key(), order.amount).await?;
     // Between the business write and the return: a test stops here.
@@ -420,6 +428,59 @@ pub(crate) async fn an_error_rolls_the_business_write_back(
             "a completed call's order is not stored once"
         );
     }
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// A handler that reported progress before opening its transaction (the
+/// call's row moved on meanwhile) completes once, with one order row and
+/// one progress receipt: its transaction commits against the row as it is.
+pub(crate) async fn progress_before_the_transaction_completes_once(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let run_id = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 3, "progress_first": true}),
+        )])
+        .await?;
+    let run = bench
+        .admin
+        .wait_settled(&run_id, Duration::from_secs(20))
+        .await;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    let run = run.context("the call did not settle within 20 s")?;
+    let call = run.tool_calls.first().context("the run's call")?;
+    ensure!(
+        call.state.as_str() == "completed",
+        "the call ended {}",
+        call.state.as_str()
+    );
+    let progress = call
+        .receipts
+        .iter()
+        .filter(|r| r.kind == ReceiptKind::Progress)
+        .count();
+    ensure!(
+        progress == 1,
+        "{progress} progress receipts (the handler ran again)"
+    );
+    let row = store
+        .call(&run_id, &call.call_id)
+        .await?
+        .context("the call's row")?;
+    ensure!(
+        orders(store_url, &row.operation_key).await? == 1,
+        "the order is not stored once"
+    );
     bench.server.shutdown().await;
     Ok(())
 }

@@ -321,7 +321,7 @@ impl CallContext {
 
 /// A handler's hold on its call's transaction
 /// ([`CallContext::transaction`]): run the business writes on
-/// [`sqlite`](Self::sqlite) or [`postgres`](Self::postgres), whichever the
+/// [`sqlite`](Self::sqlite) or `postgres` (the `postgres` feature), whichever the
 /// store is. Dropping it does not end the transaction: the executor
 /// commits it with the final receipt, or rolls it back.
 pub struct Transaction {

@@ -15,7 +15,9 @@ use crate::client::ClientError;
 use crate::context::{CallContext, ProgressError};
 use crate::handler::{Effect, ErasedTool, ToolError};
 use crate::lifecycle::{self, Advanced, Event, FinalReceipt, Reads, Snapshot};
-use crate::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus, StoreTransaction};
+use crate::store::{
+    LocalCall, LocalState, OutboxReceipt, ReceiptStatus, StoreTransaction, TxError,
+};
 
 /// Starts driving a call on its own task. (A plain function with a boxed
 /// future: it breaks the async cycle drive → connect → resume → drive.)
@@ -151,6 +153,9 @@ async fn steps(
             }
             LocalState::Running => {
                 let (next, receipt) = Box::pin(run(core, call, !confirmed, cancel)).await?;
+                // One confirmation starts one handler: a call found
+                // `running` again is resumed as after a crash.
+                confirmed = false;
                 saved_final = receipt;
                 next
             }
@@ -565,10 +570,11 @@ async fn run(
         ),
     };
     core.crash_point("after_handler")?;
-    let event = outcome_event(asg, outcome, tool.effect() == Effect::Transactional);
+    let transactional = tool.effect() == Effect::Transactional;
+    let event = outcome_event(asg, outcome, transactional);
     let completed = matches!(&event, Event::HandlerFinished { outcome } if outcome.kind == ReceiptKind::Completed);
     let moved = match transaction.filter(|_| completed) {
-        Some(tx) => commit_in(core, &key, &call, tx, event.clone()).await?,
+        Some(tx) => commit_in(core, &key, asg, tx, event.clone(), transactional).await?,
         None => core
             .advance_from(
                 &key,
@@ -605,17 +611,48 @@ async fn run(
 
 /// Saves the call's `completed` (`event`) in the handler's own
 /// transaction, after its business writes, and commits once: both are
-/// stored or neither is. The row's compare-and-set is in the same
-/// transaction, so a call that moved on meanwhile keeps nothing of it.
+/// stored or neither is. The decision is taken on the row as the
+/// transaction itself reads it, locked until the commit, so a change
+/// committed meanwhile (a progress receipt) cannot make it stale.
 async fn commit_in(
     core: &Arc<Core>,
     key: &CallKey,
-    call: &LocalCall,
-    tx: StoreTransaction,
+    asg: &Assignment,
+    mut tx: StoreTransaction,
     event: Event,
+    transactional: bool,
 ) -> Result<Advanced, String> {
+    let id = asg.assignment_id.clone();
+    // Nothing of the transaction is stored: the call settles as a handler
+    // whose writes were lost (a transactional tool fails; a write tool's
+    // other effects are unknown).
+    let not_written = |e: String| {
+        let why = format!("the call's transaction could not be written: {e}");
+        outcome_event(asg, Err(ToolError::unknown(why)), transactional)
+    };
+    let current = match tx.locked_call(&key.run_id, &key.call_id).await {
+        Ok(c) => c,
+        Err(e) => {
+            drop(tx);
+            let event = not_written(e.to_string());
+            return core
+                .advance(key, Reads::Row, while_in(LocalState::Running, id, event))
+                .await
+                .map_err(|e| e.to_string());
+        }
+    };
+    let running = current.as_ref().is_some_and(|c| {
+        c.state == LocalState::Running
+            && c.assignment
+                .as_ref()
+                .is_some_and(|a| a.assignment_id == asg.assignment_id)
+    });
+    if !running {
+        // The call moved on while the handler ran: its writes roll back.
+        return Ok(Advanced::Stayed(current));
+    }
     let snapshot = Snapshot {
-        call: Some(call.clone()),
+        call: current,
         receipts: None,
     };
     let plan = lifecycle::plan(
@@ -628,13 +665,23 @@ async fn commit_in(
     if core.fence.is_cancelled() {
         return Err(super::CRASH.into());
     }
-    let Err(e) = tx.commit_with(&plan.changes).await else {
-        return Ok(Advanced::Moved {
-            call: plan.call,
-            receipt: plan.receipt,
-        });
+    let e = match tx.commit_with(&plan.changes).await {
+        Ok(()) => {
+            return Ok(Advanced::Moved {
+                call: plan.call,
+                receipt: plan.receipt,
+            });
+        }
+        Err(TxError::NotWritten(e)) => {
+            let event = not_written(e.to_string());
+            return core
+                .advance(key, Reads::Row, while_in(LocalState::Running, id, event))
+                .await
+                .map_err(|e| e.to_string());
+        }
+        Err(TxError::Unknown(e)) => e,
     };
-    // Refused, or an interrupted `COMMIT` whose outcome only the row tells.
+    // An interrupted `COMMIT`: only the row tells whether it is stored.
     let now = read(core, key).await?;
     if now.version == plan.call.version
         && now.state == plan.call.state
@@ -646,14 +693,11 @@ async fn commit_in(
             receipt: plan.receipt,
         });
     }
-    if now.state == LocalState::Running && now.version == call.version {
-        // Nothing of it is stored: the call waits in `running`, and is
-        // resumed as after a crash (a transactional tool runs again).
-        return Err(format!(
-            "the handler's transaction did not commit, so nothing of it is stored: {e}"
-        ));
-    }
-    Ok(Advanced::Stayed(Some(now)))
+    // Not stored: the call waits in `running`, and is resumed as after a
+    // crash (a transactional tool runs again).
+    Err(format!(
+        "the handler's transaction did not commit, so nothing of it is stored: {e}"
+    ))
 }
 
 /// The lifecycle event for a handler's outcome. A transactional tool's

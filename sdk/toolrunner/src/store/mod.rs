@@ -18,6 +18,7 @@ use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 pub use postgres::PgStore;
 pub use sqlite::{SqliteStore, StoreLock, WriterStats};
 pub use transaction::StoreTransaction;
+pub(crate) use transaction::TxError;
 
 /// A point in time: UTC, to the millisecond (stored as RFC 3339).
 pub type Timestamp = chrono::DateTime<chrono::Utc>;

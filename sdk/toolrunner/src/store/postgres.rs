@@ -126,8 +126,12 @@ impl PgStore {
         } else {
             Self::in_schema(options, &Self::identity_schema(executor_id)).await?
         };
+        store.claim_schema(executor_id).await?;
         store.migrate_leases().await?;
-        let token = lease::take(&store.pool, executor_id, holder, binding_id).await?;
+        let schema: String = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(&store.pool)
+            .await?;
+        let token = lease::take(&store.pool, executor_id, holder, binding_id, &schema).await?;
         store.fence = Some(Fence {
             executor_id: executor_id.to_owned(),
             binding_id: binding_id.to_owned(),
@@ -152,7 +156,7 @@ impl PgStore {
             StoreError::Unsupported("a store without an identity adopts none".into())
         })?;
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-        let Some(fence) = lease::adopt_lapsed(
+        let Some((fence, schema)) = lease::adopt_lapsed(
             &self.pool,
             &me.executor_id,
             holder,
@@ -163,11 +167,14 @@ impl PgStore {
         else {
             return Ok(None);
         };
-        let mut adopted = Self::in_schema(
-            self.options.clone(),
-            &Self::identity_schema(&fence.executor_id),
-        )
-        .await?;
+        // The store its holder used (its own schema when none is recorded).
+        let schema = if schema.is_empty() {
+            Self::identity_schema(&fence.executor_id)
+        } else {
+            schema
+        };
+        let mut adopted = Self::in_schema(self.options.clone(), &schema).await?;
+        adopted.claim_schema(&fence.executor_id).await?;
         adopted.fence = Some(fence);
         Ok(Some(adopted))
     }
@@ -187,6 +194,30 @@ impl PgStore {
             Some(f) => lease::renew(&self.pool, f).await,
             None => Ok(()),
         }
+    }
+
+    /// Records `executor_id` as the identity whose calls this store's
+    /// schema holds, or checks that it is the one recorded.
+    ///
+    /// # Errors
+    /// [`StoreError::Refused`] when the schema holds another identity's
+    /// calls.
+    async fn claim_schema(&self, executor_id: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO store_identity (executor_id) VALUES ($1) ON CONFLICT (one) DO NOTHING",
+        )
+        .bind(executor_id)
+        .execute(&self.pool)
+        .await?;
+        let owner: String = sqlx::query_scalar("SELECT executor_id FROM store_identity")
+            .fetch_one(&self.pool)
+            .await?;
+        if owner != executor_id {
+            return Err(StoreError::Refused(format!(
+                "this store's schema holds the calls of executor {owner}, not {executor_id}: give every executor id a schema of its own (leave search_path out of the URL, and each id gets toolrunner_<id>)"
+            )));
+        }
+        Ok(())
     }
 
     /// Creates and migrates the lease table's schema.
@@ -326,7 +357,7 @@ fn retryable(e: &StoreError) -> bool {
     }
 }
 
-fn call_row(row: &PgRow) -> Result<LocalCall, StoreError> {
+pub(super) fn call_row(row: &PgRow) -> Result<LocalCall, StoreError> {
     let state: String = row.try_get("state")?;
     let assignment: Option<String> = row.try_get("assignment")?;
     let report: Option<String> = row.try_get("report")?;

@@ -181,7 +181,7 @@ impl SqliteStore {
     }
 }
 
-fn call_row(row: &SqliteRow) -> Result<LocalCall, StoreError> {
+pub(super) fn call_row(row: &SqliteRow) -> Result<LocalCall, StoreError> {
     let state: String = row.try_get("state")?;
     let assignment: Option<String> = row.try_get("assignment")?;
     let report: Option<String> = row.try_get("report")?;

@@ -4,7 +4,7 @@
 //! executor adds the final receipt to it and commits once, so the
 //! business rows and the receipt are both stored or both absent.
 use super::columns::{assignment_json, report_str, seq};
-use super::{Change, StoreError, now_rfc3339, rfc3339};
+use super::{Change, LocalCall, StoreError, now_rfc3339, rfc3339};
 
 /// An open transaction of the store's database (see
 /// [`Store::begin`](super::Store::begin)). Dropped without being
@@ -61,26 +61,85 @@ impl StoreTransaction {
         }
     }
 
-    /// Applies `changes` in this transaction, after whatever the handler
-    /// wrote, and commits it. A call's compare-and-set that loses rolls
-    /// everything back ([`StoreError::Conflict`]). After any other `Err`
-    /// the outcome is unknown (an interrupted `COMMIT`): re-read.
+    /// The call's row as this transaction sees it, locked until the
+    /// transaction ends (on SQLite the transaction holds the database's
+    /// write lock; on PostgreSQL the row is read `FOR UPDATE`): a decision
+    /// taken on it cannot be overtaken before the commit.
     ///
     /// # Errors
-    /// As [`Store::commit`](super::Store::commit).
-    pub(crate) async fn commit_with(self, changes: &[Change]) -> Result<(), StoreError> {
+    /// The database failed (the handler's own statements may have aborted
+    /// the transaction).
+    pub(crate) async fn locked_call(
+        &mut self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Option<LocalCall>, StoreError> {
+        match &mut self.inner {
+            Inner::Sqlite(tx) => {
+                let row = sqlx::query("SELECT * FROM calls WHERE run_id = $1 AND call_id = $2")
+                    .bind(run_id)
+                    .bind(call_id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                row.as_ref().map(super::sqlite::call_row).transpose()
+            }
+            #[cfg(feature = "postgres")]
+            Inner::Postgres(tx) => {
+                let row = sqlx::query(
+                    "SELECT * FROM calls WHERE run_id = $1 AND call_id = $2 FOR UPDATE",
+                )
+                .bind(run_id)
+                .bind(call_id)
+                .fetch_optional(&mut **tx)
+                .await?;
+                row.as_ref().map(super::postgres::call_row).transpose()
+            }
+        }
+    }
+
+    /// Applies `changes` in this transaction, after whatever the handler
+    /// wrote, and commits it.
+    ///
+    /// # Errors
+    /// [`TxError::NotWritten`] when a change failed before the `COMMIT`
+    /// (nothing of the transaction is stored: a lost compare-and-set, a
+    /// transaction the handler's own failed statement aborted);
+    /// [`TxError::Unknown`] when the `COMMIT` itself failed (re-read).
+    pub(crate) async fn commit_with(self, changes: &[Change]) -> Result<(), TxError> {
         match self.inner {
             Inner::Sqlite(mut tx) => {
-                apply_sqlite(&mut tx, changes).await?;
-                tx.commit().await?;
+                apply_sqlite(&mut tx, changes)
+                    .await
+                    .map_err(TxError::NotWritten)?;
+                tx.commit().await.map_err(|e| TxError::Unknown(e.into()))?;
             }
             #[cfg(feature = "postgres")]
             Inner::Postgres(mut tx) => {
-                apply_postgres(&mut tx, changes).await?;
-                tx.commit().await?;
+                apply_postgres(&mut tx, changes)
+                    .await
+                    .map_err(TxError::NotWritten)?;
+                tx.commit().await.map_err(|e| TxError::Unknown(e.into()))?;
             }
         }
         Ok(())
+    }
+}
+
+/// How [`StoreTransaction::commit_with`] failed.
+#[derive(Debug)]
+pub(crate) enum TxError {
+    /// Before the `COMMIT`: nothing of the transaction is stored.
+    NotWritten(StoreError),
+    /// At the `COMMIT`: stored or not, only a re-read tells.
+    Unknown(StoreError),
+}
+
+impl std::fmt::Display for TxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TxError::NotWritten(e) => write!(f, "not written: {e}"),
+            TxError::Unknown(e) => write!(f, "the commit failed: {e}"),
+        }
     }
 }
 

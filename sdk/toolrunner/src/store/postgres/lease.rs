@@ -54,6 +54,7 @@ pub(super) async fn take(
     executor_id: &str,
     holder: &str,
     binding_id: &str,
+    store_schema: &str,
 ) -> Result<i64, StoreError> {
     let mut tx = pool.begin().await?;
     let row: Option<(i64, Option<String>)> = sqlx::query_as(
@@ -71,14 +72,16 @@ pub(super) async fn take(
         ));
     }
     let token: i64 = sqlx::query_scalar(
-        "INSERT INTO toolrunner_leases.executor_leases (executor_id, token, holder, renewed_at, binding_id)
-         VALUES ($1, 1, $2, now(), $3)
-         ON CONFLICT (executor_id) DO UPDATE SET token = executor_leases.token + 1, holder = $2, renewed_at = now(), binding_id = $3
+        "INSERT INTO toolrunner_leases.executor_leases (executor_id, token, holder, renewed_at, binding_id, store_schema)
+         VALUES ($1, 1, $2, now(), $3, $4)
+         ON CONFLICT (executor_id) DO UPDATE SET token = executor_leases.token + 1, holder = $2, renewed_at = now(),
+           binding_id = $3, store_schema = $4
          RETURNING token",
     )
     .bind(executor_id)
     .bind(holder)
     .bind(binding_id)
+    .bind(store_schema)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -131,7 +134,8 @@ pub(super) async fn check(conn: &mut PgConnection, fence: &Fence) -> Result<(), 
 
 /// Adopts, for the replica `me` (process `holder`) serving `binding_id`,
 /// one identity of the same binding whose lease was last renewed more than
-/// `grace_ms` ago: its id and new token.
+/// `grace_ms` ago: its id and new token, and its store's schema (empty:
+/// the identity's own).
 ///
 /// # Errors
 /// The database failed.
@@ -141,7 +145,7 @@ pub(super) async fn adopt_lapsed(
     holder: &str,
     binding_id: &str,
     grace_ms: u64,
-) -> Result<Option<Fence>, StoreError> {
+) -> Result<Option<(Fence, String)>, StoreError> {
     let mut tx = pool.begin().await?;
     let lapsed: Option<String> = sqlx::query_scalar(
         "SELECT executor_id FROM toolrunner_leases.executor_leases
@@ -157,9 +161,9 @@ pub(super) async fn adopt_lapsed(
     let Some(executor_id) = lapsed else {
         return Ok(None);
     };
-    let token: i64 = sqlx::query_scalar(
+    let (token, store_schema): (i64, String) = sqlx::query_as(
         "UPDATE toolrunner_leases.executor_leases SET token = token + 1, holder = $2, adopted_by = $3, renewed_at = now()
-         WHERE executor_id = $1 RETURNING token",
+         WHERE executor_id = $1 RETURNING token, store_schema",
     )
     .bind(&executor_id)
     .bind(holder)
@@ -167,9 +171,12 @@ pub(super) async fn adopt_lapsed(
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(Some(Fence {
-        executor_id,
-        binding_id: binding_id.to_owned(),
-        token,
-    }))
+    Ok(Some((
+        Fence {
+            executor_id,
+            binding_id: binding_id.to_owned(),
+            token,
+        },
+        store_schema,
+    )))
 }
