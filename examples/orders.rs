@@ -11,6 +11,13 @@
 //! cargo run --features postgres --example orders -- --db postgres://postgres@127.0.0.1:5432/test
 //! ```
 //!
+//! On PostgreSQL the `orders` table is `public.orders`: the executor's own
+//! tables live in a schema of its identity, and business tables are named
+//! with their schema, so every replica writes the same one.
+//!
+//! ```text
+//! ```
+//!
 //! It starts the development platform in-process, runs 12 calls of
 //! `orders.place` (`{"sku": string, "quantity": integer >= 1}`; the sku
 //! `"gone"` is out of stock: the handler's error rolls its write back and
@@ -59,10 +66,22 @@ struct Placed {
     order_id: String,
 }
 
-/// The business table, in the store's database (the same SQL on both).
-const CREATE_ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (
+/// The business table, in the store's database. On PostgreSQL its schema
+/// is named (`public`): the store's connections search the executor
+/// identity's own schema, and every replica must write the same table.
+const CREATE_ORDERS: &str = "CREATE TABLE IF NOT EXISTS {orders} (
     order_id TEXT PRIMARY KEY, sku TEXT NOT NULL, quantity BIGINT NOT NULL CHECK (quantity > 0))";
-const INSERT_ORDER: &str = "INSERT INTO orders (order_id, sku, quantity) VALUES ($1, $2, $3)";
+const INSERT_ORDER: &str = "INSERT INTO {orders} (order_id, sku, quantity) VALUES ($1, $2, $3)";
+
+/// The table's name on a backend.
+#[cfg(feature = "postgres")]
+fn on_postgres(sql: &str) -> String {
+    sql.replace("{orders}", "public.orders")
+}
+
+fn on_sqlite(sql: &str) -> String {
+    sql.replace("{orders}", "orders")
+}
 
 /// Places an order: one row in the `orders` table, committed together
 /// with the call's receipt. An unknown sku is out of stock.
@@ -84,7 +103,7 @@ async fn insert(tx: &mut Transaction, order_id: &str, order: &Order) -> Result<(
     let refused = |e: sqlx::Error| ToolError::failed("order_refused", e.to_string());
     #[cfg(feature = "postgres")]
     if let Ok(conn) = tx.postgres() {
-        sqlx::query(INSERT_ORDER)
+        sqlx::query(sqlx::AssertSqlSafe(on_postgres(INSERT_ORDER)))
             .bind(order_id)
             .bind(&order.sku)
             .bind(order.quantity)
@@ -93,7 +112,7 @@ async fn insert(tx: &mut Transaction, order_id: &str, order: &Order) -> Result<(
             .map_err(refused)?;
         return Ok(());
     }
-    sqlx::query(INSERT_ORDER)
+    sqlx::query(sqlx::AssertSqlSafe(on_sqlite(INSERT_ORDER)))
         .bind(order_id)
         .bind(&order.sku)
         .bind(order.quantity)
@@ -106,14 +125,29 @@ async fn insert(tx: &mut Transaction, order_id: &str, order: &Order) -> Result<(
 /// The order rows: `(order_id, sku, quantity)`.
 async fn rows(store_url: &str) -> Result<Vec<(String, String, i64)>> {
     use sqlx::Connection;
-    const SELECT: &str = "SELECT order_id, sku, quantity FROM orders ORDER BY order_id";
+    const SELECT: &str = "SELECT order_id, sku, quantity FROM {orders} ORDER BY order_id";
     #[cfg(feature = "postgres")]
     if store_url.starts_with("postgres") {
         let mut conn = sqlx::PgConnection::connect(store_url).await?;
-        return Ok(sqlx::query_as(SELECT).fetch_all(&mut conn).await?);
+        let select = sqlx::AssertSqlSafe(on_postgres(SELECT));
+        return Ok(sqlx::query_as(select).fetch_all(&mut conn).await?);
     }
     let mut conn = sqlx::SqliteConnection::connect(store_url).await?;
-    Ok(sqlx::query_as(SELECT).fetch_all(&mut conn).await?)
+    let select = sqlx::AssertSqlSafe(on_sqlite(SELECT));
+    Ok(sqlx::query_as(select).fetch_all(&mut conn).await?)
+}
+
+/// The URL of an executor identity's own store: on PostgreSQL, the
+/// identity's schema (where the executor keeps its calls).
+fn own_store(store_url: &str, executor_id: &str) -> String {
+    #[cfg(feature = "postgres")]
+    if store_url.starts_with("postgres") && !store_url.contains("search_path") {
+        let schema = toolrunner::store::PgStore::identity_schema(executor_id);
+        let sep = if store_url.contains('?') { '&' } else { '?' };
+        return format!("{store_url}{sep}options=-c%20search_path%3D{schema}");
+    }
+    let _ = executor_id;
+    store_url.to_owned()
 }
 
 /// Creates the `orders` table beside the executor's tables.
@@ -122,11 +156,15 @@ async fn create_orders(store_url: &str) -> Result<()> {
     #[cfg(feature = "postgres")]
     if store_url.starts_with("postgres") {
         let mut conn = sqlx::PgConnection::connect(store_url).await?;
-        sqlx::query(CREATE_ORDERS).execute(&mut conn).await?;
+        sqlx::query(sqlx::AssertSqlSafe(on_postgres(CREATE_ORDERS)))
+            .execute(&mut conn)
+            .await?;
         return Ok(());
     }
     let mut conn = sqlx::SqliteConnection::connect(&format!("{store_url}?mode=rwc")).await?;
-    sqlx::query(CREATE_ORDERS).execute(&mut conn).await?;
+    sqlx::query(sqlx::AssertSqlSafe(on_sqlite(CREATE_ORDERS)))
+        .execute(&mut conn)
+        .await?;
     Ok(())
 }
 
@@ -194,9 +232,10 @@ async fn main() -> Result<()> {
         .await?;
 
     let orders = rows(&store_url).await?;
-    let store = toolrunner::Reconciler::open(&store_url).await?;
+    let store = toolrunner::Reconciler::open(&own_store(&store_url, "orders-01")).await?;
     let mut table = comfy_table::Table::new();
     table.set_header(["call", "state", "order row"]);
+    let mut placed = 0;
     for call in &run.tool_calls {
         let key = store
             .show(&run.run_id, &call.call_id)
@@ -214,6 +253,7 @@ async fn main() -> Result<()> {
                 call.call_id
             ),
         }
+        placed += stored.len();
         let row = stored
             .first()
             .map_or("none".to_owned(), |(_, sku, q)| format!("{q} × {sku}"));
@@ -223,7 +263,7 @@ async fn main() -> Result<()> {
     println!(
         "{} calls: {} order rows, each committed with its completed receipt",
         run.tool_calls.len(),
-        orders.len()
+        placed
     );
     platform.shutdown().await;
     Ok(())

@@ -124,6 +124,8 @@ pub struct CallContext {
     pub(crate) cancel: CancellationToken,
     /// The call's transaction, once the handler opened it.
     pub(crate) transaction: Arc<tokio::sync::Mutex<Option<StoreTransaction>>>,
+    /// Whether that transaction is open on SQLite (it holds the write lock).
+    sqlite_open: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for CallContext {
@@ -154,6 +156,7 @@ impl CallContext {
             tool_name: asg.tool_name.clone(),
             cancel,
             transaction: Arc::default(),
+            sqlite_open: Arc::default(),
         }
     }
 
@@ -161,7 +164,11 @@ impl CallContext {
     /// guard of it is still held (the handler kept it past its return).
     pub(crate) fn take_transaction(&self) -> Result<Option<StoreTransaction>, ()> {
         match self.transaction.try_lock() {
-            Ok(mut slot) => Ok(slot.take()),
+            Ok(mut slot) => {
+                self.sqlite_open
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                Ok(slot.take())
+            }
             Err(_) => Err(()),
         }
     }
@@ -231,9 +238,17 @@ impl CallContext {
     /// ```
     ///
     /// # Errors
-    /// The progress could not be stored (it is then not sent either), or
-    /// the call is no longer running.
+    /// The progress could not be stored (it is then not sent either), the
+    /// call is no longer running, or the call's transaction is open on a
+    /// SQLite store (report progress before [`transaction`](Self::transaction)).
     pub async fn progress(&self, progress: impl Into<Progress>) -> Result<(), ProgressError> {
+        // On SQLite the open transaction holds the write lock the progress
+        // receipt would wait for: say so at once instead of waiting.
+        if self.sqlite_open.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ProgressError(
+                "progress cannot be stored while the call's transaction holds the SQLite store's write lock: report it before ctx.transaction()".into(),
+            ));
+        }
         let p = progress.into();
         crate::runner::progress(
             &self.core,
@@ -259,8 +274,12 @@ impl CallContext {
     ///
     /// The business tables live in the store's database: on SQLite, the
     /// executor's store file (the transaction holds its write lock until
-    /// the handler returns, so keep it short, and do not report progress
-    /// while it is open); on PostgreSQL, the store's database.
+    /// the handler returns, and every other write of the executor waits
+    /// meanwhile: keep it short, and report progress before it); on
+    /// PostgreSQL, the store's database, where the connection's
+    /// `search_path` is the executor identity's own schema: name the schema
+    /// of shared business tables (`public.orders`), so every replica, and
+    /// one that adopts another's identity, writes the same table.
     ///
     /// ```rust,no_run
     /// use toolrunner::{CallContext, ToolError, sqlx};
@@ -278,9 +297,11 @@ impl CallContext {
     /// ```
     ///
     /// # Errors
-    /// [`ToolError::retry`] when the transaction cannot begin (nothing of
-    /// it was written); [`ToolError::unknown`] when a [`Transaction`] of
-    /// this call is still held (hold one at a time).
+    /// When the transaction cannot begin: [`ToolError::retry`] for a
+    /// transactional tool (nothing happened), [`ToolError::unknown`] for
+    /// another (it may have done something before); and
+    /// [`ToolError::unknown`] when a [`Transaction`] of this call is still
+    /// held (hold one at a time).
     pub async fn transaction(&self) -> Result<Transaction, ToolError> {
         let Ok(mut slot) = self.transaction.clone().try_lock_owned() else {
             return Err(ToolError::unknown(
@@ -289,8 +310,25 @@ impl CallContext {
         };
         if slot.is_none() {
             let begun = self.core.store.begin().await.map_err(|e| {
-                ToolError::retry(format!("the store's transaction could not begin: {e}"))
+                let why = format!("the store's transaction could not begin: {e}");
+                // Nothing happened only if the tool's effects all go
+                // through this transaction; a write tool may have done
+                // something before.
+                let transactional = self
+                    .core
+                    .tools
+                    .get(&self.tool_name)
+                    .is_some_and(|t| t.effect() == crate::Effect::Transactional);
+                if transactional {
+                    ToolError::retry(why)
+                } else {
+                    ToolError::unknown(why)
+                }
             })?;
+            if begun.backend() == "SQLite" {
+                self.sqlite_open
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             *slot = Some(begun);
         }
         let guard = tokio::sync::OwnedMutexGuard::try_map(slot, Option::as_mut)
