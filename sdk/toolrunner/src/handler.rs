@@ -20,10 +20,10 @@ pub enum Effect {
     Write,
     /// Its only side effects are writes in the store's database, made in
     /// [`CallContext::transaction`]: they commit in one transaction with
-    /// the call's `completed` receipt, or not at all. So its outcome is
-    /// never unknown: after a crash, or an error that rolled the
-    /// transaction back, nothing was written, and the handler runs again
-    /// (after a crash) or the call fails (after an error).
+    /// the call's `completed` receipt, or not at all. So a crash or an
+    /// error never leaves its outcome unknown: after a crash nothing of it
+    /// was written and the handler runs again; an error rolls the
+    /// transaction back and the call fails.
     Transactional,
 }
 

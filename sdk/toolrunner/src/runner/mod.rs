@@ -301,15 +301,19 @@ impl std::fmt::Debug for RunningExecutor {
 }
 
 pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
-    connection::connect(&core, connection::Patience::Once).await?;
     let mut tasks = tokio::task::JoinSet::new();
+    // The identity's lease is renewed from the start: connecting and
+    // recovering may take longer than a peer's takeover grace.
+    #[cfg(feature = "postgres")]
+    tasks.spawn(replicas::lease_loop(core.clone()));
+    connection::connect(&core, connection::Patience::Once).await?;
     tasks.spawn(connection::heartbeat_loop(core.clone()));
     tasks.spawn(claimer::claim_loop(core.clone()));
     tasks.spawn(outbox::outbox_loop(core.clone()));
     tasks.spawn(reconcile::reconcile_loop(core.clone()));
     tasks.spawn(retention::retention_loop(core.clone()));
     #[cfg(feature = "postgres")]
-    tasks.spawn(replicas::lease_loop(core.clone()));
+    tasks.spawn(replicas::adoption_loop(core.clone()));
     if core.cfg.use_stream {
         tasks.spawn(stream::stream_loop(core.clone()));
     }

@@ -5,7 +5,7 @@
 //! identity (superseding any zombie), recovers its calls by the crash
 //! table, delivers its outbox and runs its reconciliation.
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Core, RunningExecutor};
 use crate::error::{Error, Kind};
@@ -52,17 +52,16 @@ impl Replica {
     }
 }
 
-/// Renews the lease until the executor stops; a fenced identity stops the
-/// executor at once (nothing more is written). With a grace, adopts lapsed
-/// identities on the way.
+/// Renews the lease for as long as the process runs (a drain included:
+/// its calls still commit); a fenced identity stops the executor at once
+/// (nothing more is written).
 pub(crate) async fn lease_loop(core: Arc<Core>) {
     let Some(replica) = &core.replica else {
         return;
     };
-    let mut next_adoption = Instant::now();
     loop {
         tokio::select! {
-            _ = core.stop.cancelled() => return,
+            _ = core.done.cancelled() => return,
             _ = tokio::time::sleep(RENEW_EVERY) => {}
         }
         match replica.store.renew().await {
@@ -74,12 +73,26 @@ pub(crate) async fn lease_loop(core: Arc<Core>) {
             Err(e) => tracing::warn!(error = %e, "the executor's lease could not be renewed"),
             Ok(()) => {}
         }
-        if let (Some(grace), Some(template)) = (replica.grace, &replica.template)
-            && Instant::now() >= next_adoption
-        {
-            next_adoption = Instant::now() + (grace / 4).max(Duration::from_millis(250));
-            adopt(&core, replica, template, grace).await;
+    }
+}
+
+/// With a takeover grace: until the executor stops taking work, adopts
+/// the lapsed identities of its binding, one at a time (on a task of its
+/// own, so a slow adoption never holds the renewals back).
+pub(crate) async fn adoption_loop(core: Arc<Core>) {
+    let Some(replica) = &core.replica else {
+        return;
+    };
+    let (Some(grace), Some(template)) = (replica.grace, &replica.template) else {
+        return;
+    };
+    let every = (grace / 4).max(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = core.stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
         }
+        adopt(&core, replica, template, grace).await;
     }
 }
 
@@ -93,18 +106,23 @@ async fn adopt(core: &Core, replica: &Replica, template: &crate::Executor, grace
         Ok(Some(store)) => store,
         Ok(None) => return,
         Err(e) => {
-            tracing::warn!(error = %e, "could not look for lapsed executor identities");
+            tracing::warn!(error = %e, "could not adopt a lapsed executor identity");
             return;
         }
     };
     let id = adopted.identity().unwrap_or_default().to_owned();
     tracing::warn!(executor_id = %core.cfg.executor_id, adopted = %id, grace_ms = grace.as_millis() as u64, "adopting an executor identity whose lease lapsed");
-    match template.adopted_as(&id).start_adopted(adopted).await {
-        Ok(running) => replica
-            .adopted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(running),
+    let started = template.adopted_as(&id).start_adopted(adopted).await;
+    let mut list = replica
+        .adopted
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Those that stopped (fenced by a newer adoption) go.
+    list.retain(|r| !r.core.done.is_cancelled());
+    match started {
+        // Stopped with this one, unless this one stops first.
+        Ok(running) if !core.stop.is_cancelled() => list.push(running),
+        Ok(running) => drop(running),
         // Its lease lapses again, and it is adopted again then.
         Err(e) => {
             tracing::error!(adopted = %id, error = %e, "the adopted identity's executor did not start")

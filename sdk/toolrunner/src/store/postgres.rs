@@ -121,13 +121,20 @@ impl PgStore {
         holder: &str,
     ) -> Result<PgStore, StoreError> {
         let options = PgConnectOptions::from_str(url)?;
+        // An adopted identity's process touches nothing of its store.
+        let leases = Self::in_schema_pool(options.clone(), lease::SCHEMA).await?;
+        let checked = match lease::migrate(&leases).await {
+            Ok(()) => lease::refuse_if_adopted(&leases, executor_id).await,
+            Err(e) => Err(e),
+        };
+        leases.close().await;
+        checked?;
         let mut store = if url.contains("search_path") {
             Self::connect_with(options).await?
         } else {
             Self::in_schema(options, &Self::identity_schema(executor_id)).await?
         };
         store.claim_schema(executor_id).await?;
-        store.migrate_leases().await?;
         let schema: String = sqlx::query_scalar("SELECT current_schema()")
             .fetch_one(&store.pool)
             .await?;
@@ -156,25 +163,31 @@ impl PgStore {
             StoreError::Unsupported("a store without an identity adopts none".into())
         })?;
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-        let Some((fence, schema)) = lease::adopt_lapsed(
-            &self.pool,
-            &me.executor_id,
-            holder,
-            &me.binding_id,
-            grace_ms,
-        )
-        .await?
+        // The identity stays locked while its store is opened: if that
+        // fails, nothing is adopted, and its lease stays as it was.
+        let mut tx = self.pool.begin().await?;
+        let Some((executor_id, schema)) =
+            lease::lapsed(&mut tx, &me.executor_id, &me.binding_id, grace_ms).await?
         else {
             return Ok(None);
         };
         // The store its holder used (its own schema when none is recorded).
         let schema = if schema.is_empty() {
-            Self::identity_schema(&fence.executor_id)
+            Self::identity_schema(&executor_id)
         } else {
             schema
         };
         let mut adopted = Self::in_schema(self.options.clone(), &schema).await?;
-        adopted.claim_schema(&fence.executor_id).await?;
+        adopted.claim_schema(&executor_id).await?;
+        let fence = lease::adopt(
+            &mut tx,
+            &executor_id,
+            &me.binding_id,
+            &me.executor_id,
+            holder,
+        )
+        .await?;
+        tx.commit().await?;
         adopted.fence = Some(fence);
         Ok(Some(adopted))
     }
@@ -218,14 +231,6 @@ impl PgStore {
             )));
         }
         Ok(())
-    }
-
-    /// Creates and migrates the lease table's schema.
-    async fn migrate_leases(&self) -> Result<(), StoreError> {
-        let leases = Self::in_schema_pool(self.options.clone(), lease::SCHEMA).await?;
-        let migrated = lease::migrate(&leases).await;
-        leases.close().await;
-        migrated
     }
 
     /// Connects, in `schema` (created if missing, then migrated).

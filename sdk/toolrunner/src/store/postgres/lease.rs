@@ -10,8 +10,8 @@
 //!   adoption's update waits for those writes and fences every later one.
 //! - The holder renews the row ([`renew`]); a replica with a takeover grace
 //!   adopts an identity of the same executor binding whose renewal lapsed
-//!   longer ago than the grace ([`adopt_lapsed`], `SELECT … FOR UPDATE
-//!   SKIP LOCKED`, so two replicas never adopt the same one).
+//!   longer ago than the grace ([`lapsed`], `SELECT … FOR UPDATE SKIP
+//!   LOCKED`, so two replicas never adopt the same one, then [`adopt`]).
 use sqlx::PgConnection;
 use sqlx::postgres::PgPool;
 
@@ -64,12 +64,7 @@ pub(super) async fn take(
     .fetch_optional(&mut *tx)
     .await?;
     if let Some((_, Some(by))) = &row {
-        return Err(fenced(
-            executor_id,
-            &format!(
-                "was adopted by replica {by}, which finished its calls; start this process with a new executor id"
-            ),
-        ));
+        return Err(adopted(executor_id, by));
     }
     let token: i64 = sqlx::query_scalar(
         "INSERT INTO toolrunner_leases.executor_leases (executor_id, token, holder, renewed_at, binding_id, store_schema)
@@ -132,23 +127,21 @@ pub(super) async fn check(conn: &mut PgConnection, fence: &Fence) -> Result<(), 
     Ok(())
 }
 
-/// Adopts, for the replica `me` (process `holder`) serving `binding_id`,
-/// one identity of the same binding whose lease was last renewed more than
-/// `grace_ms` ago: its id and new token, and its store's schema (empty:
-/// the identity's own).
+/// For the replica `me` serving `binding_id`, in `tx`: one identity of
+/// the same binding whose lease was last renewed more than `grace_ms` ago,
+/// locked (`FOR UPDATE SKIP LOCKED`: another replica looking at the same
+/// moment skips it), with its store's schema (empty: the identity's own).
 ///
 /// # Errors
 /// The database failed.
-pub(super) async fn adopt_lapsed(
-    pool: &PgPool,
+pub(super) async fn lapsed(
+    tx: &mut PgConnection,
     me: &str,
-    holder: &str,
     binding_id: &str,
     grace_ms: u64,
-) -> Result<Option<(Fence, String)>, StoreError> {
-    let mut tx = pool.begin().await?;
-    let lapsed: Option<String> = sqlx::query_scalar(
-        "SELECT executor_id FROM toolrunner_leases.executor_leases
+) -> Result<Option<(String, String)>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT executor_id, store_schema FROM toolrunner_leases.executor_leases
          WHERE binding_id = $3 AND binding_id <> '' AND executor_id <> $1
            AND renewed_at < now() - make_interval(secs => $2::double precision / 1000)
          ORDER BY renewed_at LIMIT 1 FOR UPDATE SKIP LOCKED",
@@ -156,27 +149,60 @@ pub(super) async fn adopt_lapsed(
     .bind(me)
     .bind(i64::try_from(grace_ms).unwrap_or(i64::MAX) as f64)
     .bind(binding_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(executor_id) = lapsed else {
-        return Ok(None);
-    };
-    let (token, store_schema): (i64, String) = sqlx::query_as(
+    .fetch_optional(tx)
+    .await?)
+}
+
+/// In `tx`, after [`lapsed`] locked it: adopts `executor_id` for the
+/// replica `me` (process `holder`), bumping its token.
+///
+/// # Errors
+/// The database failed.
+pub(super) async fn adopt(
+    tx: &mut PgConnection,
+    executor_id: &str,
+    binding_id: &str,
+    me: &str,
+    holder: &str,
+) -> Result<Fence, StoreError> {
+    let token: i64 = sqlx::query_scalar(
         "UPDATE toolrunner_leases.executor_leases SET token = token + 1, holder = $2, adopted_by = $3, renewed_at = now()
-         WHERE executor_id = $1 RETURNING token, store_schema",
+         WHERE executor_id = $1 RETURNING token",
     )
-    .bind(&executor_id)
+    .bind(executor_id)
     .bind(holder)
     .bind(me)
-    .fetch_one(&mut *tx)
+    .fetch_one(tx)
     .await?;
-    tx.commit().await?;
-    Ok(Some((
-        Fence {
-            executor_id,
-            binding_id: binding_id.to_owned(),
-            token,
-        },
-        store_schema,
-    )))
+    Ok(Fence {
+        executor_id: executor_id.to_owned(),
+        binding_id: binding_id.to_owned(),
+        token,
+    })
+}
+
+/// Whether a replica adopted `executor_id` (a process of it must not run).
+///
+/// # Errors
+/// [`StoreError::Fenced`] when one did.
+pub(super) async fn refuse_if_adopted(pool: &PgPool, executor_id: &str) -> Result<(), StoreError> {
+    let by: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT adopted_by FROM toolrunner_leases.executor_leases WHERE executor_id = $1",
+    )
+    .bind(executor_id)
+    .fetch_optional(pool)
+    .await?;
+    match by.flatten() {
+        Some(by) => Err(adopted(executor_id, &by)),
+        None => Ok(()),
+    }
+}
+
+fn adopted(executor_id: &str, by: &str) -> StoreError {
+    fenced(
+        executor_id,
+        &format!(
+            "was adopted by replica {by}, which finished its calls; start this process with a new executor id"
+        ),
+    )
 }
