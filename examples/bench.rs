@@ -991,7 +991,18 @@ impl DurableStore {
             #[cfg(feature = "postgres")]
             Some(url) => {
                 let schema = format!("bench_{:08x}", rand::random::<u32>());
-                let store = toolrunner::store::PgStore::connect_in_schema(url, &schema).await?;
+                toolrunner::store::PgStore::connect_in_schema(url, &schema).await?;
+                // Held as the executor holds it: every write checks the
+                // identity's fencing token first.
+                let sep = if url.contains('?') { '&' } else { '?' };
+                let in_schema = format!("{url}{sep}options=-c%20search_path%3D{schema}");
+                let store = toolrunner::store::PgStore::connect_as(
+                    &in_schema,
+                    &format!("bench-durable-{schema}"),
+                    "bnd_bench",
+                    "ins_bench",
+                )
+                .await?;
                 let wal_syncs = pg_wal_syncs(url).await?;
                 Ok(DurableStore::Postgres {
                     store: Box::new(store),
@@ -1053,6 +1064,10 @@ impl DurableStore {
                 let mut conn = sqlx::PgConnection::connect(&url).await?;
                 // The name is ours: `bench_` and hex digits.
                 sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                    .execute(&mut conn)
+                    .await?;
+                sqlx::query("DELETE FROM toolrunner_leases.executor_leases WHERE executor_id = $1")
+                    .bind(format!("bench-durable-{schema}"))
                     .execute(&mut conn)
                     .await?;
                 conn.close().await?;
