@@ -5,7 +5,7 @@
 //! cargo run --example ledger                       # self-contained demo
 //! cargo run --example ledger -- --base-url URL --binding-id ID --executor-id ID \
 //!     --token TOKEN --db PATH|postgres://… --ledger PATH --capacity N --effect-delay-ms N \
-//!     [--takeover-grace-ms N]
+//!     [--takeover-grace-ms N] [--lease-ttl-ms N] [--commit-window-ms N]
 //! ```
 //!
 //! Without `--base-url` it starts the development platform in-process,
@@ -76,6 +76,16 @@ struct Args {
     /// never.
     #[arg(long, value_name = "N")]
     takeover_grace_ms: Option<u64>,
+    /// With a `postgres://` --db: how long this process's hold on its
+    /// executor identity lasts after each renewal (default: the SDK's, 3 s).
+    #[arg(long, value_name = "N")]
+    lease_ttl_ms: Option<u64>,
+    /// How long the handler may take from its start to its effect (the
+    /// line's write): after a takeover, the reconcile hook is asked only
+    /// once the old holder's lease lapsed plus this (default: the SDK's,
+    /// 30 s).
+    #[arg(long, value_name = "N")]
+    commit_window_ms: Option<u64>,
 }
 
 /// `ledger.append` arguments.
@@ -99,12 +109,13 @@ struct Appended {
 struct Ledger {
     path: PathBuf,
     delay: Duration,
+    commit_window: Duration,
     /// Serializes appends; holds the number of lines so far.
     lines: Mutex<u64>,
 }
 
 impl Ledger {
-    fn open(path: PathBuf, delay: Duration) -> Result<Ledger> {
+    fn open(path: PathBuf, delay: Duration, commit_window: Duration) -> Result<Ledger> {
         let lines = match std::fs::read(&path) {
             Ok(bytes) => bytes.iter().filter(|b| **b == b'\n').count() as u64,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
@@ -116,6 +127,7 @@ impl Ledger {
         Ok(Ledger {
             path,
             delay,
+            commit_window,
             lines: Mutex::new(lines),
         })
     }
@@ -136,6 +148,10 @@ impl Tool for Ledger {
 
     fn effect(&self) -> Effect {
         Effect::Write
+    }
+
+    fn commit_window(&self) -> Duration {
+        self.commit_window
     }
 
     async fn call(&self, ctx: &CallContext, input: Append) -> Result<Appended, ToolError> {
@@ -218,6 +234,8 @@ async fn main() -> Result<()> {
     let ledger = Ledger::open(
         args.ledger.get_or_insert(file).clone(),
         Duration::from_millis(args.effect_delay_ms),
+        args.commit_window_ms
+            .map_or(toolrunner::DEFAULT_COMMIT_WINDOW, Duration::from_millis),
     )?;
     let result = match args.base_url.clone() {
         Some(url) => serve(&args, ledger, &url).await,
@@ -239,6 +257,9 @@ fn executor(
     let mut builder = Executor::builder();
     if let Some(ms) = args.takeover_grace_ms {
         builder = builder.takeover_grace(Duration::from_millis(ms));
+    }
+    if let Some(ms) = args.lease_ttl_ms {
+        builder = builder.lease_ttl(Duration::from_millis(ms));
     }
     Ok(builder
         .base_url(base_url)

@@ -24,7 +24,7 @@
 //! cargo test --release --test simulation                       # 2,000 seeds
 //! TOOLRUNNER_SIM_SEEDS=100000 cargo test --release --test simulation
 //! TOOLRUNNER_SIM_SEED=1234 cargo test --release --test simulation  # replay one, verbosely
-//! TOOLRUNNER_SIM_SEEDS=200 cargo test --release --test simulation --features planted-bug  # must fail
+//! RUSTFLAGS='--cfg toolrunner_planted="rerun"' TOOLRUNNER_SIM_SEEDS=200 cargo test --release --test simulation  # must fail
 //! ```
 //!
 //! A seed fixes the schedule (every random choice), not the thread
@@ -1259,10 +1259,18 @@ fn simulation() {
             .chain(first..first + count)
             .collect(),
     };
-    let features = if cfg!(feature = "planted-bug") {
-        " --features planted-bug"
+    // How to build the same code again: a planted bug is a cfg, the
+    // PostgreSQL stores a feature and a URL.
+    let planted = if cfg!(toolrunner_planted = "rerun") {
+        "RUSTFLAGS='--cfg toolrunner_planted=\"rerun\"' "
+    } else if cfg!(toolrunner_planted = "zombie") {
+        "RUSTFLAGS='--cfg toolrunner_planted=\"zombie\"' "
     } else {
         ""
+    };
+    let (pg_env, features) = match pg_url() {
+        Some(url) => (format!("{PG_URL_VAR}={url} "), " --features postgres"),
+        None => (String::new(), ""),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -1328,7 +1336,7 @@ fn simulation() {
             eprintln!("simulation: seed {other} failed too");
         }
         panic!(
-            "seed {seed} failed; replay it with:\n  TOOLRUNNER_SIM_SEED={seed} cargo test --release --test simulation{features}"
+            "seed {seed} failed; replay it with:\n  {planted}{pg_env}TOOLRUNNER_SIM_SEED={seed} cargo test --release{features} --test simulation"
         );
     }
 }

@@ -1,4 +1,6 @@
 //! Rebuild when a migration is added: `sqlx::migrate!` embeds them.
 fn main() {
-    println!("cargo:rerun-if-changed=../../migrations/sdk");
+    for dir in ["sdk", "postgres", "postgres-leases"] {
+        println!("cargo:rerun-if-changed=../../migrations/{dir}");
+    }
 }

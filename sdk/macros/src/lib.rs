@@ -14,6 +14,31 @@ struct ToolArgs {
     effect: String,
     reconcile: Option<Path>,
     rerun: bool,
+    /// `.commit_window(..)`'s argument.
+    commit_window: Option<proc_macro2::TokenStream>,
+}
+
+/// A duration written `"500ms"`, `"30s"` or `"2m"`, in milliseconds.
+fn parse_window(s: &LitStr) -> syn::Result<u64> {
+    let text = s.value();
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (n, unit) = text.split_at(digits);
+    let per = match unit.trim() {
+        "ms" => Some(1),
+        "s" => Some(1_000),
+        "m" => Some(60_000),
+        _ => None,
+    };
+    match (n.parse::<u64>(), per) {
+        (Ok(n), Some(per)) => n
+            .checked_mul(per)
+            .ok_or_else(|| syn::Error::new_spanned(s, "`commit_window` is too long")),
+        _ => Err(syn::Error::new_spanned(
+            s,
+            "`commit_window` takes a duration such as \"500ms\", \"30s\" or \"2m\" (or a std::time::Duration expression)",
+        )),
+    }
 }
 
 impl Parse for ToolArgs {
@@ -23,6 +48,7 @@ impl Parse for ToolArgs {
         let mut effect = None;
         let mut reconcile = None;
         let mut rerun = false;
+        let mut commit_window = None;
         for meta in metas {
             match &meta {
                 Meta::NameValue(nv) if nv.path.is_ident("name") => match &nv.value {
@@ -61,10 +87,21 @@ impl Parse for ToolArgs {
                     }
                 },
                 Meta::Path(p) if p.is_ident("rerun") => rerun = true,
+                Meta::NameValue(nv) if nv.path.is_ident("commit_window") => {
+                    commit_window = Some(match &nv.value {
+                        Expr::Lit(ExprLit {
+                            lit: Lit::Str(s), ..
+                        }) => {
+                            let ms = parse_window(s)?;
+                            quote!(::std::time::Duration::from_millis(#ms))
+                        }
+                        other => quote!(#other),
+                    });
+                }
                 other => {
                     return Err(syn::Error::new_spanned(
                         other,
-                        "unknown setting; #[tool] takes name = \"…\", effect = write | read | transactional, reconcile = fn_name, rerun",
+                        "unknown setting; #[tool] takes name = \"…\", effect = write | read | transactional, reconcile = fn_name, rerun, commit_window = \"30s\"",
                     ));
                 }
             }
@@ -92,6 +129,7 @@ impl Parse for ToolArgs {
             effect,
             reconcile,
             rerun,
+            commit_window,
         })
     }
 }
@@ -127,8 +165,10 @@ fn doc_of(attrs: &[syn::Attribute]) -> String {
 /// `ExecutorBuilder::tool` takes; its body stays as written. Settings:
 /// `name` (required), `effect = write | read` (required), `reconcile =
 /// fn_name` (an `async fn(CallContext) -> Reconciled<Output>`, optionally
-/// with `State<T>` first) and `rerun` (a `DidNotHappen` from the hook may
-/// run the tool again).
+/// with `State<T>` first), `rerun` (a `DidNotHappen` from the hook may
+/// run the tool again) and `commit_window = "30s"` (how long the handler
+/// may take from its commit point, or its start, to its effect: `"500ms"`,
+/// `"30s"`, `"2m"`, or a `std::time::Duration` expression; default 30 s).
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = syn::parse_macro_input!(item as ItemFn);
@@ -171,6 +211,7 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
     };
     let reconcile = args.reconcile.as_ref().map(|p| quote!(.reconcile(#p)));
     let rerun = args.rerun.then(|| quote!(.rerun_when_not_performed()));
+    let window = args.commit_window.as_ref().map(|w| quote!(.commit_window(#w)));
     let doc = format!("The tool `{}`: {description}", args.name.value());
     Ok(quote! {
         #[allow(non_snake_case)]
@@ -188,6 +229,7 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
                         .describe(#description)
                         #reconcile
                         #rerun
+                        #window
                 )
             }
         }

@@ -17,7 +17,7 @@ use crate::function::{IntoTool, Registered, States};
 use crate::handler::ErasedTool;
 use crate::runner::fenced::FencedStore;
 use crate::runner::{self, Config, Core, CrashPlan, RunningExecutor};
-use crate::store::{SqliteStore, Store};
+use crate::store::{DEFAULT_LEASE_TTL, SqliteStore, Store};
 
 /// Builds an [`Executor`]. Settings are checked at [`build`](Self::build).
 #[must_use]
@@ -43,6 +43,7 @@ pub struct ExecutorBuilder {
     allow_insecure_http: bool,
     crash_plan: Option<CrashPlan>,
     takeover_grace: Option<Duration>,
+    lease_ttl: Option<Duration>,
 }
 
 impl std::fmt::Debug for ExecutorBuilder {
@@ -86,6 +87,7 @@ impl Default for ExecutorBuilder {
             allow_insecure_http: false,
             crash_plan: None,
             takeover_grace: None,
+            lease_ttl: None,
         }
     }
 }
@@ -169,17 +171,33 @@ impl ExecutorBuilder {
         self
     }
 
-    /// Adopts the executor identities that share this executor's
-    /// PostgreSQL database and whose lease lapsed longer than `grace` ago
-    /// (a replica that died for good): an executor of this process then
-    /// connects as that identity, superseding any zombie, recovers its
-    /// calls by the crash table, delivers its outbox and runs its
-    /// reconciliation. Default: never. Needs a `postgres://` store (the
+    /// Adopts the executor identities of this executor's binding that share
+    /// its PostgreSQL database and whose lease lapsed longer than `grace`
+    /// ago (a replica that is gone, or cut off from the database): an
+    /// executor of this process connects as that identity, takes no new
+    /// calls, recovers its calls by the crash table, delivers its outbox,
+    /// runs its reconciliation, and lets the identity go once nothing is
+    /// left. A process of the adopted identity that starts again takes it
+    /// back at once. Default: never. Needs a `postgres://` store (the
     /// `postgres` feature); refused at [`build`](Self::build) otherwise.
-    /// Choose a grace well above a restart's length: a process of an
-    /// adopted identity refuses to start.
+    /// A lease lapses [`lease_ttl`](Self::lease_ttl) after its last
+    /// renewal, and the grace counts from there; choose it above a
+    /// restart's length, so that a restart is not taken for a death.
     pub fn takeover_grace(mut self, grace: Duration) -> Self {
         self.takeover_grace = Some(grace);
+        self
+    }
+
+    /// How long this executor's hold on its identity lasts after each
+    /// renewal, on a `postgres://` store shared by replicas (default 3 s;
+    /// renewed four times within it, on a database connection of its
+    /// own). A process that could not renew for that long takes no work
+    /// until it renews again, and a replica may adopt its identity once
+    /// the lease lapsed longer than its takeover grace. A start of an
+    /// identity whose earlier process crashed waits at most this long.
+    /// Refused at [`build`](Self::build) without a `postgres://` store.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = Some(ttl);
         self
     }
 
@@ -354,6 +372,18 @@ impl ExecutorBuilder {
                 "takeover_grace needs a postgres:// store: replicas adopt each other's identities through their shared database",
             ));
         }
+        if self.lease_ttl.is_some() && !is_postgres(&self.store_url) {
+            return Err(Error::new(
+                Kind::Builder,
+                "lease_ttl needs a postgres:// store: a SQLite store is held by its file lock, not by a lease",
+            ));
+        }
+        if self.lease_ttl.is_some_and(|t| t < Duration::from_millis(100)) {
+            return Err(Error::new(
+                Kind::Builder,
+                "lease_ttl must be at least 100 ms (it is renewed four times within it)",
+            ));
+        }
         if self.tools.is_empty() {
             return Err(Error::new(
                 Kind::Builder,
@@ -415,6 +445,8 @@ impl ExecutorBuilder {
                 auto_reconcile: self.auto_reconcile,
                 reconcile_interval: self.reconcile_interval,
                 retention: self.retention,
+                adopted: false,
+                lease_ttl: self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL),
             },
             client,
             store_url: self.store_url,
@@ -610,11 +642,12 @@ impl Executor {
     /// is taken (with a new fencing token) before anything is sent.
     #[cfg(feature = "postgres")]
     async fn start_replica(self) -> Result<RunningExecutor> {
-        let store = crate::store::PgStore::connect_as(
+        let store = crate::store::PgStore::open_identity(
             &self.store_url,
             &self.cfg.executor_id,
             &self.cfg.binding_id,
             &self.cfg.instance_id,
+            self.cfg.lease_ttl,
         )
         .await?;
         let template = self
@@ -638,6 +671,7 @@ impl Executor {
     pub(crate) fn adopted_as(&self, executor_id: &str) -> Executor {
         let mut cfg = self.cfg.clone();
         cfg.executor_id = executor_id.to_owned();
+        cfg.adopted = true;
         cfg.instance_id = format!("ins_{}", uuid::Uuid::new_v4().simple());
         Executor {
             cfg,
@@ -693,6 +727,7 @@ impl Executor {
             fatal: StdMutex::new(None),
             stop: CancellationToken::new(),
             done: CancellationToken::new(),
+            finished: CancellationToken::new(),
             fence,
             lock: StdMutex::new(lock),
             crash_plan: self.crash_plan,

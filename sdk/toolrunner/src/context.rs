@@ -349,11 +349,37 @@ impl CallContext {
         if self.cancel.is_cancelled() {
             return Err(CommitPointError::Cancelled);
         }
+        // On a store shared by replicas, the identity's own lease must be
+        // live too, before and after the heartbeat (a process frozen in
+        // it must look again): whoever takes the identity over waits the
+        // tool's commit window from its lapse.
+        let skip = crate::runner::PLANTED_ZOMBIE;
+        if !skip && !self.core.lease_live() {
+            return Err(CommitPointError::LeaseLost);
+        }
         crate::runner::lease_check(&self.core).await?;
+        if !skip && !self.core.lease_live() {
+            return Err(CommitPointError::LeaseLost);
+        }
         if self.cancel.is_cancelled() {
             return Err(CommitPointError::Cancelled);
         }
         Ok(())
+    }
+
+    /// The executor identity's fencing token, on a PostgreSQL store shared
+    /// by replicas (`None` on a store of one process, such as SQLite's,
+    /// which its file lock keeps to one writer). Every process that takes
+    /// the identity, and every replica that adopts it, holds a greater one.
+    ///
+    /// Pass it downstream with [`operation_key`](Self::operation_key) when
+    /// the downstream can fence: one that remembers the greatest token seen
+    /// for a key (its lookup by the `reconcile` hook included) and refuses
+    /// a smaller one closes the one case no executor can exclude alone, a
+    /// process frozen between its commit point and its effect for longer
+    /// than its lease and the tool's commit window.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.core.fencing_token()
     }
 }
 

@@ -239,6 +239,7 @@ pub struct FnTool<O> {
     call: CallFn,
     reconcile: Option<HookFn>,
     rerun: bool,
+    commit_window: std::time::Duration,
     needs: Vec<StateNeed>,
     _output: PhantomData<fn() -> O>,
 }
@@ -294,6 +295,7 @@ where
         call,
         reconcile: None,
         rerun: false,
+        commit_window: crate::handler::DEFAULT_COMMIT_WINDOW,
         needs: H::needs(),
         _output: PhantomData,
     }
@@ -372,6 +374,15 @@ impl<O: Serialize + Send + 'static> FnTool<O> {
         self.rerun = true;
         self
     }
+
+    /// How long the handler may take from
+    /// [`commit_point()`](crate::CallContext::commit_point), or from its
+    /// start when it has none, to its effect (default 30 s; see
+    /// [`Tool::commit_window`](crate::Tool::commit_window)).
+    pub fn commit_window(mut self, window: std::time::Duration) -> Self {
+        self.commit_window = window;
+        self
+    }
 }
 
 /// Something [`ExecutorBuilder::tool`](crate::ExecutorBuilder::tool)
@@ -415,6 +426,7 @@ impl<O> IntoTool for FnTool<O> {
             call: self.call,
             reconcile: self.reconcile,
             rerun: self.rerun,
+            commit_window: self.commit_window,
             needs: self.needs,
             _output: PhantomData,
         }))
@@ -495,5 +507,9 @@ impl ErasedTool for Bound {
 
     fn rerun_when_not_performed(&self) -> bool {
         self.tool.rerun
+    }
+
+    fn commit_window(&self) -> std::time::Duration {
+        self.tool.commit_window
     }
 }

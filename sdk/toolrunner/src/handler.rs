@@ -297,7 +297,26 @@ pub trait Tool: Send + Sync + 'static {
     fn rerun_when_not_performed(&self) -> bool {
         false
     }
+
+    /// How long this tool's handler may take from
+    /// [`commit_point()`](CallContext::commit_point), or from its start
+    /// when it has none, to its effect. Default 30 s.
+    ///
+    /// On a PostgreSQL store shared by replicas, whoever takes an executor
+    /// identity over (a replica adopting it, a restart taking it back)
+    /// asks this tool's `reconcile` hook only once the old holder's lease
+    /// lapsed plus this window: a holder that was only slow (paused,
+    /// stalled, cut off from the database) has made its effect by then,
+    /// and the hook finds it. Set it above the slowest path from the
+    /// commit point (or the start) to the effect; a longer window only
+    /// delays automatic reconciliation after a takeover.
+    fn commit_window(&self) -> std::time::Duration {
+        DEFAULT_COMMIT_WINDOW
+    }
 }
+
+/// A tool's [`commit_window`](Tool::commit_window) unless it sets another.
+pub const DEFAULT_COMMIT_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A tool with its types erased, as the runner holds it.
 #[async_trait]
@@ -312,6 +331,7 @@ pub(crate) trait ErasedTool: Send + Sync {
     async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<Value, ToolError>;
     async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Value>;
     fn rerun_when_not_performed(&self) -> bool;
+    fn commit_window(&self) -> std::time::Duration;
 }
 
 pub(crate) struct Erased<T>(pub(crate) T);
@@ -372,6 +392,10 @@ impl<T: Tool> ErasedTool for Erased<T> {
 
     fn rerun_when_not_performed(&self) -> bool {
         self.0.rerun_when_not_performed()
+    }
+
+    fn commit_window(&self) -> std::time::Duration {
+        self.0.commit_window()
     }
 }
 

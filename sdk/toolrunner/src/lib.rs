@@ -24,7 +24,7 @@ pub use error::{Error, Result, shutdown_signal};
 pub use function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
 #[doc(hidden)]
 pub use function::{Registered, StateNeed, States};
-pub use handler::{Effect, OutcomeExt, Reconciled, Tool, ToolError};
+pub use handler::{DEFAULT_COMMIT_WINDOW, Effect, OutcomeExt, Reconciled, Tool, ToolError};
 pub use toolrunner_macros::{schema, tool};
 
 /// Function tools: [`write`](tool::write), [`read`](tool::read) and

@@ -156,6 +156,13 @@ impl State {
             .get(connection_id)
             .filter(|c| c.executor_id == executor_id)
             .ok_or_else(expired)?;
+        // A connection that was over (its lease expired, or it
+        // disconnected) before a newer connect superseded it answers as
+        // what happened first: `lease_expired` (docs/protocol.md, choice
+        // 67).
+        if conn.ended {
+            return Err(expired());
+        }
         if let Some(by) = &conn.superseded_by {
             let by = by.as_deref().unwrap_or("(none given)");
             return Err(ApiError::conflict(

@@ -99,6 +99,10 @@ async fn drive(
 /// How a claim the platform asked to defer ends its step.
 const DEFERRED: &str = "claim deferred";
 
+/// How a step that would take work ends while the lease is not live.
+const LEASE_NOT_LIVE: &str =
+    "the executor's lease is not live (it could not be renewed): the call waits";
+
 /// The stored row of a call.
 async fn read(core: &Core, key: &CallKey) -> Result<LocalCall, String> {
     core.store
@@ -184,7 +188,9 @@ async fn steps(
                         confirmed = next.state == LocalState::Running;
                         next
                     }
-                    super::reconcile::Checked::Stays => call,
+                    super::reconcile::Checked::Stays | super::reconcile::Checked::NotYet(_) => {
+                        call
+                    }
                 }
             }
             _ => {
@@ -211,6 +217,9 @@ async fn claim(
     if core.stop.is_cancelled() {
         // The key stays saved: the next start claims with it.
         return Err("shutting down: the claim waits for the next start".into());
+    }
+    if !core.lease_live() {
+        return Err(LEASE_NOT_LIVE.into());
     }
     let key = CallKey::of(&call);
     let used = call.operation_key.clone();
@@ -451,6 +460,11 @@ async fn accept(
             }
         }
     };
+    // No handler may start on a lease that lapsed: the call waits,
+    // `assigned`, with its `accepted` saved.
+    if !core.lease_live() {
+        return Err(LEASE_NOT_LIVE.into());
+    }
     let answer = core
         .client
         .receipt(&call.run_id, &call.call_id, &asg.grant, &accepted.body)
@@ -515,9 +529,10 @@ async fn accept(
     Ok((row(moved)?, mine))
 }
 
-/// Whether this build re-runs a write tool after a crash: the deliberate
-/// bug of the `planted-bug` feature, which the simulation must catch.
-const PLANTED_BUG: bool = cfg!(feature = "planted-bug");
+/// Whether this build re-runs a write tool after a crash: a deliberate
+/// bug, compiled only with `RUSTFLAGS='--cfg toolrunner_planted="rerun"'`,
+/// which the simulation must catch (`docs/simulation.md`).
+const PLANTED_RERUN: bool = cfg!(toolrunner_planted = "rerun");
 
 /// Runs the handler (after `accepted: true`) and saves its outcome.
 async fn run(
@@ -540,7 +555,7 @@ async fn run(
         )),
         // A transactional tool's writes commit with its final receipt: a
         // `running` row means none of them is stored, so it runs again.
-        Some(t) if resumed && t.effect() == Effect::Write && !PLANTED_BUG => Some(unknown(
+        Some(t) if resumed && t.effect() == Effect::Write && !PLANTED_RERUN => Some(unknown(
             "the process stopped after accepted: the outcome is unknown",
         )),
         Some(_) => None,
@@ -760,6 +775,11 @@ async fn attempt_handler(
 ) -> Result<Value, ToolError> {
     let mut attempt = 0;
     loop {
+        // A handler starts only on a live lease: whoever takes the identity
+        // over waits the tool's commit window from its lapse.
+        if let Err(e) = core.lease_live_or_stopped().await {
+            return Err(ToolError::unknown(e));
+        }
         let result = tokio::time::timeout(
             core.cfg.handler_timeout,
             guarded(tool, ctx, asg.arguments.clone()),

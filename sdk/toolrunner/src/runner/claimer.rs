@@ -29,6 +29,11 @@ pub(crate) async fn claim_loop(core: Arc<Core>) {
             resumed_at = tokio::time::Instant::now();
             resume_waiting(&core).await;
         }
+        // An adopted identity finishes what was left and takes nothing
+        // new; a process whose lease lapsed takes no work.
+        if core.cfg.adopted || !core.lease_live() {
+            continue;
+        }
         if let Err(e) = claim_pending(&core).await {
             tracing::debug!(error = %e, "listing pending calls failed");
         }

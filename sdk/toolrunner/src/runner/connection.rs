@@ -12,6 +12,12 @@ use crate::client::ClientError;
 use crate::context::CommitPointError;
 use crate::error::{Error, Kind};
 
+/// Whether this build connects without confirming the lease first: a
+/// deliberate bug, compiled only with
+/// `RUSTFLAGS='--cfg toolrunner_planted="zombie"'`, which the simulation
+/// must catch (`docs/simulation.md`).
+pub(crate) const PLANTED_ZOMBIE: bool = cfg!(toolrunner_planted = "zombie");
+
 /// How long a connect keeps trying an unreachable platform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Patience {
@@ -44,6 +50,17 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
     let mut attempt = 0;
     let asked_at = crate::store::now();
     let connected = loop {
+        // A process whose identity moved on never connects: it would
+        // supersede the replica that holds the identity now.
+        if !PLANTED_ZOMBIE && let Err(e) = core.confirm_lease().await {
+            if patience == Patience::UntilStopped && !core.done.is_cancelled() {
+                tracing::warn!(error = %e, "not connecting before the executor's lease is confirmed; retrying");
+                tokio::time::sleep(super::pause(core, attempt.min(6))).await;
+                attempt += 1;
+                continue;
+            }
+            return Err(e);
+        }
         match core.client.connect(&body).await {
             Ok(c) => break c,
             Err(ClientError::Unreachable(m))

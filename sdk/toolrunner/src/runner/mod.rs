@@ -34,7 +34,7 @@ use crate::lifecycle::{self, Advanced, Event, Reads, Snapshot};
 use crate::store::{LocalCall, Store, StoreError};
 
 pub(crate) use call::progress;
-pub(crate) use connection::lease_check;
+pub(crate) use connection::{PLANTED_ZOMBIE, lease_check};
 
 /// Settings the runner works with.
 #[derive(Debug, Clone)]
@@ -50,6 +50,13 @@ pub(crate) struct Config {
     pub(crate) auto_reconcile: bool,
     pub(crate) reconcile_interval: Duration,
     pub(crate) retention: Option<Duration>,
+    /// An identity this process adopted: it takes no new calls, finishes
+    /// what was left, then lets the identity go.
+    pub(crate) adopted: bool,
+    /// How long the identity's lease lasts after each renewal (a
+    /// PostgreSQL store).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) lease_ttl: Duration,
 }
 
 /// A run and call id pair.
@@ -107,6 +114,9 @@ pub(crate) struct Core {
     pub(crate) stop: CancellationToken,
     /// Everything ended.
     pub(crate) done: CancellationToken,
+    /// An adopted identity has nothing left to do (its adopter lets it go).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) finished: CancellationToken,
     /// Once cancelled, nothing more is written to the store nor sent: the
     /// process is gone as far as the world can tell (a crash, a detach).
     pub(crate) fence: CancellationToken,
@@ -163,6 +173,65 @@ impl Core {
             then,
         )
         .await
+    }
+
+    /// Whether this process may take work now: always, unless its
+    /// identity's lease on a shared database was not renewed within its
+    /// time to live (a replica may adopt the identity).
+    pub(crate) fn lease_live(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if let Some(replica) = &self.replica {
+            return replica.live();
+        }
+        true
+    }
+
+    /// Waits until the lease is live (at once, almost always); `Err` when
+    /// the executor stopped meanwhile.
+    pub(crate) async fn lease_live_or_stopped(&self) -> Result<(), String> {
+        let mut said = false;
+        while !self.lease_live() {
+            if !said {
+                tracing::warn!("the executor's lease is not live: the handler waits to start");
+                said = true;
+            }
+            tokio::select! {
+                _ = self.done.cancelled() => return Err(CRASH.into()),
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Right before a connect: the identity's lease renewed now (nothing
+    /// to do on a store of its own). A fenced process halts here.
+    pub(crate) async fn confirm_lease(&self) -> Result<(), Error> {
+        #[cfg(feature = "postgres")]
+        if self.replica.is_some() {
+            return replicas::confirm(self).await;
+        }
+        Ok(())
+    }
+
+    /// Not before this may a `reconcile` hook be asked about a call of a
+    /// tool with `commit_window`: the identity was taken over, and its old
+    /// holder may still be finishing an effect.
+    pub(crate) fn hooks_after(&self, commit_window: Duration) -> Option<std::time::Instant> {
+        #[cfg(feature = "postgres")]
+        if let Some(replica) = &self.replica {
+            return replica.hooks_after(commit_window);
+        }
+        let _ = commit_window;
+        None
+    }
+
+    /// The identity's fencing token, on a store shared by replicas.
+    pub(crate) fn fencing_token(&self) -> Option<u64> {
+        #[cfg(feature = "postgres")]
+        if let Some(replica) = &self.replica {
+            return replica.store.fencing_token();
+        }
+        None
     }
 
     /// Records a condition that stops the executor from claiming.
@@ -379,6 +448,7 @@ impl RunningExecutor {
             }
         }
         let result = connection::disconnect(&self.core, how).await;
+        let drained = matches!(how, Shutdown::Drain { .. });
         // The identities this process adopted leave with it.
         #[cfg(feature = "postgres")]
         let result = match &self.core.replica {
@@ -394,6 +464,14 @@ impl RunningExecutor {
         };
         self.core.halt();
         while self.tasks.join_next().await.is_some() {}
+        // Nothing more is written: a drain that left nothing lets the
+        // identity go, so that no replica adopts it.
+        #[cfg(feature = "postgres")]
+        if drained && self.core.active.lock().expect("not poisoned").is_empty() {
+            replicas::release_if_idle(&self.core).await;
+        }
+        #[cfg(not(feature = "postgres"))]
+        let _ = drained;
         result
     }
 }

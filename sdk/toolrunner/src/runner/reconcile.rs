@@ -20,6 +20,9 @@ pub(crate) enum Checked {
     Moved(LocalCall),
     /// Still unknown: a human decides.
     Stays,
+    /// Not asked yet: the identity was taken over, and its old holder may
+    /// still be finishing the effect until then.
+    NotYet(Instant),
 }
 
 /// Whether `accepted` of the call's current assignment was confirmed to
@@ -53,6 +56,15 @@ pub(crate) async fn check(
     };
     if !core.cfg.auto_reconcile {
         return Ok(Checked::Stays);
+    }
+    // After a takeover, the hook is asked only once the old holder's lease
+    // lapsed plus the tool's commit window: an effect it was making is
+    // made by then, and the hook finds it (never `not_performed`).
+    if let Some(after) = core.hooks_after(tool.commit_window())
+        && Instant::now() < after
+    {
+        tracing::info!(run_id = %call.run_id, call_id = %call.call_id, wait_ms = (after - Instant::now()).as_millis() as u64, "the executor identity was taken over: the reconcile hook waits for the old holder's commit window");
+        return Ok(Checked::NotYet(after));
     }
     let key = CallKey::of(&call);
     let at = (key.run_id.as_str(), key.call_id.as_str());
@@ -181,6 +193,9 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                         }
                         outbox::deliver_call(&core, &key, Some(moved)).await;
                     }
+                    Ok(Checked::NotYet(after)) => {
+                        next.insert(key.clone(), (after, wait));
+                    }
                     _ => {
                         next.insert(
                             key.clone(),
@@ -191,9 +206,17 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                 drop(active);
             }
         }
+        // The next pass: the usual interval, or sooner when a call waits
+        // for a moment before it.
+        let now = Instant::now();
+        let soonest = next.values().map(|(due, _)| *due).filter(|due| *due > now).min();
+        let mut pause = core.cfg.reconcile_interval.min(Duration::from_secs(5));
+        if let Some(due) = soonest {
+            pause = pause.min(due - now);
+        }
         tokio::select! {
             _ = core.done.cancelled() => return,
-            _ = tokio::time::sleep(core.cfg.reconcile_interval.min(Duration::from_secs(5))) => {}
+            _ = tokio::time::sleep(pause.max(Duration::from_millis(10))) => {}
         }
     }
 }

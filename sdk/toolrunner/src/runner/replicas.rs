@@ -1,18 +1,35 @@
 //! Replicas on one PostgreSQL database: this process's hold on its
-//! executor identity (its lease is renewed; a process whose identity moved
-//! on stops), and, with a takeover grace, the adoption of identities whose
-//! lease lapsed: an executor of this process connects as the adopted
-//! identity (superseding any zombie), recovers its calls by the crash
-//! table, delivers its outbox and runs its reconciliation.
+//! executor identity, and the adoption of identities whose lease lapsed.
+//!
+//! - **The lease.** The holder renews it four times per time to live, on
+//!   a connection of its own. A process that has not renewed within the
+//!   time to live takes no work (no claim, no `accepted`, no handler
+//!   start, no `commit_point()`) until a renewal succeeds again, and
+//!   connects to the platform only right after a renewal: a fenced
+//!   process never connects. A renewal that finds the token moved on stops
+//!   the process at once (nothing more is written).
+//! - **Adoption.** With a takeover grace, a replica adopts the identities
+//!   of its binding whose lease lapsed longer ago than the grace: an
+//!   executor of this process connects as that identity, takes no new
+//!   calls, recovers its calls by the crash table, delivers its outbox,
+//!   runs its reconciliation, and lets the identity go once nothing is
+//!   left (or when it stops by itself).
+//! - **After a takeover** (an adoption, or a start that took the identity
+//!   from an adopter or from an earlier process whose lease lapsed), no
+//!   `reconcile` hook is asked before the old holder's lease lapsed plus
+//!   the tool's commit window: a holder that was only slow has finished its
+//!   effect by then, and the hook sees it.
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{Core, RunningExecutor};
+use super::{Core, RunningExecutor, Shutdown};
 use crate::error::{Error, Kind};
 use crate::store::{PgStore, StoreError};
 
-/// How often a holder renews its lease.
-const RENEW_EVERY: Duration = Duration::from_millis(500);
+/// How long an identity whose store would not open is left alone before
+/// an adoption tries it again.
+const SKIP_FOR: Duration = Duration::from_secs(30);
 
 /// This executor's identity on a shared database.
 pub(crate) struct Replica {
@@ -25,6 +42,14 @@ pub(crate) struct Replica {
     pub(crate) template: Option<crate::Executor>,
     /// The executors of the identities this process adopted.
     pub(crate) adopted: StdMutex<Vec<RunningExecutor>>,
+    /// When the last renewal that succeeded was sent.
+    renewed: StdMutex<Instant>,
+    /// Whether the lease was seen lapsed (to say once that it lapsed, and
+    /// once that it is held again).
+    lapsed: std::sync::atomic::AtomicBool,
+    /// Identities whose store would not open, and until when they are
+    /// left alone (one bad identity never blocks the others).
+    skip: StdMutex<HashMap<String, Instant>>,
 }
 
 impl Replica {
@@ -33,52 +58,160 @@ impl Replica {
         grace: Option<Duration>,
         template: Option<crate::Executor>,
     ) -> Replica {
+        let renewed = store.lease_taken_at().unwrap_or_else(Instant::now);
         Replica {
             store,
             grace,
             template,
             adopted: StdMutex::default(),
+            renewed: StdMutex::new(renewed),
+            lapsed: std::sync::atomic::AtomicBool::new(false),
+            skip: StdMutex::default(),
         }
+    }
+
+    fn ttl(&self) -> Duration {
+        self.store
+            .lease_ttl()
+            .unwrap_or(crate::store::DEFAULT_LEASE_TTL)
+    }
+
+    /// Whether the lease is live by this process's clock: renewed (the
+    /// renewal sent) less than its time to live ago. Whoever would take
+    /// the identity over counts from the database's stamp of that renewal,
+    /// which is later.
+    pub(crate) fn live(&self) -> bool {
+        lock(&self.renewed).elapsed() < self.ttl()
+    }
+
+    /// Renews the lease now, and records it.
+    ///
+    /// # Errors
+    /// [`StoreError::Fenced`] when the token moved on; the database failed.
+    async fn renew(&self, executor_id: &str) -> Result<(), StoreError> {
+        let sent = Instant::now();
+        self.store.renew().await?;
+        {
+            let mut renewed = lock(&self.renewed);
+            if *renewed < sent {
+                *renewed = sent;
+            }
+        }
+        if self
+            .lapsed
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            tracing::warn!(
+                executor_id,
+                "the executor's lease is renewed again: taking work again"
+            );
+        }
+        Ok(())
+    }
+
+    /// Not before this may a `reconcile` hook be asked about a call of a
+    /// tool with this commit window: the lease of whoever held the
+    /// identity before lapsed, plus the window.
+    pub(crate) fn hooks_after(&self, commit_window: Duration) -> Option<Instant> {
+        self.store.predecessor_lapse().map(|t| t + commit_window)
     }
 
     /// The adopted executors, taken out (to stop them with this one).
     pub(crate) fn take_adopted(&self) -> Vec<RunningExecutor> {
-        std::mem::take(
-            &mut *self
-                .adopted
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        std::mem::take(&mut *lock(&self.adopted))
     }
 }
 
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The token moved on: stop at once, saying why (nothing more is written).
+fn fenced(core: &Core, e: &StoreError) {
+    core.fail(Error::new(Kind::Superseded, e.to_string()));
+    core.halt();
+}
+
 /// Renews the lease for as long as the process runs (a drain included:
-/// its calls still commit); a fenced identity stops the executor at once
-/// (nothing more is written).
+/// its calls still commit); a fenced identity stops the executor at once.
 pub(crate) async fn lease_loop(core: Arc<Core>) {
     let Some(replica) = &core.replica else {
         return;
     };
+    let every = replica.ttl() / 4;
     loop {
         tokio::select! {
             _ = core.done.cancelled() => return,
-            _ = tokio::time::sleep(RENEW_EVERY) => {}
+            _ = tokio::time::sleep(every) => {}
         }
-        match replica.store.renew().await {
-            Err(e @ StoreError::Fenced(_)) => {
-                core.fail(Error::new(Kind::Superseded, e.to_string()));
-                core.halt();
-                return;
+        match replica.renew(&core.cfg.executor_id).await {
+            Err(e @ StoreError::Fenced(_)) => return fenced(&core, &e),
+            Err(e) => {
+                if !replica.live()
+                    && !replica
+                        .lapsed
+                        .swap(true, std::sync::atomic::Ordering::SeqCst)
+                {
+                    tracing::error!(executor_id = %core.cfg.executor_id, error = %e, ttl_ms = replica.ttl().as_millis() as u64, "the executor's lease lapsed (it could not be renewed): taking no work until it is renewed; a replica may adopt the identity");
+                } else {
+                    tracing::warn!(error = %e, "the executor's lease could not be renewed");
+                }
             }
-            Err(e) => tracing::warn!(error = %e, "the executor's lease could not be renewed"),
             Ok(()) => {}
         }
     }
 }
 
+/// Right before a connect: a renewal that succeeds, and a lease still
+/// live when it answered (a process frozen meanwhile must look again).
+/// A fenced process stops here, and never connects.
+///
+/// # Errors
+/// The token moved on (the executor is halted), or the lease could not be
+/// confirmed now (try again later).
+pub(crate) async fn confirm(core: &Core) -> Result<(), Error> {
+    let Some(replica) = &core.replica else {
+        return Ok(());
+    };
+    match replica.renew(&core.cfg.executor_id).await {
+        Ok(()) if replica.live() => Ok(()),
+        Ok(()) => Err(Error::new(
+            Kind::Store,
+            "the lease renewal answered too late to connect on it",
+        )),
+        Err(e @ StoreError::Fenced(_)) => {
+            fenced(core, &e);
+            Err(Error::new(Kind::Superseded, e.to_string()))
+        }
+        Err(e) => Err(Error::from(e).context(
+            "the executor's lease could not be confirmed before connecting to the platform",
+        )),
+    }
+}
+
+/// At the end of a drain, once every task has stopped: lets the identity
+/// go when its store holds nothing left to do, so that no replica adopts
+/// it (one that left work is adopted after the grace).
+pub(crate) async fn release_if_idle(core: &Core) {
+    let Some(replica) = &core.replica else {
+        return;
+    };
+    let id = &core.cfg.executor_id;
+    match replica.store.is_idle().await {
+        Ok(true) => match replica.store.release().await {
+            Ok(true) => tracing::info!(executor_id = %id, "nothing left: the executor identity is released"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(executor_id = %id, error = %e, "the executor identity could not be released; it lapses instead"),
+        },
+        Ok(false) => tracing::info!(executor_id = %id, "work is left in the store: the identity's lease lapses, and a replica with a takeover grace adopts it"),
+        Err(e) => tracing::warn!(executor_id = %id, error = %e, "could not tell whether work is left; the identity's lease lapses"),
+    }
+}
+
 /// With a takeover grace: until the executor stops taking work, adopts
 /// the lapsed identities of its binding, one at a time (on a task of its
-/// own, so a slow adoption never holds the renewals back).
+/// own, so a slow adoption never holds the renewals back), and lets go of
+/// the adopted ones that finished or stopped.
 pub(crate) async fn adoption_loop(core: Arc<Core>) {
     let Some(replica) = &core.replica else {
         return;
@@ -86,46 +219,98 @@ pub(crate) async fn adoption_loop(core: Arc<Core>) {
     let (Some(grace), Some(template)) = (replica.grace, &replica.template) else {
         return;
     };
-    let every = (grace / 4).max(Duration::from_millis(250));
+    let every = (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         tokio::select! {
             _ = core.stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        adopt(&core, replica, template, grace).await;
+        let_go(replica).await;
+        if replica.live() {
+            adopt(&core, replica, template, grace).await;
+        }
     }
 }
 
 /// Adopts one lapsed identity, if there is one, and starts its executor.
 async fn adopt(core: &Core, replica: &Replica, template: &crate::Executor, grace: Duration) {
+    let skip: Vec<String> = {
+        let mut skip = lock(&replica.skip);
+        skip.retain(|_, until| *until > Instant::now());
+        skip.keys().cloned().collect()
+    };
     let adopted = match replica
         .store
-        .adopt_lapsed(&core.cfg.instance_id, grace)
+        .adopt_lapsed(&core.cfg.instance_id, grace, replica.ttl(), &skip)
         .await
     {
         Ok(Some(store)) => store,
         Ok(None) => return,
         Err(e) => {
-            tracing::warn!(error = %e, "could not adopt a lapsed executor identity");
+            if let Some(id) = &e.executor_id {
+                tracing::error!(adopted = %id, error = %e.error, skip_s = SKIP_FOR.as_secs(), "the store of a lapsed executor identity would not open; it is left alone for a while");
+                lock(&replica.skip).insert(id.clone(), Instant::now() + SKIP_FOR);
+            } else {
+                tracing::warn!(error = %e.error, "could not adopt a lapsed executor identity");
+            }
             return;
         }
     };
     let id = adopted.identity().unwrap_or_default().to_owned();
-    tracing::warn!(executor_id = %core.cfg.executor_id, adopted = %id, grace_ms = grace.as_millis() as u64, "adopting an executor identity whose lease lapsed");
+    tracing::warn!(executor_id = %core.cfg.executor_id, adopted = %id, grace_ms = grace.as_millis() as u64, "adopting an executor identity whose lease lapsed: finishing its calls, then letting it go");
     let started = template.adopted_as(&id).start_adopted(adopted).await;
-    let mut list = replica
-        .adopted
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    // Those that stopped (fenced by a newer adoption) go.
-    list.retain(|r| !r.core.done.is_cancelled());
     match started {
         // Stopped with this one, unless this one stops first.
-        Ok(running) if !core.stop.is_cancelled() => list.push(running),
+        Ok(running) if !core.stop.is_cancelled() => lock(&replica.adopted).push(running),
         Ok(running) => drop(running),
         // Its lease lapses again, and it is adopted again then.
         Err(e) => {
             tracing::error!(adopted = %id, error = %e, "the adopted identity's executor did not start")
+        }
+    }
+}
+
+/// Lets go of the adopted identities whose executor finished (nothing
+/// left: the identity is released) or stopped by itself (fenced by a
+/// start that took it back, superseded, refused credentials: its lease
+/// lapses unless nothing is left), so none is held for ever.
+async fn let_go(replica: &Replica) {
+    let mut done = Vec::new();
+    {
+        let mut list = lock(&replica.adopted);
+        let mut i = 0;
+        while i < list.len() {
+            let core = &list[i].core;
+            let over = core.stop.is_cancelled() || core.finished.is_cancelled();
+            if over {
+                done.push(list.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+    }
+    for running in done {
+        let id = running.core.cfg.executor_id.clone();
+        tracing::info!(adopted = %id, "letting go of an adopted executor identity");
+        let drained = Box::pin(running.shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        }))
+        .await;
+        if let Err(e) = drained {
+            tracing::debug!(adopted = %id, error = %e, "the adopted executor's drain did not reach the platform");
+        }
+    }
+    // The adopted executors still at work check whether they are done.
+    let list: Vec<Arc<Core>> = lock(&replica.adopted)
+        .iter()
+        .map(|r| r.core.clone())
+        .collect();
+    for core in list {
+        if let Some(own) = &core.replica
+            && core.active.lock().expect("not poisoned").is_empty()
+            && own.store.is_idle().await.unwrap_or(false)
+        {
+            core.finished.cancel();
         }
     }
 }

@@ -20,6 +20,10 @@ pub use sqlite::{SqliteStore, StoreLock, WriterStats};
 pub use transaction::StoreTransaction;
 pub(crate) use transaction::TxError;
 
+/// How long an executor identity's lease on a shared PostgreSQL database
+/// lasts after each renewal, unless the builder sets another.
+pub(crate) const DEFAULT_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A point in time: UTC, to the millisecond (stored as RFC 3339).
 pub type Timestamp = chrono::DateTime<chrono::Utc>;
 
@@ -470,6 +474,11 @@ pub enum StoreError {
     /// writes are refused.
     #[error("{0}")]
     Fenced(String),
+    /// Another live process holds this executor identity on the shared
+    /// database (it keeps renewing its lease): two processes were started
+    /// with one executor id. The running one serves on.
+    #[error("{0}")]
+    InUse(String),
     /// This store cannot do what was asked (a store of your own that
     /// keeps the trait's default [`Store::begin`]).
     #[error("{0}")]

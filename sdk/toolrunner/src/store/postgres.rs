@@ -5,6 +5,7 @@
 //! constraint: the same rows are refused, and every call change is the same
 //! compare-and-set on `version`. Times are stored as the same RFC 3339 text.
 use std::str::FromStr;
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Postgres, Row};
@@ -13,7 +14,8 @@ use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 use super::columns::{corrupt, parse_state, time};
 use super::{
     Attempt, CallFilter, Change, DatabaseError, Event, LocalCall, LocalState, OutboxReceipt,
-    OutboxSummary, PendingReport, ReceiptStatus, Store, StoreError, Timestamp, rfc3339,
+    DEFAULT_LEASE_TTL, OutboxSummary, PendingReport, ReceiptStatus, Store, StoreError, Timestamp,
+    rfc3339,
 };
 
 mod changes;
@@ -39,15 +41,55 @@ pub struct PgStore {
     pool: PgPool,
     /// How to connect (for the stores of other identities: adoption).
     options: PgConnectOptions,
-    /// The identity this store writes for, and its fencing token: every
-    /// write checks it first (none for a store opened without an identity).
-    fence: Option<Fence>,
+    /// The identity this store writes for, with its lease (none for a
+    /// store opened without an identity).
+    hold: Option<Hold>,
+}
+
+/// An identity this store holds.
+#[derive(Clone)]
+struct Hold {
+    /// Its fencing token: every write checks it first.
+    fence: Fence,
+    /// The lease's own connection: renewals never wait for the store's
+    /// pool (handler transactions hold its connections).
+    leases: PgPool,
+    /// When the lease was taken (sent), by this process's clock.
+    taken_at: Instant,
+    /// When the lease of whoever held the identity before lapsed (or
+    /// lapses), if someone did.
+    predecessor_lapse: Option<Instant>,
+}
+
+/// Why an adoption failed, and of which identity (its store would not
+/// open: it is skipped for a while, so it never blocks the others).
+#[derive(Debug)]
+pub(crate) struct AdoptError {
+    pub(crate) executor_id: Option<String>,
+    pub(crate) error: StoreError,
+}
+
+impl From<StoreError> for AdoptError {
+    fn from(error: StoreError) -> Self {
+        AdoptError {
+            executor_id: None,
+            error,
+        }
+    }
+}
+
+impl From<sqlx::Error> for AdoptError {
+    fn from(error: sqlx::Error) -> Self {
+        StoreError::from(error).into()
+    }
 }
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // No connection options: the URL may hold a password.
-        f.debug_struct("PgStore").finish_non_exhaustive()
+        f.debug_struct("PgStore")
+            .field("executor_id", &self.identity())
+            .finish_non_exhaustive()
     }
 }
 
@@ -103,32 +145,44 @@ impl PgStore {
     /// The store of the executor identity `executor_id` at a `postgres://`
     /// URL, serving the executor binding `binding_id` (replicas of one
     /// binding adopt each other), held for the process `holder` (its
-    /// instance id): the schema the
-    /// URL names (`options=-c search_path=…`), or else the identity's own
+    /// instance id): the schema the URL names (`options=-c
+    /// search_path=…`), or else the identity's own
     /// ([`identity_schema`](Self::identity_schema)), so replicas with
     /// distinct ids share one database and each works only its own rows.
-    /// Takes the identity's lease (`toolrunner_leases.executor_leases`)
-    /// with a new fencing token, which every write of this store checks.
+    /// Takes the identity's lease (`toolrunner_leases.executor_leases`,
+    /// with a time to live of 3 s) with a new fencing token, which every
+    /// write of this store checks: at once when nobody holds it, when it
+    /// was released, or when a replica adopted it (that replica's writes
+    /// are fenced from now on); after the lease lapsed when an earlier
+    /// process of the identity held it (a crashed process renews nothing).
     ///
     /// # Errors
     /// As [`connect_in_schema`](Self::connect_in_schema); and
-    /// [`StoreError::Fenced`] when a replica adopted the identity (this
-    /// process must not run it: start it with a new executor id).
+    /// [`StoreError::InUse`] when another live process holds the identity
+    /// (it keeps renewing its lease: two processes with one executor id).
     pub async fn connect_as(
         url: &str,
         executor_id: &str,
         binding_id: &str,
         holder: &str,
     ) -> Result<PgStore, StoreError> {
+        Self::open_identity(url, executor_id, binding_id, holder, DEFAULT_LEASE_TTL).await
+    }
+
+    /// [`connect_as`](Self::connect_as) with a lease of `ttl`.
+    pub(crate) async fn open_identity(
+        url: &str,
+        executor_id: &str,
+        binding_id: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<PgStore, StoreError> {
         let options = PgConnectOptions::from_str(url)?;
-        // An adopted identity's process touches nothing of its store.
         let leases = Self::in_schema_pool(options.clone(), lease::SCHEMA).await?;
-        let checked = match lease::migrate(&leases).await {
-            Ok(()) => lease::refuse_if_adopted(&leases, executor_id).await,
-            Err(e) => Err(e),
-        };
-        leases.close().await;
-        checked?;
+        if let Err(e) = lease::migrate(&leases).await {
+            leases.close().await;
+            return Err(e);
+        }
         let mut store = if url.contains("search_path") {
             Self::connect_with(options).await?
         } else {
@@ -138,75 +192,170 @@ impl PgStore {
         let schema: String = sqlx::query_scalar("SELECT current_schema()")
             .fetch_one(&store.pool)
             .await?;
-        let token = lease::take(&store.pool, executor_id, holder, binding_id, &schema).await?;
-        store.fence = Some(Fence {
-            executor_id: executor_id.to_owned(),
-            binding_id: binding_id.to_owned(),
-            token,
+        let claimant = lease::Claimant {
+            executor_id,
+            holder,
+            binding_id,
+            store_schema: &schema,
+            ttl,
+        };
+        let taken = lease::take(&leases, &claimant).await?;
+        store.hold = Some(Hold {
+            fence: Fence {
+                executor_id: executor_id.to_owned(),
+                binding_id: binding_id.to_owned(),
+                token: taken.token,
+                ttl,
+            },
+            leases,
+            taken_at: taken.at,
+            predecessor_lapse: taken.predecessor_lapse,
         });
         Ok(store)
     }
 
     /// Adopts, for this store's identity (a replica, process `holder`), one
-    /// identity whose lease was last renewed more than `grace` ago, and
-    /// opens its store, fenced by the adoption's token: `None` when no
-    /// lease lapsed that long.
+    /// identity whose lease lapsed more than `grace` ago and that is not in
+    /// `skip`, and opens its store, fenced by the adoption's token, with a
+    /// lease of `ttl`: `None` when no lease lapsed that long.
     ///
     /// # Errors
-    /// The database failed, or this store holds no identity.
+    /// The database failed (naming the identity whose store would not
+    /// open, if that was it), or this store holds no identity.
     pub(crate) async fn adopt_lapsed(
         &self,
         holder: &str,
-        grace: std::time::Duration,
-    ) -> Result<Option<PgStore>, StoreError> {
-        let me = self.fence.as_ref().ok_or_else(|| {
+        grace: Duration,
+        ttl: Duration,
+        skip: &[String],
+    ) -> Result<Option<PgStore>, AdoptError> {
+        let me = self.fence().ok_or_else(|| {
             StoreError::Unsupported("a store without an identity adopts none".into())
         })?;
-        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         // The identity stays locked while its store is opened: if that
         // fails, nothing is adopted, and its lease stays as it was.
         let mut tx = self.pool.begin().await?;
-        let Some((executor_id, schema)) =
-            lease::lapsed(&mut tx, &me.executor_id, &me.binding_id, grace_ms).await?
+        let Some(lapsed) =
+            lease::lapsed(&mut tx, &me.executor_id, &me.binding_id, grace, skip).await?
         else {
             return Ok(None);
         };
-        // The store its holder used (its own schema when none is recorded).
-        let schema = if schema.is_empty() {
-            Self::identity_schema(&executor_id)
-        } else {
-            schema
+        let id = lapsed.executor_id.clone();
+        let named = |error: StoreError| AdoptError {
+            executor_id: Some(id.clone()),
+            error,
         };
-        let mut adopted = Self::in_schema(self.options.clone(), &schema).await?;
-        adopted.claim_schema(&executor_id).await?;
+        // The store its holder used (its own schema when none is recorded).
+        let schema = if lapsed.store_schema.is_empty() {
+            Self::identity_schema(&id)
+        } else {
+            lapsed.store_schema.clone()
+        };
+        let mut adopted = Self::in_schema(self.options.clone(), &schema)
+            .await
+            .map_err(named)?;
+        adopted.claim_schema(&id).await.map_err(named)?;
+        let leases = Self::in_schema_pool(self.options.clone(), lease::SCHEMA)
+            .await
+            .map_err(named)?;
+        let taken_at = Instant::now();
         let fence = lease::adopt(
             &mut tx,
-            &executor_id,
+            &id,
             &me.binding_id,
             &me.executor_id,
             holder,
+            ttl,
         )
         .await?;
         tx.commit().await?;
-        adopted.fence = Some(fence);
+        adopted.hold = Some(Hold {
+            fence,
+            leases,
+            taken_at,
+            predecessor_lapse: Some(lapsed.lapse),
+        });
         Ok(Some(adopted))
+    }
+
+    fn fence(&self) -> Option<&Fence> {
+        self.hold.as_ref().map(|h| &h.fence)
     }
 
     /// The executor id this store writes for, if it holds one.
     pub(crate) fn identity(&self) -> Option<&str> {
-        self.fence.as_ref().map(|f| f.executor_id.as_str())
+        self.fence().map(|f| f.executor_id.as_str())
     }
 
-    /// Renews this store's lease.
+    /// The identity's fencing token as this store holds it.
+    pub(crate) fn fencing_token(&self) -> Option<u64> {
+        self.fence().and_then(|f| u64::try_from(f.token).ok())
+    }
+
+    /// The lease's time to live, when this store holds an identity.
+    pub(crate) fn lease_ttl(&self) -> Option<Duration> {
+        self.fence().map(|f| f.ttl)
+    }
+
+    /// When the lease was taken, by this process's clock.
+    pub(crate) fn lease_taken_at(&self) -> Option<Instant> {
+        self.hold.as_ref().map(|h| h.taken_at)
+    }
+
+    /// When the lease of whoever held the identity before this store took
+    /// it lapsed (or lapses), if someone did.
+    pub(crate) fn predecessor_lapse(&self) -> Option<Instant> {
+        self.hold.as_ref().and_then(|h| h.predecessor_lapse)
+    }
+
+    /// Renews this store's lease (within its time to live, or not at all:
+    /// a renewal that hangs is given up and its connection dropped).
     ///
     /// # Errors
     /// [`StoreError::Fenced`] when the identity's token moved on; the
-    /// database failed.
+    /// database failed or did not answer in time.
     pub(crate) async fn renew(&self) -> Result<(), StoreError> {
-        match &self.fence {
-            Some(f) => lease::renew(&self.pool, f).await,
-            None => Ok(()),
+        let Some(h) = &self.hold else {
+            return Ok(());
+        };
+        match tokio::time::timeout(h.fence.ttl, lease::renew(&h.leases, &h.fence)).await {
+            Ok(renewed) => renewed,
+            Err(_) => Err(StoreError::Database(DatabaseError(
+                format!(
+                    "the lease renewal got no answer within {} ms",
+                    h.fence.ttl.as_millis()
+                )
+                .into(),
+            ))),
         }
+    }
+
+    /// Lets the identity go (a clean drain, nothing left): nobody adopts
+    /// it, and a start takes it at once. `false` when it had moved on.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub(crate) async fn release(&self) -> Result<bool, StoreError> {
+        match &self.hold {
+            Some(h) => lease::release(&h.leases, &h.fence).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Whether the identity's store holds nothing left to do: no call
+    /// mid-way or waiting for reconciliation, no state to report, no
+    /// receipt to send.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub(crate) async fn is_idle(&self) -> Result<bool, StoreError> {
+        let busy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM calls WHERE state IN ('claiming', 'assigned', 'running', 'settled', 'reconciliation_required') OR report IS NOT NULL)
+                 OR EXISTS (SELECT 1 FROM receipts WHERE status = 'pending')",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(!busy)
     }
 
     /// Records `executor_id` as the identity whose calls this store's
@@ -262,7 +411,7 @@ impl PgStore {
         Ok(PgStore {
             pool,
             options,
-            fence: None,
+            hold: None,
         })
     }
 
@@ -279,7 +428,7 @@ impl PgStore {
 
     async fn transaction(&self, changes: &[Change]) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
-        if let Some(fence) = &self.fence {
+        if let Some(fence) = self.fence() {
             lease::check(&mut tx, fence).await?;
         }
         let mut notes = Vec::new();
@@ -296,7 +445,7 @@ impl PgStore {
     /// migration), in a transaction of its own.
     async fn fold_counts(&self) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        if let Some(fence) = &self.fence {
+        if let Some(fence) = self.fence() {
             lease::check(&mut tx, fence).await?;
         }
         sqlx::query(
@@ -428,7 +577,7 @@ impl Store for PgStore {
     async fn begin(&self) -> Result<super::StoreTransaction, StoreError> {
         let mut tx = self.pool.begin().await?;
         // Checked at once, and held (a shared row lock) until the commit.
-        if let Some(fence) = &self.fence {
+        if let Some(fence) = self.fence() {
             lease::check(&mut tx, fence).await?;
         }
         Ok(super::StoreTransaction {

@@ -1,19 +1,30 @@
 //! Executor identities shared by replicas on one database: a lease row
-//! per identity with a fencing token (`migrations/postgres-leases`).
+//! per identity (`migrations/postgres-leases`) with a fencing token and a
+//! time to live.
 //!
-//! - A process takes its identity's lease before it connects to the
-//!   platform ([`take`]): the token is bumped (fencing out any earlier
-//!   process of the identity), unless a replica adopted the identity, in
-//!   which case the process refuses to start and writes nothing.
-//! - Every write of the identity's store first checks, under a shared row
-//!   lock, that the row still has the writer's token ([`check`]); an
-//!   adoption's update waits for those writes and fences every later one.
-//! - The holder renews the row ([`renew`]); a replica with a takeover grace
-//!   adopts an identity of the same executor binding whose renewal lapsed
-//!   longer ago than the grace ([`lapsed`], `SELECT … FOR UPDATE SKIP
-//!   LOCKED`, so two replicas never adopt the same one, then [`adopt`]).
-use sqlx::PgConnection;
+//! - A process start takes its identity's lease before it connects to the
+//!   platform ([`take`]): at once when nobody holds it, when it was
+//!   released, or when a replica adopted it; after the lease of an earlier
+//!   process of the identity lapsed (a crashed process renews nothing); and
+//!   never from a process that keeps renewing (two live processes with one
+//!   id: the start fails). Taking bumps the token.
+//! - Every write of the identity's store first checks that the row still
+//!   has the writer's token ([`check`], `FOR KEY SHARE`): a lock that the
+//!   holder's renewal (an `UPDATE` of `renewed_at` only) does not wait
+//!   for, and that every token bump (`SELECT … FOR UPDATE`) does, so a bump
+//!   waits for the writes in flight and fences every later one.
+//! - The holder renews the row ([`renew`], stamped with
+//!   `clock_timestamp()`) on a connection of its own; a replica with a
+//!   takeover grace adopts an identity of the same executor binding whose
+//!   lease lapsed longer ago than the grace ([`lapsed`], `SELECT … FOR
+//!   UPDATE SKIP LOCKED`, so two replicas never adopt the same one, then
+//!   [`adopt`]).
+//! - A holder that drained with nothing left lets the identity go
+//!   ([`release`]): the token is bumped and nobody adopts it.
+use std::time::{Duration, Instant};
+
 use sqlx::postgres::PgPool;
+use sqlx::{PgConnection, Row};
 
 use crate::store::StoreError;
 
@@ -30,6 +41,33 @@ pub(super) struct Fence {
     /// other).
     pub(super) binding_id: String,
     pub(super) token: i64,
+    /// How long the lease lasts after each renewal.
+    pub(super) ttl: Duration,
+}
+
+/// Who takes an identity, and how.
+#[derive(Debug, Clone)]
+pub(super) struct Claimant<'a> {
+    pub(super) executor_id: &'a str,
+    /// The instance id of the taking process.
+    pub(super) holder: &'a str,
+    pub(super) binding_id: &'a str,
+    /// The schema of the identity's store.
+    pub(super) store_schema: &'a str,
+    pub(super) ttl: Duration,
+}
+
+/// An identity taken: its new token, and when the lease of whoever held
+/// it before lapsed (or lapses: an adopter, fenced by this take, may still
+/// finish what it started before then). `None`: nobody held it (a new
+/// identity, or one released clean).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Taken {
+    pub(super) token: i64,
+    /// When the taking statement was sent (the lease runs from a moment
+    /// after it).
+    pub(super) at: Instant,
+    pub(super) predecessor_lapse: Option<Instant>,
 }
 
 /// Migrates the lease table (in [`SCHEMA`], created if missing) on a pool
@@ -39,57 +77,191 @@ pub(super) async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn fenced(executor_id: &str, why: &str) -> StoreError {
+fn fenced(executor_id: &str) -> StoreError {
     StoreError::Fenced(format!(
-        "executor {executor_id} {why}: this process must stop and write nothing more (another replica holds the identity)"
+        "executor {executor_id} lost its lease (its fencing token moved on: another process of the identity, or a replica that adopted it, holds it now): this process must stop and write nothing more"
     ))
 }
 
-/// Takes the identity's lease for the process `holder`: the new token.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A lease row as a start looks at it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    token: i64,
+    holder: String,
+    adopted_by: Option<String>,
+    released: bool,
+    ttl_ms: i64,
+    /// `renewed_at` in microseconds (to see whether it moved).
+    renewed_us: i64,
+    /// How long ago it was renewed, by the database's clock.
+    age_ms: i64,
+}
+
+impl Seen {
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.ttl_ms).unwrap_or(0))
+    }
+
+    fn lapsed(&self) -> bool {
+        self.age_ms > self.ttl_ms
+    }
+
+    /// Whether a start may take the identity now.
+    fn free(&self) -> bool {
+        self.released || self.adopted_by.is_some() || self.lapsed()
+    }
+
+    /// When the holder's lease lapsed (or lapses), from `now`, the moment
+    /// this row was read.
+    fn lapse_at(&self, now: Instant) -> Instant {
+        let age = Duration::from_millis(u64::try_from(self.age_ms.max(0)).unwrap_or(0));
+        match self.ttl().checked_sub(age) {
+            Some(left) => now + left,
+            None => now.checked_sub(age - self.ttl()).unwrap_or(now),
+        }
+    }
+}
+
+/// The lease row as a start looks at it (a macro, so that the locking
+/// read appends `FOR UPDATE` to a literal).
+macro_rules! seen_sql {
+    () => {
+        "SELECT token, holder, adopted_by, released, ttl_ms,
+        (EXTRACT(EPOCH FROM renewed_at) * 1000000)::BIGINT AS renewed_us,
+        (EXTRACT(EPOCH FROM clock_timestamp() - renewed_at) * 1000)::BIGINT AS age_ms
+     FROM toolrunner_leases.executor_leases WHERE executor_id = $1"
+    };
+}
+
+fn seen(row: &sqlx::postgres::PgRow) -> Result<Seen, StoreError> {
+    Ok(Seen {
+        token: row.try_get("token")?,
+        holder: row.try_get("holder")?,
+        adopted_by: row.try_get("adopted_by")?,
+        released: row.try_get("released")?,
+        ttl_ms: row.try_get("ttl_ms")?,
+        renewed_us: row.try_get("renewed_us")?,
+        age_ms: row.try_get("age_ms")?,
+    })
+}
+
+/// Takes the identity's lease for `me`: at once when nobody holds it (no
+/// row, released, or held by a replica that adopted it), or once the
+/// lease of the process holding it lapsed. A holder that renews meanwhile
+/// is a live process with the same executor id: the start fails and the
+/// holder serves on.
 ///
 /// # Errors
-/// [`StoreError::Fenced`] when a replica adopted the identity.
-pub(super) async fn take(
-    pool: &PgPool,
-    executor_id: &str,
-    holder: &str,
-    binding_id: &str,
-    store_schema: &str,
-) -> Result<i64, StoreError> {
-    let mut tx = pool.begin().await?;
-    let row: Option<(i64, Option<String>)> = sqlx::query_as(
-        "SELECT token, adopted_by FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR UPDATE",
-    )
-    .bind(executor_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if let Some((_, Some(by))) = &row {
-        return Err(adopted(executor_id, by));
+/// [`StoreError::InUse`] when another live process holds the identity;
+/// the database failed.
+pub(super) async fn take(pool: &PgPool, me: &Claimant<'_>) -> Result<Taken, StoreError> {
+    // The row as first seen while another process held it.
+    let mut first: Option<Seen> = None;
+    loop {
+        let row = sqlx::query(seen_sql!())
+            .bind(me.executor_id)
+            .fetch_optional(pool)
+            .await?;
+        let now = row.as_ref().map(seen).transpose()?;
+        if let Some(held) = now.as_ref().filter(|s| !s.free()) {
+            match &first {
+                None => first = Some(held.clone()),
+                // It renewed (or another start took it) while this one
+                // waited: a live process holds the identity.
+                Some(f) if f.renewed_us != held.renewed_us || f.token != held.token => {
+                    return Err(in_use(me.executor_id, &held.holder));
+                }
+                Some(_) => {}
+            }
+            let left = Duration::from_millis(
+                u64::try_from((held.ttl_ms - held.age_ms).max(1)).unwrap_or(1),
+            );
+            tracing::info!(executor_id = me.executor_id, holder = %held.holder, wait_ms = left.as_millis() as u64, "another process held this executor identity until lately: waiting for its lease to lapse");
+            tokio::time::sleep(left.min(Duration::from_millis(250))).await;
+            continue;
+        }
+        if let Some(taken) = take_locked(pool, me, first.as_ref()).await? {
+            return Ok(taken);
+        }
     }
+}
+
+/// The locked half of [`take`]: `None` when the row changed since it was
+/// seen and must be looked at again.
+async fn take_locked(
+    pool: &PgPool,
+    me: &Claimant<'_>,
+    first: Option<&Seen>,
+) -> Result<Option<Taken>, StoreError> {
+    let mut tx = pool.begin().await?;
+    // Waits for the writes in flight of whoever holds it (their `FOR KEY
+    // SHARE`), and holds off new ones until the token is bumped.
+    let row = sqlx::query(concat!(seen_sql!(), " FOR UPDATE"))
+        .bind(me.executor_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let read_at = Instant::now();
+    let now = row.as_ref().map(seen).transpose()?;
+    let predecessor = match &now {
+        None => None,
+        Some(s) if s.released => None,
+        Some(s) if s.free() => Some(s.lapse_at(read_at)),
+        Some(s) => {
+            if first.is_some_and(|f| f.renewed_us != s.renewed_us || f.token != s.token) {
+                return Err(in_use(me.executor_id, &s.holder));
+            }
+            return Ok(None);
+        }
+    };
+    let at = Instant::now();
     let token: i64 = sqlx::query_scalar(
-        "INSERT INTO toolrunner_leases.executor_leases (executor_id, token, holder, renewed_at, binding_id, store_schema)
-         VALUES ($1, 1, $2, now(), $3, $4)
-         ON CONFLICT (executor_id) DO UPDATE SET token = executor_leases.token + 1, holder = $2, renewed_at = now(),
-           binding_id = $3, store_schema = $4
+        "INSERT INTO toolrunner_leases.executor_leases
+           (executor_id, token, holder, renewed_at, binding_id, store_schema, ttl_ms, adopted_by, released)
+         VALUES ($1, 1, $2, clock_timestamp(), $3, $4, $5, NULL, FALSE)
+         ON CONFLICT (executor_id) DO UPDATE SET token = executor_leases.token + 1, holder = $2,
+           renewed_at = clock_timestamp(), binding_id = $3, store_schema = $4, ttl_ms = $5,
+           adopted_by = NULL, released = FALSE
          RETURNING token",
     )
-    .bind(executor_id)
-    .bind(holder)
-    .bind(binding_id)
-    .bind(store_schema)
+    .bind(me.executor_id)
+    .bind(me.holder)
+    .bind(me.binding_id)
+    .bind(me.store_schema)
+    .bind(millis(me.ttl))
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(token)
+    if let Some(s) = &now {
+        tracing::info!(executor_id = me.executor_id, previous_holder = %s.holder, adopted_by = ?s.adopted_by, released = s.released, "took the executor identity's lease");
+    }
+    Ok(Some(Taken {
+        token,
+        at,
+        predecessor_lapse: predecessor,
+    }))
 }
 
-/// Renews the lease `fence` holds.
+fn in_use(executor_id: &str, holder: &str) -> StoreError {
+    StoreError::InUse(format!(
+        "executor {executor_id} is held by another live process (instance {holder}), which keeps renewing its lease: two processes were started with one executor id; give every replica its own executor id (the running one serves on)"
+    ))
+}
+
+/// Renews the lease `fence` holds (on the lease's own connection: a
+/// renewal never waits for the store's pool, nor for the identity's own
+/// writes).
 ///
 /// # Errors
-/// [`StoreError::Fenced`] when the identity's token moved on.
+/// [`StoreError::Fenced`] when the identity's token moved on; the
+/// database failed.
 pub(super) async fn renew(pool: &PgPool, fence: &Fence) -> Result<(), StoreError> {
     let renewed = sqlx::query(
-        "UPDATE toolrunner_leases.executor_leases SET renewed_at = now() WHERE executor_id = $1 AND token = $2",
+        "UPDATE toolrunner_leases.executor_leases SET renewed_at = clock_timestamp()
+         WHERE executor_id = $1 AND token = $2 AND NOT released",
     )
     .bind(&fence.executor_id)
     .bind(fence.token)
@@ -97,40 +269,47 @@ pub(super) async fn renew(pool: &PgPool, fence: &Fence) -> Result<(), StoreError
     .await?
     .rows_affected();
     if renewed == 0 {
-        return Err(fenced(
-            &fence.executor_id,
-            "lost its lease (its fencing token moved on)",
-        ));
+        return Err(fenced(&fence.executor_id));
     }
     Ok(())
 }
 
 /// In a write transaction, before its first write: the identity still has
-/// the writer's token. The shared row lock lasts until the transaction
-/// ends, so an adoption waits for this write and fences the next.
+/// the writer's token. The row lock (`FOR KEY SHARE`) lasts until the
+/// transaction ends: a token bump waits for this write and fences the
+/// next, while the holder's renewals pass it.
 ///
 /// # Errors
 /// [`StoreError::Fenced`] when the token moved on.
 pub(super) async fn check(conn: &mut PgConnection, fence: &Fence) -> Result<(), StoreError> {
     let token: Option<i64> = sqlx::query_scalar(
-        "SELECT token FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR SHARE",
+        "SELECT token FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR KEY SHARE",
     )
     .bind(&fence.executor_id)
     .fetch_optional(conn)
     .await?;
     if token != Some(fence.token) {
-        return Err(fenced(
-            &fence.executor_id,
-            "lost its lease (its fencing token moved on)",
-        ));
+        return Err(fenced(&fence.executor_id));
     }
     Ok(())
 }
 
+/// A lapsed identity, locked for adoption.
+#[derive(Debug, Clone)]
+pub(super) struct Lapsed {
+    pub(super) executor_id: String,
+    /// Its store's schema (empty: the identity's own).
+    pub(super) store_schema: String,
+    /// When its holder's lease lapsed.
+    pub(super) lapse: Instant,
+}
+
 /// For the replica `me` serving `binding_id`, in `tx`: one identity of
-/// the same binding whose lease was last renewed more than `grace_ms` ago,
-/// locked (`FOR UPDATE SKIP LOCKED`: another replica looking at the same
-/// moment skips it), with its store's schema (empty: the identity's own).
+/// the same binding, not released and not in `skip`, whose lease lapsed
+/// more than `grace` ago (its last renewal is older than its TTL plus the
+/// grace), locked (`FOR UPDATE SKIP LOCKED`: another replica looking at
+/// the same moment skips it, and so does this one while a write of its
+/// holder is in flight).
 ///
 /// # Errors
 /// The database failed.
@@ -138,23 +317,42 @@ pub(super) async fn lapsed(
     tx: &mut PgConnection,
     me: &str,
     binding_id: &str,
-    grace_ms: u64,
-) -> Result<Option<(String, String)>, StoreError> {
-    Ok(sqlx::query_as(
-        "SELECT executor_id, store_schema FROM toolrunner_leases.executor_leases
-         WHERE binding_id = $3 AND binding_id <> '' AND executor_id <> $1
-           AND renewed_at < now() - make_interval(secs => $2::double precision / 1000)
+    grace: Duration,
+    skip: &[String],
+) -> Result<Option<Lapsed>, StoreError> {
+    let row = sqlx::query(
+        "SELECT executor_id, store_schema, ttl_ms,
+            (EXTRACT(EPOCH FROM clock_timestamp() - renewed_at) * 1000)::BIGINT AS age_ms
+         FROM toolrunner_leases.executor_leases
+         WHERE binding_id = $3 AND binding_id <> '' AND executor_id <> $1 AND NOT released
+           AND NOT (executor_id = ANY($4))
+           AND renewed_at < clock_timestamp() - make_interval(secs => (ttl_ms + $2)::double precision / 1000)
          ORDER BY renewed_at LIMIT 1 FOR UPDATE SKIP LOCKED",
     )
     .bind(me)
-    .bind(i64::try_from(grace_ms).unwrap_or(i64::MAX) as f64)
+    .bind(millis(grace))
     .bind(binding_id)
-    .fetch_optional(tx)
-    .await?)
+    .bind(skip)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let read_at = Instant::now();
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let ttl_ms: i64 = row.try_get("ttl_ms")?;
+    let age_ms: i64 = row.try_get("age_ms")?;
+    let past = Duration::from_millis(u64::try_from((age_ms - ttl_ms).max(0)).unwrap_or(0));
+    Ok(Some(Lapsed {
+        executor_id: row.try_get("executor_id")?,
+        store_schema: row.try_get("store_schema")?,
+        lapse: read_at.checked_sub(past).unwrap_or(read_at),
+    }))
 }
 
 /// In `tx`, after [`lapsed`] locked it: adopts `executor_id` for the
-/// replica `me` (process `holder`), bumping its token.
+/// replica `me` (process `holder`), bumping its token; the lease starts
+/// now (`clock_timestamp()`, not the transaction's start: opening the
+/// adopted store may have taken a while).
 ///
 /// # Errors
 /// The database failed.
@@ -164,45 +362,53 @@ pub(super) async fn adopt(
     binding_id: &str,
     me: &str,
     holder: &str,
+    ttl: Duration,
 ) -> Result<Fence, StoreError> {
     let token: i64 = sqlx::query_scalar(
-        "UPDATE toolrunner_leases.executor_leases SET token = token + 1, holder = $2, adopted_by = $3, renewed_at = now()
+        "UPDATE toolrunner_leases.executor_leases SET token = token + 1, holder = $2, adopted_by = $3,
+           renewed_at = clock_timestamp(), ttl_ms = $4
          WHERE executor_id = $1 RETURNING token",
     )
     .bind(executor_id)
     .bind(holder)
     .bind(me)
+    .bind(millis(ttl))
     .fetch_one(tx)
     .await?;
     Ok(Fence {
         executor_id: executor_id.to_owned(),
         binding_id: binding_id.to_owned(),
         token,
+        ttl,
     })
 }
 
-/// Whether a replica adopted `executor_id` (a process of it must not run).
+/// Lets the identity go after a clean drain: the token is bumped (nothing
+/// more is written under the old one) and the row marked released, so a
+/// start takes it at once and no replica adopts it. Waits for the writes
+/// in flight. `false` when the token had moved on already.
 ///
 /// # Errors
-/// [`StoreError::Fenced`] when one did.
-pub(super) async fn refuse_if_adopted(pool: &PgPool, executor_id: &str) -> Result<(), StoreError> {
-    let by: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT adopted_by FROM toolrunner_leases.executor_leases WHERE executor_id = $1",
+/// The database failed.
+pub(super) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool, StoreError> {
+    let mut tx = pool.begin().await?;
+    let token: Option<i64> = sqlx::query_scalar(
+        "SELECT token FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR UPDATE",
     )
-    .bind(executor_id)
-    .fetch_optional(pool)
+    .bind(&fence.executor_id)
+    .fetch_optional(&mut *tx)
     .await?;
-    match by.flatten() {
-        Some(by) => Err(adopted(executor_id, &by)),
-        None => Ok(()),
+    if token != Some(fence.token) {
+        return Ok(false);
     }
-}
-
-fn adopted(executor_id: &str, by: &str) -> StoreError {
-    fenced(
-        executor_id,
-        &format!(
-            "was adopted by replica {by}, which finished its calls; start this process with a new executor id"
-        ),
+    sqlx::query(
+        "UPDATE toolrunner_leases.executor_leases SET token = token + 1, holder = '', adopted_by = NULL,
+           released = TRUE, renewed_at = clock_timestamp()
+         WHERE executor_id = $1",
     )
+    .bind(&fence.executor_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
 }
