@@ -28,6 +28,13 @@ mod replicas;
 
 fn main() -> ExitCode {
     let args = Arguments::from_args();
+    // `RUST_LOG=toolrunner=debug` shows the executors' own logs.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let url = std::env::var("TOOLRUNNER_TEST_PG_URL")
         .ok()
         .filter(|u| !u.is_empty());
@@ -168,11 +175,102 @@ mod suite {
                 Trial::test(name, move || in_schema(&url, name, body))
             })
             .collect();
-        let url = url.to_owned();
-        trials.push(Trial::test(
-            "replicas::three_processes_killed_at_random_one_for_good_adopted_and_the_zombie_writes_nothing",
-            move || on_runtime(super::replicas::three_replicas_one_killed_for_good(&url)),
-        ));
+        // Replicas on the shared database itself (their lease rows live
+        // in `toolrunner_leases`; each test uses identities of its own).
+        type Shared = fn(String) -> Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+        let shared: Vec<(&str, Shared)> = vec![
+            (
+                "replicas::chaos::three_replicas_killed_and_paused_at_random_no_effect_twice_or_failed_every_restart_serves",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::chaos::three_replicas_killed_and_paused(&u).await
+                    })
+                },
+            ),
+            (
+                "replicas::takeover::a_paused_handler_without_commit_point_has_its_effect_found_by_the_adopter",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::a_paused_handler_has_its_effect_found_by_the_adopter(&u).await
+                    })
+                },
+            ),
+            (
+                "replicas::takeover::a_paused_replica_never_connects_over_its_adopter",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::a_paused_replica_never_connects_over_its_adopter(
+                            &u,
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
+                "replicas::takeover::a_transaction_longer_than_the_grace_keeps_its_identity",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::a_long_transaction_keeps_its_identity(&u).await
+                    })
+                },
+            ),
+            (
+                "replicas::takeover::an_adopted_identity_that_stops_serving_is_let_go",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::an_adopted_identity_that_stops_serving_is_let_go(
+                            &u,
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
+                "replicas::takeover::a_broken_lapsed_identity_blocks_no_other",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::a_broken_lapsed_identity_blocks_no_other(&u)
+                            .await
+                    })
+                },
+            ),
+            ("replicas::takeover::a_clean_drain_is_never_adopted", |u| {
+                Box::pin(async move {
+                    super::replicas::takeover::a_clean_drain_is_never_adopted(&u).await
+                })
+            }),
+            (
+                "replicas::takeover::a_slow_adoption_is_not_adopted_again_at_once",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::a_slow_adoption_is_not_adopted_again_at_once(&u)
+                            .await
+                    })
+                },
+            ),
+            (
+                "replicas::takeover::an_adopted_replica_restarted_with_its_id_serves_again",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::an_adopted_replica_restarted_serves_again(&u)
+                            .await
+                    })
+                },
+            ),
+            (
+                "replicas::takeover::a_second_live_process_of_one_id_fails_fast_and_the_first_serves_on",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::a_second_live_process_of_one_id_fails_fast(&u)
+                            .await
+                    })
+                },
+            ),
+        ];
+        for (name, body) in shared {
+            let url = url.to_owned();
+            trials.push(Trial::test(name, move || on_runtime(body(url))));
+        }
         trials
     }
 

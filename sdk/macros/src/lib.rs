@@ -22,7 +22,9 @@ struct ToolArgs {
 fn parse_window(s: &LitStr) -> syn::Result<u64> {
     let text = s.value();
     let text = text.trim();
-    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (n, unit) = text.split_at(digits);
     let per = match unit.trim() {
         "ms" => Some(1),
@@ -211,7 +213,10 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
     };
     let reconcile = args.reconcile.as_ref().map(|p| quote!(.reconcile(#p)));
     let rerun = args.rerun.then(|| quote!(.rerun_when_not_performed()));
-    let window = args.commit_window.as_ref().map(|w| quote!(.commit_window(#w)));
+    let window = args
+        .commit_window
+        .as_ref()
+        .map(|w| quote!(.commit_window(#w)));
     let doc = format!("The tool `{}`: {description}", args.name.value());
     Ok(quote! {
         #[allow(non_snake_case)]

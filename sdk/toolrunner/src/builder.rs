@@ -378,7 +378,10 @@ impl ExecutorBuilder {
                 "lease_ttl needs a postgres:// store: a SQLite store is held by its file lock, not by a lease",
             ));
         }
-        if self.lease_ttl.is_some_and(|t| t < Duration::from_millis(100)) {
+        if self
+            .lease_ttl
+            .is_some_and(|t| t < Duration::from_millis(100))
+        {
             return Err(Error::new(
                 Kind::Builder,
                 "lease_ttl must be at least 100 ms (it is renewed four times within it)",

@@ -188,9 +188,7 @@ async fn steps(
                         confirmed = next.state == LocalState::Running;
                         next
                     }
-                    super::reconcile::Checked::Stays | super::reconcile::Checked::NotYet(_) => {
-                        call
-                    }
+                    super::reconcile::Checked::Stays | super::reconcile::Checked::NotYet(_) => call,
                 }
             }
             _ => {

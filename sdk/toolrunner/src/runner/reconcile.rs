@@ -209,7 +209,11 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
         // The next pass: the usual interval, or sooner when a call waits
         // for a moment before it.
         let now = Instant::now();
-        let soonest = next.values().map(|(due, _)| *due).filter(|due| *due > now).min();
+        let soonest = next
+            .values()
+            .map(|(due, _)| *due)
+            .filter(|due| *due > now)
+            .min();
         let mut pause = core.cfg.reconcile_interval.min(Duration::from_secs(5));
         if let Some(due) = soonest {
             pause = pause.min(due - now);

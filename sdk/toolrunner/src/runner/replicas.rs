@@ -97,10 +97,7 @@ impl Replica {
                 *renewed = sent;
             }
         }
-        if self
-            .lapsed
-            .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
+        if self.lapsed.swap(false, std::sync::atomic::Ordering::SeqCst) {
             tracing::warn!(
                 executor_id,
                 "the executor's lease is renewed again: taking work again"
@@ -199,12 +196,20 @@ pub(crate) async fn release_if_idle(core: &Core) {
     let id = &core.cfg.executor_id;
     match replica.store.is_idle().await {
         Ok(true) => match replica.store.release().await {
-            Ok(true) => tracing::info!(executor_id = %id, "nothing left: the executor identity is released"),
+            Ok(true) => {
+                tracing::info!(executor_id = %id, "nothing left: the executor identity is released")
+            }
             Ok(false) => {}
-            Err(e) => tracing::warn!(executor_id = %id, error = %e, "the executor identity could not be released; it lapses instead"),
+            Err(e) => {
+                tracing::warn!(executor_id = %id, error = %e, "the executor identity could not be released; it lapses instead")
+            }
         },
-        Ok(false) => tracing::info!(executor_id = %id, "work is left in the store: the identity's lease lapses, and a replica with a takeover grace adopts it"),
-        Err(e) => tracing::warn!(executor_id = %id, error = %e, "could not tell whether work is left; the identity's lease lapses"),
+        Ok(false) => {
+            tracing::info!(executor_id = %id, "work is left in the store: the identity's lease lapses, and a replica with a takeover grace adopts it")
+        }
+        Err(e) => {
+            tracing::warn!(executor_id = %id, error = %e, "could not tell whether work is left; the identity's lease lapses")
+        }
     }
 }
 

@@ -13,8 +13,8 @@ use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
 use super::columns::{corrupt, parse_state, time};
 use super::{
-    Attempt, CallFilter, Change, DatabaseError, Event, LocalCall, LocalState, OutboxReceipt,
-    DEFAULT_LEASE_TTL, OutboxSummary, PendingReport, ReceiptStatus, Store, StoreError, Timestamp,
+    Attempt, CallFilter, Change, DEFAULT_LEASE_TTL, DatabaseError, Event, LocalCall, LocalState,
+    OutboxReceipt, OutboxSummary, PendingReport, ReceiptStatus, Store, StoreError, Timestamp,
     rfc3339,
 };
 
@@ -259,15 +259,8 @@ impl PgStore {
             .await
             .map_err(named)?;
         let taken_at = Instant::now();
-        let fence = lease::adopt(
-            &mut tx,
-            &id,
-            &me.binding_id,
-            &me.executor_id,
-            holder,
-            ttl,
-        )
-        .await?;
+        let fence =
+            lease::adopt(&mut tx, &id, &me.binding_id, &me.executor_id, holder, ttl).await?;
         tx.commit().await?;
         adopted.hold = Some(Hold {
             fence,

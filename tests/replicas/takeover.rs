@@ -1,0 +1,803 @@
+//! Replicas on one PostgreSQL database that come back and survive a
+//! pause, one executor process (this test's) at a time per identity, on
+//! the development platform. A replica is "paused" by pausing the TCP
+//! proxies its database and platform connections go through (`pause.rs`):
+//! it stands still to the world while its timers go on, as after SIGSTOP.
+//! The handler of a paused replica is held by the test, and makes its
+//! effect when the test resumes the replica.
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::Connection;
+use toolrunner::platform::{NewToolCall, Platform};
+use toolrunner::protocol::wire::CallState;
+use toolrunner::store::PgStore;
+use toolrunner::{
+    CallContext, Effect, Executor, Reconciled, RunningExecutor, Shutdown, Tool, ToolError,
+    async_trait,
+};
+use toolrunner_devserver::DevServer;
+
+use super::clean_up;
+use super::pause::{Proxy, address_of};
+
+/// Each lease of these tests lives this long after a renewal.
+const TTL: Duration = Duration::from_millis(500);
+/// The platform's lease.
+const PLATFORM_LEASE_MS: u64 = 1_000;
+
+/// What a probe call does (its arguments).
+#[toolrunner::schema]
+#[derive(Debug, Deserialize)]
+struct Probe {
+    /// `ok`, `held` (waits for the test, then makes its effect), `unknown`
+    /// (fails with an unknown outcome, and its hook cannot tell) or
+    /// `long_tx` (holds its transaction for a while).
+    mode: String,
+}
+
+/// A probe's result.
+#[toolrunner::schema]
+#[derive(Debug, Serialize)]
+struct Done {
+    /// The number of effects made so far.
+    effects: usize,
+}
+
+/// The business system these replicas share.
+#[derive(Default)]
+struct Business {
+    /// Operation keys of the effects made.
+    effects: Mutex<Vec<String>>,
+    /// Handler starts: operation key and mode.
+    starts: Mutex<Vec<(String, String)>>,
+    /// Held handlers go on when notified.
+    gate: tokio::sync::Notify,
+}
+
+impl Business {
+    fn effects(&self) -> Vec<String> {
+        self.effects.lock().expect("lock").clone()
+    }
+
+    fn starts(&self) -> usize {
+        self.starts.lock().expect("lock").len()
+    }
+
+    fn mode_of(&self, key: &str) -> Option<String> {
+        let starts = self.starts.lock().expect("lock");
+        starts
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, m)| m.clone())
+    }
+}
+
+/// The write tool `probe.write`.
+struct ProbeTool {
+    business: Arc<Business>,
+    effect: Effect,
+}
+
+#[async_trait]
+impl Tool for ProbeTool {
+    type Input = Probe;
+    type Output = Done;
+
+    fn name(&self) -> &str {
+        if self.effect == Effect::Transactional {
+            "probe.tx"
+        } else {
+            "probe.write"
+        }
+    }
+
+    fn description(&self) -> &str {
+        "A probe of the replicas"
+    }
+
+    fn effect(&self) -> Effect {
+        self.effect
+    }
+
+    fn commit_window(&self) -> Duration {
+        Duration::from_secs(4)
+    }
+
+    async fn call(&self, ctx: &CallContext, input: Probe) -> Result<Done, ToolError> {
+        let key = ctx.operation_key().to_owned();
+        self.business
+            .starts
+            .lock()
+            .expect("lock")
+            .push((key.clone(), input.mode.clone()));
+        match input.mode.as_str() {
+            "held" => self.business.gate.notified().await,
+            "unknown" => return Err(ToolError::unknown("the downstream did not answer")),
+            "long_tx" => {
+                let mut tx = ctx.transaction().await?;
+                sqlx::query("SELECT 1")
+                    .execute(tx.postgres()?)
+                    .await
+                    .map_err(ToolError::unknown)?;
+                // Longer than the lease and the grace together.
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+            _ => {}
+        }
+        let mut effects = self.business.effects.lock().expect("lock");
+        effects.push(key);
+        Ok(Done {
+            effects: effects.len(),
+        })
+    }
+
+    /// Looks the operation key up; the hook of an `unknown` call cannot
+    /// tell.
+    async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Done> {
+        if self.business.mode_of(ctx.operation_key()).as_deref() == Some("unknown") {
+            return Reconciled::Unknown;
+        }
+        let effects = self.business.effects();
+        if effects.iter().any(|k| k == ctx.operation_key()) {
+            Reconciled::Happened(Done {
+                effects: effects.len(),
+            })
+        } else {
+            Reconciled::DidNotHappen
+        }
+    }
+}
+
+/// One test's platform, binding, business system and database.
+struct World {
+    server: DevServer,
+    admin: Platform,
+    agent_id: String,
+    binding_id: String,
+    agent_version: String,
+    business: Arc<Business>,
+    url: String,
+    ids: Mutex<Vec<String>>,
+}
+
+impl World {
+    async fn new(url: &str) -> Result<World> {
+        let server = DevServer::builder()
+            .listen("127.0.0.1:0".parse()?)
+            .lease_ttl_ms(PLATFORM_LEASE_MS)
+            .heartbeat_interval_ms(200)
+            .start()
+            .await?;
+        let admin = Platform::new(&server.base_url(), "dev-admin")?;
+        let agent = admin.create_agent("takeover").await?;
+        let binding = admin
+            .create_binding(&agent.agent_id, "takeover", &["probe.write", "probe.tx"])
+            .await?;
+        let mut world = World {
+            server,
+            admin,
+            agent_id: agent.agent_id,
+            binding_id: binding.binding_id,
+            agent_version: String::new(),
+            business: Arc::default(),
+            url: url.to_owned(),
+            ids: Mutex::default(),
+        };
+        let definitions = world.executor("definitions", None).build()?;
+        world.agent_version = world
+            .admin
+            .publish(&world.agent_id, definitions.tool_definitions())
+            .await?
+            .agent_version;
+        Ok(world)
+    }
+
+    /// A fresh executor id of this test (dropped with its schema after).
+    fn id(&self, name: &str) -> String {
+        let id = format!("tk-{name}-{:08x}", rand::random::<u32>());
+        self.ids.lock().expect("lock").push(id.clone());
+        id
+    }
+
+    /// An executor of `id` on the shared database, with a takeover grace
+    /// if given.
+    fn executor(&self, id: &str, grace: Option<Duration>) -> toolrunner::ExecutorBuilder {
+        self.executor_via(id, grace, &self.url, &self.server.base_url())
+    }
+
+    /// [`executor`](Self::executor) reaching the database and the platform
+    /// at these URLs (proxies).
+    fn executor_via(
+        &self,
+        id: &str,
+        grace: Option<Duration>,
+        db: &str,
+        base: &str,
+    ) -> toolrunner::ExecutorBuilder {
+        let mut b = Executor::builder()
+            .base_url(base)
+            .token("dev-executor")
+            .executor_id(id)
+            .binding_id(&self.binding_id)
+            .store_url(db)
+            .lease_ttl(TTL)
+            .poll_interval(Duration::from_millis(50))
+            .reconcile_interval(Duration::from_millis(100))
+            .request_timeout(Duration::from_secs(2))
+            .backoff(Duration::from_millis(20), Duration::from_millis(200), 3)
+            .allow_all()
+            .tool(ProbeTool {
+                business: self.business.clone(),
+                effect: Effect::Write,
+            })
+            .tool(ProbeTool {
+                business: self.business.clone(),
+                effect: Effect::Transactional,
+            });
+        if let Some(g) = grace {
+            b = b.takeover_grace(g);
+        }
+        b
+    }
+
+    async fn run(&self, tool: &str, modes: &[&str]) -> Result<String> {
+        let calls = modes
+            .iter()
+            .map(|m| NewToolCall::new(tool, json!({ "mode": m })))
+            .collect();
+        Ok(self
+            .admin
+            .create_run(&self.agent_version, "takeover", calls)
+            .await?
+            .run_id)
+    }
+
+    /// The connection the platform holds for an executor identity.
+    async fn connection_of(&self, id: &str) -> Result<Option<String>> {
+        let d = self
+            .admin
+            .diagnostics(&self.agent_id, &self.binding_id)
+            .await?;
+        Ok(d.executors
+            .iter()
+            .find(|e| e.executor_id == id)
+            .map(|e| e.connection_id.clone()))
+    }
+
+    async fn finish(self) -> Result<()> {
+        let ids = self.ids.lock().expect("lock").clone();
+        self.server.shutdown().await;
+        clean_up(&self.url, &ids).await
+    }
+}
+
+/// A lease row: `(token, holder, adopted_by, milliseconds since renewed)`.
+type LeaseRow = (i64, String, Option<String>, i64);
+
+async fn lease(url: &str, id: &str) -> Result<Option<LeaseRow>> {
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let row = sqlx::query_as(
+        "SELECT token, holder, adopted_by,
+            (EXTRACT(EPOCH FROM clock_timestamp() - renewed_at) * 1000)::BIGINT
+         FROM toolrunner_leases.executor_leases WHERE executor_id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut conn)
+    .await?;
+    conn.close().await?;
+    Ok(row)
+}
+
+/// Waits until the lease row of `id` satisfies `done`.
+async fn wait_lease(
+    url: &str,
+    id: &str,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&LeaseRow) -> bool,
+) -> Result<LeaseRow> {
+    let end = Instant::now() + within;
+    loop {
+        let row = lease(url, id).await?;
+        if let Some(row) = row.as_ref().filter(|r| done(r)) {
+            return Ok(row.clone());
+        }
+        ensure!(
+            Instant::now() < end,
+            "the lease of {id} was not {what} within {within:?}: {row:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs `body` with a world, cleaning up whether it passed or not.
+async fn with_world<F, Fut>(url: &str, body: F) -> Result<()>
+where
+    F: FnOnce(Arc<World>) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let world = Arc::new(World::new(url).await?);
+    let outcome = body(world.clone()).await;
+    let world = Arc::into_inner(world).context("the test kept its world")?;
+    let cleaned = world.finish().await;
+    outcome.and(cleaned)
+}
+
+async fn drain(running: RunningExecutor) {
+    let _ = running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(2),
+        })
+        .await;
+}
+
+/// A replica with a call of its own in flight, its database and platform
+/// connections paused (as by SIGSTOP) past its lease and the grace: the
+/// other replica adopts it and recovers the call (`running`, a write tool:
+/// `reconciliation_required`). The paused replica's handler, which has no
+/// commit point, makes its effect when the replica resumes, within the
+/// tool's commit window: the adopter's hook, asked only after the old
+/// holder's lease lapsed plus that window, finds it. The call is
+/// `completed` with one effect, never `failed`.
+pub(crate) async fn a_paused_handler_has_its_effect_found_by_the_adopter(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let db = Proxy::start(address_of(&w.url)).await?;
+        let web = Proxy::start(address_of(&w.server.base_url())).await?;
+        let (a, b) = (w.id("a"), w.id("b"));
+        let run_id = w.run("probe.write", &["held"]).await?;
+        let paused = w
+            .executor_via(&a, None, &db.url(&w.url), &web.url(&w.server.base_url()))
+            .build()?
+            .start()
+            .await?;
+        let end = Instant::now() + Duration::from_secs(20);
+        while w.business.starts() == 0 {
+            ensure!(Instant::now() < end, "the handler never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        db.pause();
+        web.pause();
+        let paused_at = Instant::now();
+        let adopter = w
+            .executor(&b, Some(Duration::from_millis(300)))
+            .build()?
+            .start()
+            .await?;
+        wait_lease(&w.url, &a, Duration::from_secs(10), "adopted", |l| {
+            l.2.as_deref() == Some(b.as_str())
+        })
+        .await?;
+        // Past the grace, well short of the lease and the commit window.
+        tokio::time::sleep(Duration::from_millis(2_000).saturating_sub(paused_at.elapsed())).await;
+        db.resume();
+        web.resume();
+        w.business.gate.notify_waiters();
+        let run = w
+            .admin
+            .wait_for(&run_id, Duration::from_secs(20), "final", |r| {
+                r.tool_calls.iter().all(|c| c.state.is_terminal())
+            })
+            .await?;
+        let call = &run.tool_calls[0];
+        let effects = w.business.effects();
+        ensure!(
+            call.state == CallState::Completed,
+            "the paused handler's call is {} with {} effects (the adopter's hook was asked before the old holder's commit window)",
+            call.state.as_str(),
+            effects.len()
+        );
+        ensure!(effects.len() == 1, "{} effects", effects.len());
+        drop(paused);
+        drain(adopter).await;
+        Ok(())
+    })
+    .await
+}
+
+/// A replica paused past the platform's lease and the grace resumes after
+/// the other replica adopted its identity and connected as it: its
+/// heartbeat is answered `lease_expired`, and it must not connect again
+/// (that would supersede the adopter). It checks its fencing token first,
+/// finds it moved on, and stops.
+pub(crate) async fn a_paused_replica_never_connects_over_its_adopter(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let db = Proxy::start(address_of(&w.url)).await?;
+        let web = Proxy::start(address_of(&w.server.base_url())).await?;
+        let (a, b) = (w.id("a"), w.id("b"));
+        // A call the adopter must keep the identity for (its hook cannot
+        // tell), so that it stays connected as the paused one.
+        let run_id = w.run("probe.write", &["unknown"]).await?;
+        let paused = w
+            .executor_via(&a, None, &db.url(&w.url), &web.url(&w.server.base_url()))
+            .build()?
+            .start()
+            .await?;
+        w.admin
+            .wait_for(&run_id, Duration::from_secs(20), "waiting for a person", |r| {
+                r.tool_calls[0].state == CallState::ReconciliationRequired
+            })
+            .await?;
+        db.pause();
+        web.pause();
+        // Adopted after the platform's lease of the paused one expired.
+        let adopter = w
+            .executor(&b, Some(Duration::from_millis(1_200)))
+            .build()?
+            .start()
+            .await?;
+        wait_lease(&w.url, &a, Duration::from_secs(10), "adopted", |l| {
+            l.2.as_deref() == Some(b.as_str())
+        })
+        .await?;
+        let end = Instant::now() + Duration::from_secs(10);
+        let adopters = loop {
+            let now = w.connection_of(&a).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Connected as the identity, and settled on it.
+            if now.is_some() && now == w.connection_of(&a).await? {
+                break now;
+            }
+            ensure!(Instant::now() < end, "the adopter never connected as {a}");
+        };
+        db.resume();
+        web.resume();
+        let stopped = tokio::time::timeout(Duration::from_secs(10), paused.wait())
+            .await
+            .context("the resumed replica did not stop")?;
+        let why = stopped.err().context("it stopped without saying why")?;
+        ensure!(
+            why.to_string().contains("lost its lease"),
+            "it stopped for another reason: {why}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let after = w.connection_of(&a).await?;
+        ensure!(
+            after == adopters,
+            "the resumed replica connected over its adopter: the platform's connection of {a} went from {adopters:?} to {after:?}"
+        );
+        drop(paused);
+        drain(adopter).await;
+        Ok(())
+    })
+    .await
+}
+
+/// A healthy replica whose transactional handler holds its transaction
+/// longer than the lease and the grace together keeps its identity: its
+/// renewals do not wait for its own writes. The call completes once.
+pub(crate) async fn a_long_transaction_keeps_its_identity(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let (a, b) = (w.id("a"), w.id("b"));
+        let run_id = w.run("probe.tx", &["long_tx"]).await?;
+        let busy = w.executor(&a, None).build()?;
+        let instance = busy.instance_id().to_owned();
+        let busy = busy.start().await?;
+        let end = Instant::now() + Duration::from_secs(20);
+        while w.business.starts() == 0 {
+            ensure!(Instant::now() < end, "the handler never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let watcher = w
+            .executor(&b, Some(Duration::from_millis(300)))
+            .build()?
+            .start()
+            .await?;
+        let run = w.admin.wait_settled(&run_id, Duration::from_secs(20)).await?;
+        let (token, holder, adopted_by, age) = lease(&w.url, &a).await?.context("a's lease")?;
+        ensure!(
+            adopted_by.is_none() && holder == instance && token == 1,
+            "the busy replica's identity moved: token {token}, holder {holder}, adopted by {adopted_by:?}"
+        );
+        ensure!(age < 1_000, "its lease was renewed {age} ms ago");
+        ensure!(
+            run.tool_calls[0].state == CallState::Completed,
+            "the call is {}",
+            run.tool_calls[0].state.as_str()
+        );
+        ensure!(w.business.starts() == 1, "{} handler runs", w.business.starts());
+        drain(busy).await;
+        drain(watcher).await;
+        Ok(())
+    })
+    .await
+}
+
+/// An adopted identity whose executor stops serving (here another process
+/// connects as it, superseding the adopter's connection) is let go: its
+/// adopter renews it no more, so it lapses and is adopted again, instead
+/// of being held for ever by an executor that does nothing.
+pub(crate) async fn an_adopted_identity_that_stops_serving_is_let_go(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let (a, b) = (w.id("a"), w.id("b"));
+        let run_id = w.run("probe.write", &["unknown"]).await?;
+        let gone = w.executor(&a, None).build()?.start().await?;
+        w.admin
+            .wait_for(
+                &run_id,
+                Duration::from_secs(20),
+                "waiting for a person",
+                |r| r.tool_calls[0].state == CallState::ReconciliationRequired,
+            )
+            .await?;
+        drop(gone);
+        let adopter = w
+            .executor(&b, Some(Duration::from_millis(300)))
+            .build()?
+            .start()
+            .await?;
+        let (adopted_token, ..) = wait_lease(&w.url, &a, Duration::from_secs(10), "adopted", |l| {
+            l.2.as_deref() == Some(b.as_str())
+        })
+        .await?;
+        let end = Instant::now() + Duration::from_secs(10);
+        while w.connection_of(&a).await?.is_none() {
+            ensure!(Instant::now() < end, "the adopter never connected as {a}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Another process connects as the adopted identity.
+        let rogue = w
+            .admin
+            .with_token("dev-executor")
+            .request(reqwest::Method::POST, "/executors/connect")
+            .json(
+                &json!({"executor_id": a, "instance_id": "ins_rogue", "binding_id": w.binding_id,
+                          "tools": ["probe.write"], "capacity": 1}),
+            )
+            .send()
+            .await?;
+        ensure!(rogue.status == 200, "the rogue connect: {}", rogue.json());
+        // The adopter's executor of it stopped: its lease is renewed no
+        // more, so it lapses (and is adopted again, with a new token).
+        wait_lease(&w.url, &a, Duration::from_secs(10), "let go", |l| {
+            l.0 != adopted_token || l.3 > 2 * TTL.as_millis() as i64
+        })
+        .await
+        .context("the adopted identity whose executor stopped serving is still held")?;
+        drain(adopter).await;
+        Ok(())
+    })
+    .await
+}
+
+/// Two lapsed identities of one binding, the older one's store broken (its
+/// schema holds another identity): the replica adopts the other one
+/// instead of trying the broken one for ever.
+pub(crate) async fn a_broken_lapsed_identity_blocks_no_other(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let (broken, fine, b) = (w.id("broken"), w.id("fine"), w.id("b"));
+        for (id, holder) in [(&broken, "ins_broken"), (&fine, "ins_fine")] {
+            let store = PgStore::connect_as(&w.url, id, &w.binding_id, holder).await?;
+            drop(store);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut conn = sqlx::PgConnection::connect(&w.url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {}.store_identity SET executor_id = 'someone-else'",
+            PgStore::identity_schema(&broken)
+        )))
+        .execute(&mut conn)
+        .await?;
+        conn.close().await?;
+        let adopter = w
+            .executor(&b, Some(Duration::from_millis(300)))
+            .build()?
+            .start()
+            .await?;
+        // Adopted (the token bumped), and maybe let go again at once
+        // (nothing was left).
+        let adopted = wait_lease(&w.url, &fine, Duration::from_secs(15), "adopted", |l| {
+            l.0 > 1
+        })
+        .await;
+        drain(adopter).await;
+        adopted.context("a broken lapsed identity blocked the adoption of a fine one")?;
+        Ok(())
+    })
+    .await
+}
+
+/// A replica that drained with nothing left is never adopted: its
+/// identity was released.
+pub(crate) async fn a_clean_drain_is_never_adopted(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let (a, b) = (w.id("a"), w.id("b"));
+        let run_id = w.run("probe.write", &["ok"]).await?;
+        let leaving = w.executor(&a, None).build()?.start().await?;
+        w.admin
+            .wait_settled(&run_id, Duration::from_secs(20))
+            .await?;
+        leaving
+            .shutdown(Shutdown::Drain {
+                deadline: Duration::from_secs(5),
+            })
+            .await?;
+        let watcher = w
+            .executor(&b, Some(Duration::from_millis(300)))
+            .build()?
+            .start()
+            .await?;
+        tokio::time::sleep(TTL * 2 + Duration::from_millis(300) * 4).await;
+        let row = lease(&w.url, &a).await?.context("a's lease")?;
+        drain(watcher).await;
+        ensure!(
+            row.2.is_none(),
+            "a replica that drained clean was adopted: {row:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// An adoption that took long (here its store's opening waits for a lock
+/// the test holds) starts its lease when it commits, not when it began: a
+/// third replica looking right after does not adopt the identity again.
+pub(crate) async fn a_slow_adoption_is_not_adopted_again_at_once(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let (x, b, c) = (w.id("x"), w.id("b"), w.id("c"));
+        // Work its adopter keeps the identity for.
+        let stuck = w.run("probe.write", &["unknown"]).await?;
+        let gone = w.executor(&x, None).build()?.start().await?;
+        w.admin
+            .wait_for(
+                &stuck,
+                Duration::from_secs(20),
+                "waiting for a person",
+                |r| r.tool_calls[0].state == CallState::ReconciliationRequired,
+            )
+            .await?;
+        drop(gone);
+        let mut lock = sqlx::PgConnection::connect(&w.url).await?;
+        sqlx::query("BEGIN").execute(&mut lock).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "LOCK TABLE {}.store_identity IN ACCESS EXCLUSIVE MODE",
+            PgStore::identity_schema(&x)
+        )))
+        .execute(&mut lock)
+        .await?;
+        let grace = Some(Duration::from_millis(300));
+        let slow = w.executor(&b, grace).build()?.start().await?;
+        // b's adoption has the lapsed identity locked, and waits.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let other = w.executor(&c, grace).build()?.start().await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        sqlx::query("COMMIT").execute(&mut lock).await?;
+        lock.close().await?;
+        let adopted = wait_lease(&w.url, &x, Duration::from_secs(10), "adopted", |l| {
+            l.2.is_some()
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let later = lease(&w.url, &x).await?.context("x's lease")?;
+        drain(slow).await;
+        drain(other).await;
+        ensure!(
+            adopted.2.as_deref() == Some(b.as_str()) && later.0 == adopted.0,
+            "the slow adoption by {b} was adopted again at once: {adopted:?} then {later:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// A replica adopted while it was gone starts again with its own id (a
+/// StatefulSet pod, a systemd unit): it takes its identity back at once,
+/// the adopter's executor of it stops, and it serves.
+pub(crate) async fn an_adopted_replica_restarted_serves_again(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let (a, b) = (w.id("a"), w.id("b"));
+        // Work the adopter keeps the identity for.
+        let stuck = w.run("probe.write", &["unknown"]).await?;
+        let first = w.executor(&a, None).build()?.start().await?;
+        w.admin
+            .wait_for(
+                &stuck,
+                Duration::from_secs(20),
+                "waiting for a person",
+                |r| r.tool_calls[0].state == CallState::ReconciliationRequired,
+            )
+            .await?;
+        drop(first);
+        let adopter = w
+            .executor(&b, Some(Duration::from_millis(300)))
+            .build()?
+            .start()
+            .await?;
+        let adopted = wait_lease(&w.url, &a, Duration::from_secs(10), "adopted", |l| {
+            l.2.as_deref() == Some(b.as_str())
+        })
+        .await?;
+        let again = w.executor(&a, None).build()?;
+        let instance = again.instance_id().to_owned();
+        let started = Instant::now();
+        let again = again
+            .start()
+            .await
+            .context("the replica restarted after its adoption did not start")?;
+        ensure!(
+            started.elapsed() < Duration::from_secs(3),
+            "taking the identity back from its adopter took {:?}",
+            started.elapsed()
+        );
+        let row = lease(&w.url, &a).await?.context("a's lease")?;
+        ensure!(
+            row.1 == instance && row.2.is_none() && row.0 > adopted.0,
+            "the restarted replica does not hold its identity: {row:?}"
+        );
+        // The adopter lets go; the restarted replica serves new calls.
+        drain(adopter).await;
+        let run_id = w.run("probe.write", &["ok", "ok"]).await?;
+        let run = w
+            .admin
+            .wait_settled(&run_id, Duration::from_secs(20))
+            .await?;
+        for c in &run.tool_calls {
+            ensure!(
+                c.state == CallState::Completed && c.executor_id.as_deref() == Some(a.as_str()),
+                "a new call is {} by {:?}",
+                c.state.as_str(),
+                c.executor_id
+            );
+        }
+        ensure!(
+            w.connection_of(&a).await?.is_some(),
+            "the restarted replica is not connected"
+        );
+        drain(again).await;
+        Ok(())
+    })
+    .await
+}
+
+/// Two live processes started with one executor id: the second fails fast,
+/// naming the id, and the first serves on.
+pub(crate) async fn a_second_live_process_of_one_id_fails_fast(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let a = w.id("a");
+        let first = w.executor(&a, None).build()?;
+        let instance = first.instance_id().to_owned();
+        let first = first.start().await?;
+        let started = Instant::now();
+        let second = tokio::time::timeout(
+            Duration::from_secs(10),
+            w.executor(&a, None).build()?.start(),
+        )
+        .await
+        .context("the second process did not fail within 10 s")?;
+        let Err(e) = second else {
+            bail!("the second process of {a} started");
+        };
+        ensure!(
+            started.elapsed() < TTL * 4,
+            "the second process took {:?} to fail",
+            started.elapsed()
+        );
+        let said = e.to_string();
+        ensure!(
+            said.contains(&a) && said.contains("give every replica its own executor id"),
+            "the error does not say what to do: {said}"
+        );
+        let row = lease(&w.url, &a).await?.context("a's lease")?;
+        ensure!(
+            row.1 == instance && row.0 == 1,
+            "the first lost its lease: {row:?}"
+        );
+        let run_id = w.run("probe.write", &["ok"]).await?;
+        let run = w
+            .admin
+            .wait_settled(&run_id, Duration::from_secs(20))
+            .await?;
+        ensure!(
+            run.tool_calls[0].state == CallState::Completed,
+            "the first does not serve: {}",
+            run.tool_calls[0].state.as_str()
+        );
+        drain(first).await;
+        Ok(())
+    })
+    .await
+}
