@@ -48,6 +48,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use toolrunner::protocol::json::{canonical, parse_strict};
 use toolrunner::store::{CallFilter, LocalState, ReceiptStatus, SqliteStore, Store};
+use toolrunner::testing::ProcessFaults;
 
 /// With `--features postgres`, the stores are schemas of the PostgreSQL
 /// database at this URL instead of SQLite files.
@@ -61,6 +62,22 @@ use toolrunner_devserver::DevServer;
 const ADMIN: &str = "sim-admin";
 const EXEC: &str = "sim-executor";
 const LEASE_TTL_MS: u64 = 2_000;
+
+// On PostgreSQL, replicas adopt each other: every executor has a takeover
+// grace, and the schedule pauses processes and cuts them off.
+/// The platform's lease on PostgreSQL: shorter than an adoption takes, so
+/// a process paused long enough to be adopted finds its connection
+/// expired when it resumes.
+const PG_PLATFORM_LEASE_MS: u64 = 1_200;
+/// The executor identities' lease.
+const PG_LEASE_TTL: Duration = Duration::from_millis(800);
+/// The takeover grace.
+const PG_GRACE: Duration = Duration::from_millis(700);
+/// The simulated tools' commit window: above every handler's time to its
+/// effect, pauses included (they are shorter than the lease and this).
+const PG_COMMIT_WINDOW: Duration = Duration::from_millis(2_500);
+/// A pause or an outage lasts up to this long.
+const PG_PAUSE_MAX_MS: u64 = 2_800;
 const STEPS: [&str; 7] = [
     "after_operation_key_saved",
     "after_claim_answer",
@@ -82,6 +99,24 @@ const BEHAVIOURS: [&str; 11] = [
     "progress",
     "commit_point",
     "retry",
+];
+/// On PostgreSQL also: a handler longer than the lease (no commit point),
+/// and one slow between its commit point and its effect. (The first eleven
+/// are [`BEHAVIOURS`], in order: a call's behaviour is its index here.)
+const BEHAVIOURS_PG: [&str; 13] = [
+    "ok",
+    "ok",
+    "fail",
+    "unknown_before",
+    "unknown_after",
+    "panic_before",
+    "panic_after",
+    "slow",
+    "progress",
+    "commit_point",
+    "retry",
+    "long",
+    "commit_slow",
 ];
 const HOOKS: [&str; 4] = ["truthful", "truthful", "unknown", "panic"];
 const TOOLS: [&str; 3] = ["sim.write", "sim.write_rerun", "sim.read"];
@@ -117,6 +152,15 @@ enum Action {
     Operator { slot: usize, pick: u32 },
     /// Time passes.
     Sleep { ms: u64 },
+    /// (PostgreSQL) Executor `slot`'s process stands still for `ms`, as
+    /// stopped by SIGSTOP, while the schedule goes on.
+    Pause { slot: usize, ms: u64 },
+    /// (PostgreSQL) Its store cannot be reached for `ms`; the platform
+    /// answers.
+    CutStore { slot: usize, ms: u64 },
+    /// (PostgreSQL) The platform cannot be reached for `ms`; the store
+    /// answers.
+    CutPlatform { slot: usize, ms: u64 },
 }
 
 #[derive(Debug, Clone)]
@@ -125,26 +169,47 @@ struct Schedule {
     actions: Vec<Action>,
 }
 
-fn draw_calls(rng: &mut StdRng) -> Vec<(usize, usize, usize)> {
+fn draw_calls(rng: &mut StdRng, pg: bool) -> Vec<(usize, usize, usize)> {
+    let behaviours = if pg {
+        BEHAVIOURS_PG.len()
+    } else {
+        BEHAVIOURS.len()
+    };
     (0..rng.random_range(1..=3))
         .map(|_| {
             (
                 rng.random_range(0..TOOLS.len()),
-                rng.random_range(0..BEHAVIOURS.len()),
+                rng.random_range(0..behaviours),
                 rng.random_range(0..HOOKS.len()),
             )
         })
         .collect()
 }
 
-fn draw(seed: u64) -> Schedule {
+/// The schedule of a seed. On PostgreSQL (`pg`) it has two or three
+/// executors that adopt each other, and pauses and outages; on SQLite it
+/// is drawn as it always was, so a seed replays the same schedule.
+fn draw(seed: u64, pg: bool) -> Schedule {
     let mut rng = StdRng::seed_from_u64(seed);
-    let executors = rng.random_range(1..=3);
+    let executors = if pg {
+        rng.random_range(2..=3)
+    } else {
+        rng.random_range(1..=3)
+    };
     let mut actions = vec![Action::NewRun {
-        calls: draw_calls(&mut rng),
+        calls: draw_calls(&mut rng, pg),
     }];
     for _ in 0..rng.random_range(6..=16) {
         let slot = rng.random_range(0..executors);
+        if pg && rng.random_bool(0.2) {
+            let ms = rng.random_range(200..=PG_PAUSE_MAX_MS);
+            actions.push(match rng.random_range(0..4) {
+                0 | 1 => Action::Pause { slot, ms },
+                2 => Action::CutStore { slot, ms },
+                _ => Action::CutPlatform { slot, ms },
+            });
+            continue;
+        }
         let action = match rng.random_range(0..100) {
             0..=24 => Action::Start {
                 slot,
@@ -172,7 +237,7 @@ fn draw(seed: u64) -> Schedule {
                 run: rng.random_range(0..4),
             },
             63..=70 => Action::NewRun {
-                calls: draw_calls(&mut rng),
+                calls: draw_calls(&mut rng, pg),
             },
             71..=78 => Action::Operator {
                 slot,
@@ -244,6 +309,18 @@ impl World {
 struct SimTool {
     name: &'static str,
     world: World,
+    /// The faults of the process this tool runs in (PostgreSQL seeds): a
+    /// frozen process makes no effect until it is thawed.
+    faults: Option<ProcessFaults>,
+}
+
+impl SimTool {
+    /// Where a frozen process would stand still.
+    async fn stand_still(&self) {
+        if let Some(f) = &self.faults {
+            f.stand_still().await;
+        }
+    }
 }
 
 #[async_trait]
@@ -271,6 +348,10 @@ impl Tool for SimTool {
         self.name == "sim.write_rerun"
     }
 
+    fn commit_window(&self) -> Duration {
+        PG_COMMIT_WINDOW
+    }
+
     async fn call(&self, ctx: &CallContext, input: SimInput) -> Result<SimOutput, ToolError> {
         let call_id = ctx.call_id().to_owned();
         let key = ctx.operation_key().to_owned();
@@ -295,6 +376,8 @@ impl Tool for SimTool {
             });
         }
         let write = self.name != "sim.read";
+        // Every effect is made by a process that is not frozen.
+        self.stand_still().await;
         let effect = || {
             if write {
                 self.world
@@ -321,6 +404,7 @@ impl Tool for SimTool {
                     }
                     _ = tokio::time::sleep(Duration::from_millis(40 + input.n % 5 * 30)) => {}
                 }
+                self.stand_still().await;
                 effect();
                 Ok(out)
             }
@@ -331,11 +415,29 @@ impl Tool for SimTool {
                 let _ = ctx
                     .progress(toolrunner::Progress::new("nearly").fraction(0.9))
                     .await;
+                self.stand_still().await;
                 effect();
                 Ok(out)
             }
             "commit_point" => {
                 ctx.commit_point().await?;
+                self.stand_still().await;
+                effect();
+                Ok(out)
+            }
+            "long" => {
+                // Longer than the lease, no commit point: the lease is
+                // renewed meanwhile, and nobody adopts a live process.
+                tokio::time::sleep(PG_LEASE_TTL + Duration::from_millis(400)).await;
+                self.stand_still().await;
+                effect();
+                Ok(out)
+            }
+            "commit_slow" => {
+                ctx.commit_point().await?;
+                // Within the commit window.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                self.stand_still().await;
                 effect();
                 Ok(out)
             }
@@ -399,6 +501,22 @@ struct Slot {
     store_url: String,
     running: Option<RunningExecutor>,
     crashed: Arc<AtomicBool>,
+    /// The faults of its current process (PostgreSQL seeds).
+    faults: ProcessFaults,
+    /// The instance id of its current process.
+    instance: String,
+}
+
+/// A process that found, when it was thawed, that identities it held had
+/// been taken over meanwhile: from then on it must not connect as them.
+#[derive(Debug, Clone)]
+struct FencedAtThaw {
+    /// The process's instance id (its adopted executors' ids start with it).
+    instance: String,
+    /// The identities taken over while it stood still.
+    identities: Vec<String>,
+    /// How many connects the platform had received at the thaw.
+    from: usize,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -413,7 +531,12 @@ struct Stats {
 struct Seed {
     seed: u64,
     verbose: bool,
-    server: DevServer,
+    /// On PostgreSQL: replicas adopt each other, and processes pause.
+    pg: Option<String>,
+    server: Arc<DevServer>,
+    /// Thaws and mends still to come (the schedule does not wait for them).
+    pending: Vec<tokio::task::JoinHandle<()>>,
+    fenced: Arc<Mutex<Vec<FencedAtThaw>>>,
     world: World,
     agent_version: String,
     binding_id: String,
@@ -425,20 +548,24 @@ struct Seed {
 }
 
 fn log(verbose: bool, line: impl FnOnce() -> String) {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     if verbose {
-        eprintln!("[sim] {}", line());
+        let at = START.get_or_init(Instant::now).elapsed();
+        eprintln!("[sim {:>6} ms] {}", at.as_millis(), line());
     }
 }
 
 impl Seed {
     async fn new(seed: u64, executors: usize, verbose: bool) -> Result<Seed, String> {
+        let pg = pg_url();
         let server = DevServer::builder()
             .listen("127.0.0.1:0".parse().expect("addr"))
             .token(ADMIN, "*")
             .token(EXEC, "executors:connect,tools:execute")
-            .lease_ttl_ms(LEASE_TTL_MS)
+            .lease_ttl_ms(platform_lease_ms(pg.is_some()))
             .heartbeat_interval_ms(300)
             .record_receipts()
+            .record_connects()
             .start()
             .await
             .map_err(|e| format!("platform: {e}"))?;
@@ -478,12 +605,17 @@ impl Seed {
                 store_url,
                 running: None,
                 crashed: Arc::default(),
+                faults: ProcessFaults::new(),
+                instance: String::new(),
             });
         }
         let mut s = Seed {
             seed,
             verbose,
-            server,
+            pg,
+            server: Arc::new(server),
+            pending: Vec::new(),
+            fenced: Arc::default(),
             world,
             agent_version: String::new(),
             binding_id: String::new(),
@@ -578,10 +710,18 @@ impl Seed {
             .reconcile_interval(Duration::from_millis(40))
             .auto_reconcile(auto_reconcile)
             .allow_all();
+        let faults = self.pg.is_some().then(|| s.faults.clone());
+        if let Some(f) = &faults {
+            b = b
+                .lease_ttl(PG_LEASE_TTL)
+                .takeover_grace(PG_GRACE)
+                .process_faults(f);
+        }
         for name in TOOLS {
             b = b.tool(SimTool {
                 name,
                 world: self.world.clone(),
+                faults: faults.clone(),
             });
         }
         if let Some((step, nth)) = crash {
@@ -598,7 +738,9 @@ impl Seed {
         b
     }
 
-    /// Drops the processes that crashed at their fail point.
+    /// Drops the processes that crashed at their fail point, and those
+    /// that stopped by themselves (fenced: another process holds their
+    /// identity now), as an orchestrator notices an exit.
     fn reap(&mut self) {
         for s in &mut self.slots {
             if s.crashed.swap(false, Ordering::SeqCst) && s.running.take().is_some() {
@@ -607,6 +749,123 @@ impl Seed {
                     format!("{} crashed at its fail point", s.id)
                 });
             }
+            let stopped = s
+                .running
+                .as_ref()
+                .and_then(|r| futures_util::FutureExt::now_or_never(r.wait()));
+            if let Some(why) = stopped {
+                s.running = None;
+                log(self.verbose, || format!("{} stopped by itself: {why:?}", s.id));
+            }
+        }
+    }
+
+    /// A new process for `slot`: its own faults, its instance id.
+    fn new_process(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        // The old process's faults end with it.
+        s.faults.thaw();
+        s.faults.cut_store(false);
+        s.faults.cut_platform(false);
+        s.faults = ProcessFaults::new();
+    }
+
+    /// Starts `exec` as `slot`'s process.
+    async fn start_process(&mut self, slot: usize, exec: Executor) -> Result<(), String> {
+        self.slots[slot].instance = exec.instance_id().to_owned();
+        match tokio::time::timeout(Duration::from_secs(10), exec.start()).await {
+            Ok(Ok(r)) => {
+                self.stats.starts += 1;
+                self.slots[slot].running = Some(r);
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                log(self.verbose, || format!("start failed: {e}"));
+                // A start fails only while the platform or the store cannot
+                // be reached, never because another process holds the
+                // identity: every restarted identity serves again.
+                if e.is_superseded() || e.to_string().contains("give every replica its own executor id") {
+                    return Err(format!(
+                        "{} could not start again: {e}",
+                        self.slots[slot].id
+                    ));
+                }
+                Ok(())
+            }
+            Err(_) => Err(format!("executor {slot} did not start within 10 s")),
+        }
+    }
+
+    /// The identities `slot`'s process holds on the shared database, with
+    /// their tokens.
+    async fn held_by(pg: &str, instance: &str) -> Vec<(String, i64)> {
+        pg_leases_held(pg, instance).await.unwrap_or_default()
+    }
+
+    /// Pauses or cuts `slot`'s process off for `ms`; the schedule goes on.
+    async fn interfere(&mut self, action: &Action) {
+        let (slot, ms) = match action {
+            Action::Pause { slot, ms }
+            | Action::CutStore { slot, ms }
+            | Action::CutPlatform { slot, ms } => (*slot, *ms),
+            _ => return,
+        };
+        let Some(pg) = self.pg.clone() else {
+            return;
+        };
+        if self.slots[slot].running.is_none() {
+            return;
+        }
+        let faults = self.slots[slot].faults.clone();
+        let instance = self.slots[slot].instance.clone();
+        let (server, fenced) = (self.server.clone(), self.fenced.clone());
+        let held = match action {
+            Action::Pause { .. } => {
+                let held = Self::held_by(&pg, &instance).await;
+                faults.freeze();
+                held
+            }
+            Action::CutStore { .. } => {
+                faults.cut_store(true);
+                Vec::new()
+            }
+            _ => {
+                faults.cut_platform(true);
+                Vec::new()
+            }
+        };
+        let frozen = matches!(action, Action::Pause { .. });
+        self.pending.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            if frozen {
+                // Taken over while it stood still: it must not connect as
+                // those identities again.
+                let now = Self::held_by(&pg, &instance).await;
+                let lost: Vec<String> = held
+                    .iter()
+                    .filter(|h| !now.contains(h))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                if !lost.is_empty() {
+                    let from = server.received_connects().len();
+                    fenced.lock().unwrap_or_else(|e| e.into_inner()).push(FencedAtThaw {
+                        instance,
+                        identities: lost,
+                        from,
+                    });
+                }
+                faults.thaw();
+            } else {
+                faults.cut_store(false);
+                faults.cut_platform(false);
+            }
+        }));
+    }
+
+    /// Every pause and outage is over.
+    async fn end_interference(&mut self) {
+        for p in std::mem::take(&mut self.pending) {
+            let _ = p.await;
         }
     }
 
@@ -624,18 +883,12 @@ impl Seed {
                     return Ok(());
                 }
                 self.slots[slot].crashed.store(false, Ordering::SeqCst);
+                self.new_process(slot);
                 let exec = self
                     .builder(slot, crash, capacity, stream)
                     .build()
                     .map_err(|e| e.to_string())?;
-                match tokio::time::timeout(Duration::from_secs(10), exec.start()).await {
-                    Ok(Ok(r)) => {
-                        self.stats.starts += 1;
-                        self.slots[slot].running = Some(r);
-                    }
-                    Ok(Err(e)) => log(self.verbose, || format!("start failed: {e}")),
-                    Err(_) => return Err(format!("executor {slot} did not start within 10 s")),
-                }
+                self.start_process(slot, exec).await?;
             }
             Action::Kill { slot } => {
                 self.slots[slot].running.take();
@@ -659,8 +912,9 @@ impl Seed {
                 }
             }
             Action::LapseLeases => {
-                self.server
-                    .advance_clock(Duration::from_millis(LEASE_TTL_MS + 100));
+                self.server.advance_clock(Duration::from_millis(
+                    platform_lease_ms(self.pg.is_some()) + 100,
+                ));
             }
             Action::Faults {
                 error_rate,
@@ -691,7 +945,7 @@ impl Seed {
                     .map(|(t, b, h)| {
                         self.calls += 1;
                         json!({"tool_name": TOOLS[t], "arguments": {
-                            "n": self.calls, "behaviour": BEHAVIOURS[b], "hook": HOOKS[h]}})
+                            "n": self.calls, "behaviour": BEHAVIOURS_PG[b], "hook": HOOKS[h]}})
                     })
                     .collect();
                 let run = self
@@ -706,6 +960,9 @@ impl Seed {
             }
             Action::Operator { slot, pick } => self.operator(slot, pick).await?,
             Action::Sleep { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Action::Pause { .. } | Action::CutStore { .. } | Action::CutPlatform { .. } => {
+                self.interfere(action).await
+            }
         }
         Ok(())
     }
@@ -769,6 +1026,7 @@ impl Seed {
     /// process is lost once more and restarted without automatic
     /// reconciliation, so that nothing moves while the seed is checked.
     async fn calm(&mut self) -> Result<(), String> {
+        self.end_interference().await;
         self.play(&Action::Faults {
             error_rate: 0.0,
             drop_rate: 0.0,
@@ -796,18 +1054,26 @@ impl Seed {
             self.reap();
             for slot in 0..self.slots.len() {
                 if self.slots[slot].running.is_none() {
+                    self.new_process(slot);
                     let exec = self
                         .builder_with(slot, None, 4, true, auto_reconcile)
                         .build()
                         .map_err(|e| e.to_string())?;
-                    match tokio::time::timeout(Duration::from_secs(10), exec.start()).await {
-                        Ok(Ok(r)) => self.slots[slot].running = Some(r),
-                        Ok(Err(e)) => {
-                            log(self.verbose, || format!("start failed: {e}"));
-                        }
-                        Err(_) => return Err(format!("executor {slot} did not start within 10 s")),
-                    }
+                    self.start_process(slot, exec).await?;
                 }
+            }
+            // Every identity serves again (on PostgreSQL, each took its
+            // identity back from any replica that adopted it).
+            let down: Vec<&str> = self
+                .slots
+                .iter()
+                .filter(|s| s.running.is_none())
+                .map(|s| s.id.as_str())
+                .collect();
+            if !down.is_empty() {
+                last = format!("executors {down:?} are not running");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
             match self.unsettled().await? {
                 None => return Ok(()),
@@ -1085,6 +1351,28 @@ impl Seed {
                 }
             }
         }
+        // A fenced process sends nothing new: no process connected as an
+        // identity taken over while it stood still, once it was thawed.
+        let connects = self.server.received_connects();
+        for f in self.fenced.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            for c in connects.iter().skip(f.from) {
+                let mine = c
+                    .instance_id
+                    .as_deref()
+                    .is_some_and(|i| i.starts_with(f.instance.as_str()));
+                if mine
+                    && c
+                        .executor_id
+                        .as_ref()
+                        .is_some_and(|e| f.identities.contains(e))
+                {
+                    problems.push(format!(
+                        "process {} connected as {:?} (instance {:?}) after it was thawed, though {:?} had been taken over while it stood still",
+                        f.instance, c.executor_id, c.instance_id, f.identities
+                    ));
+                }
+            }
+        }
         self.stats.effects = effects.values().map(|n| *n as u64).sum();
         if problems.is_empty() {
             Ok(())
@@ -1094,15 +1382,54 @@ impl Seed {
     }
 
     async fn finish(mut self) {
+        self.end_interference().await;
         for s in &mut self.slots {
             s.running.take();
         }
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.server.shutdown()).await;
+        if let Ok(server) = Arc::try_unwrap(self.server) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), server.shutdown()).await;
+        }
         if let Some(pg) = pg_url() {
             for s in &self.slots {
                 drop_schema(&pg, &s.store_url).await;
             }
         }
+    }
+}
+
+/// The platform's lease: shorter on PostgreSQL (see
+/// [`PG_PLATFORM_LEASE_MS`]).
+fn platform_lease_ms(pg: bool) -> u64 {
+    if pg {
+        PG_PLATFORM_LEASE_MS
+    } else {
+        LEASE_TTL_MS
+    }
+}
+
+/// The identities a process (its instance id) holds on the shared
+/// database, with their fencing tokens.
+async fn pg_leases_held(pg: &str, instance: &str) -> Result<Vec<(String, i64)>, String> {
+    #[cfg(feature = "postgres")]
+    {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(pg)
+            .await
+            .map_err(|e| e.to_string())?;
+        let rows = sqlx::query_as(
+            "SELECT executor_id, token FROM toolrunner_leases.executor_leases WHERE holder = $1 ORDER BY executor_id",
+        )
+        .bind(instance)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+        let _ = conn.close().await;
+        Ok(rows)
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = (pg, instance);
+        Ok(Vec::new())
     }
 }
 
@@ -1175,7 +1502,7 @@ async fn bounded<T>(
 }
 
 async fn run_seed(seed: u64, verbose: bool) -> Result<Stats, String> {
-    let schedule = draw(seed);
+    let schedule = draw(seed, pg_url().is_some());
     log(verbose, || format!("seed {seed}: {schedule:#?}"));
     let mut s = Seed::new(seed, schedule.executors, verbose).await?;
     let mut result = Ok(());
@@ -1291,10 +1618,14 @@ fn simulation() {
             }
             let (failures, done, totals) = (failures.clone(), done.clone(), totals.clone());
             tasks.spawn(async move {
-                let outcome =
-                    tokio::time::timeout(Duration::from_secs(90), run_seed(seed, replay.is_some()))
-                        .await
-                        .unwrap_or_else(|_| Err("the seed hung for 90 s".into()));
+                // A panic of the simulation's own code fails the seed.
+                let played = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
+                    run_seed(seed, replay.is_some()),
+                ));
+                let outcome = tokio::time::timeout(Duration::from_secs(90), played)
+                    .await
+                    .unwrap_or_else(|_| Ok(Err("the seed hung for 90 s".into())))
+                    .unwrap_or_else(|_| Err("the simulation panicked".into()));
                 match outcome {
                     Ok(s) => {
                         let mut t = totals.lock().expect("lock");

@@ -105,8 +105,11 @@ pub(crate) async fn inject(
     req: Request,
     next: Next,
 ) -> Response {
-    let req = match &shared.receipt_log {
-        Some(log) if req.uri().path().ends_with("/receipts") => record(log, req).await,
+    let req = match (&shared.receipt_log, &shared.connect_log) {
+        (Some(log), _) if req.uri().path().ends_with("/receipts") => record(log, req).await,
+        (_, Some(log)) if req.uri().path().ends_with("/executors/connect") => {
+            record_connect(log, req).await
+        }
         _ => req,
     };
     let (fail, drop, latency) = shared
@@ -131,6 +134,28 @@ pub(crate) async fn inject(
         response.extensions_mut().insert(DropConnection);
     }
     response
+}
+
+/// Keeps a connect request's executor and instance ids (before any fault
+/// decides its fate) and hands the request on unchanged.
+async fn record_connect(
+    log: &std::sync::Mutex<Vec<crate::ReceivedConnect>>,
+    req: Request,
+) -> Request {
+    let (parts, body) = req.into_parts();
+    let limit = toolrunner_protocol::json::MAX_BODY_BYTES * 2;
+    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
+        return Request::from_parts(parts, axum::body::Body::empty());
+    };
+    let v = serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default();
+    let field = |name: &str| v.get(name).and_then(|x| x.as_str()).map(str::to_owned);
+    if let Ok(mut log) = log.lock() {
+        log.push(crate::ReceivedConnect {
+            executor_id: field("executor_id"),
+            instance_id: field("instance_id"),
+        });
+    }
+    Request::from_parts(parts, axum::body::Body::from(bytes))
 }
 
 /// Keeps a receipt request's body (before any fault decides its fate) and

@@ -9,4 +9,6 @@ mod stream;
 
 pub use faults::Faults;
 pub use http::auth::Scope;
-pub use server::{DEFAULT_TOKENS, DevServer, DevServerBuilder, Error, ReceivedReceipt};
+pub use server::{
+    DEFAULT_TOKENS, DevServer, DevServerBuilder, Error, ReceivedConnect, ReceivedReceipt,
+};

@@ -53,6 +53,7 @@ pub struct DevServerBuilder {
     faults: Faults,
     stream: bool,
     record_receipts: bool,
+    record_connects: bool,
 }
 
 impl Default for DevServerBuilder {
@@ -67,6 +68,7 @@ impl Default for DevServerBuilder {
             faults: Faults::default(),
             stream: true,
             record_receipts: false,
+            record_connects: false,
         }
     }
 }
@@ -143,6 +145,15 @@ impl DevServerBuilder {
         self
     }
 
+    /// Keeps every connect request that reaches the platform (its
+    /// executor and instance ids), also those then refused or answered
+    /// with an injected fault, for [`DevServer::received_connects`] (tests
+    /// that check a fenced process never connects). Default off.
+    pub fn record_connects(mut self) -> Self {
+        self.record_connects = true;
+        self
+    }
+
     /// Opens the database, binds the address and starts serving.
     ///
     /// # Errors
@@ -187,6 +198,7 @@ impl DevServerBuilder {
             shutdown,
             clock_offset_ms: std::sync::atomic::AtomicI64::new(0),
             receipt_log: self.record_receipts.then(|| StdMutex::new(Vec::new())),
+            connect_log: self.record_connects.then(|| StdMutex::new(Vec::new())),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(accept_loop(listener, shared.clone(), self.stream));
@@ -263,6 +275,16 @@ impl DevServer {
             .unwrap_or_default()
     }
 
+    /// Every connect request that reached the platform, in arrival order,
+    /// when [`DevServerBuilder::record_connects`] is on (empty otherwise).
+    pub fn received_connects(&self) -> Vec<ReceivedConnect> {
+        self.shared
+            .connect_log
+            .as_ref()
+            .map(|log| log.lock().map(|l| l.clone()).unwrap_or_default())
+            .unwrap_or_default()
+    }
+
     /// Stops accepting, lets open requests finish (up to 5 s), closes streams
     /// and the database.
     pub async fn shutdown(mut self) {
@@ -293,6 +315,16 @@ pub struct ReceivedReceipt {
     pub path: String,
     /// The body, byte for byte.
     pub body: Vec<u8>,
+}
+
+/// A connect request as it reached the platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReceivedConnect {
+    /// The body's `executor_id`, if it has one.
+    pub executor_id: Option<String>,
+    /// The body's `instance_id`, if it has one.
+    pub instance_id: Option<String>,
 }
 
 /// The connection failed on purpose: fault injection dropped the answer.

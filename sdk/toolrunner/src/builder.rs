@@ -16,6 +16,9 @@ use crate::error::{Error, Kind, Result};
 use crate::function::{IntoTool, Registered, States};
 use crate::handler::ErasedTool;
 use crate::runner::fenced::FencedStore;
+use crate::runner::gate::Gate;
+#[cfg(feature = "postgres")]
+use crate::runner::gate::{self, Reach};
 use crate::runner::{self, Config, Core, CrashPlan, RunningExecutor};
 use crate::store::{DEFAULT_LEASE_TTL, SqliteStore, Store};
 
@@ -44,6 +47,7 @@ pub struct ExecutorBuilder {
     crash_plan: Option<CrashPlan>,
     takeover_grace: Option<Duration>,
     lease_ttl: Option<Duration>,
+    gate: Option<Arc<Gate>>,
 }
 
 impl std::fmt::Debug for ExecutorBuilder {
@@ -88,6 +92,7 @@ impl Default for ExecutorBuilder {
             crash_plan: None,
             takeover_grace: None,
             lease_ttl: None,
+            gate: None,
         }
     }
 }
@@ -299,6 +304,16 @@ impl ExecutorBuilder {
         self
     }
 
+    /// Faults of this executor's process, for tests and simulations
+    /// ([`ProcessFaults`](crate::testing::ProcessFaults)): frozen as by
+    /// SIGSTOP, its store or its platform unreachable. Replicas it adopts
+    /// share them (they run in the same process).
+    #[cfg(feature = "testing")]
+    pub fn process_faults(mut self, faults: &crate::testing::ProcessFaults) -> Self {
+        self.gate = Some(faults.gate());
+        self
+    }
+
     /// Registers a tool: a function marked `#[toolrunner::tool]`, a
     /// [`tool::write`](crate::tool::write) / [`tool::read`](crate::tool::read),
     /// or a [`Tool`](crate::Tool) implementation.
@@ -434,7 +449,8 @@ impl ExecutorBuilder {
             }
         };
         let client = Client::new(&base_url, &token, self.request_timeout, self.backoff)
-            .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?;
+            .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?
+            .with_gate(self.gate.clone());
         Ok(Executor {
             cfg: Config {
                 executor_id,
@@ -458,6 +474,7 @@ impl ExecutorBuilder {
             definitions,
             crash_plan: self.crash_plan,
             takeover_grace: self.takeover_grace,
+            gate: self.gate,
         })
     }
 }
@@ -548,6 +565,8 @@ pub struct Executor {
     crash_plan: Option<CrashPlan>,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     takeover_grace: Option<Duration>,
+    /// A test's faults of this process.
+    gate: Option<Arc<Gate>>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -645,6 +664,9 @@ impl Executor {
     /// is taken (with a new fencing token) before anything is sent.
     #[cfg(feature = "postgres")]
     async fn start_replica(self) -> Result<RunningExecutor> {
+        gate::before(self.gate.as_deref(), Reach::Store)
+            .await
+            .map_err(|e| Error::new(Kind::Store, e))?;
         let store = crate::store::PgStore::open_identity(
             &self.store_url,
             &self.cfg.executor_id,
@@ -656,8 +678,13 @@ impl Executor {
         let template = self
             .takeover_grace
             .is_some()
-            .then(|| self.adopted_as(&self.cfg.executor_id));
-        let replica = runner::replicas::Replica::new(store.clone(), self.takeover_grace, template);
+            .then(|| self.template());
+        let replica = runner::replicas::Replica::new(
+            store.clone(),
+            self.takeover_grace,
+            template,
+            self.gate.clone(),
+        );
         self.start_locked(Arc::new(store), None, Some(replica))
             .await
     }
@@ -668,16 +695,12 @@ impl Executor {
         self.start_locked(store, None).await
     }
 
-    /// This executor's settings and tools under another executor id (an
-    /// adopted identity), as a new process instance.
+    /// This executor's settings and tools, to start adopted identities
+    /// from.
     #[cfg(feature = "postgres")]
-    pub(crate) fn adopted_as(&self, executor_id: &str) -> Executor {
-        let mut cfg = self.cfg.clone();
-        cfg.executor_id = executor_id.to_owned();
-        cfg.adopted = true;
-        cfg.instance_id = format!("ins_{}", uuid::Uuid::new_v4().simple());
+    fn template(&self) -> Executor {
         Executor {
-            cfg,
+            cfg: self.cfg.clone(),
             client: self.client.fresh(),
             store_url: self.store_url.clone(),
             tools: self.tools.clone(),
@@ -685,7 +708,21 @@ impl Executor {
             definitions: self.definitions.clone(),
             crash_plan: None,
             takeover_grace: None,
+            gate: self.gate.clone(),
         }
+    }
+
+    /// This executor's settings and tools under another executor id (an
+    /// adopted identity). Its instance id is this process's with a suffix
+    /// (`ins_…:1a2b3c4d`), so that the platform's connections of adopted
+    /// identities name the process that adopted them.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn adopted_as(&self, executor_id: &str) -> Executor {
+        let mut adopted = self.template();
+        adopted.cfg.executor_id = executor_id.to_owned();
+        adopted.cfg.adopted = true;
+        adopted.cfg.instance_id = format!("{}:{:08x}", self.cfg.instance_id, rand::random::<u32>());
+        adopted
     }
 
     /// Starts as an adopted identity on its (fenced) store. (A boxed
@@ -696,7 +733,7 @@ impl Executor {
         store: crate::store::PgStore,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<RunningExecutor>> + Send>> {
         Box::pin(async move {
-            let replica = runner::replicas::Replica::new(store.clone(), None, None);
+            let replica = runner::replicas::Replica::new(store.clone(), None, None, self.gate.clone());
             self.start_locked(Arc::new(store), None, Some(replica))
                 .await
         })
@@ -716,6 +753,7 @@ impl Executor {
             store: Arc::new(FencedStore {
                 inner: store,
                 fence: fence.clone(),
+                gate: self.gate,
             }),
             tools: self.tools,
             authorizer: self.authorizer,

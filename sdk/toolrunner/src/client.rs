@@ -9,6 +9,8 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use toolrunner_protocol::ErrorType;
+
+use crate::runner::gate::{self, Gate, Reach};
 use toolrunner_protocol::error::{ApiError, ErrorEnvelope};
 use toolrunner_protocol::wire::{
     Claim, Claimed, Connect, Connected, Disconnect, Disconnected, Grant, Heartbeat,
@@ -91,6 +93,8 @@ pub(crate) struct Client {
     fence: tokio_util::sync::CancellationToken,
     /// Room for claims and receipts in flight (see [`CALL_REQUESTS`]).
     call_requests: Arc<tokio::sync::Semaphore>,
+    /// A test's faults of this process (frozen, platform cut off).
+    gate: Option<Arc<Gate>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -129,7 +133,13 @@ impl Client {
             backoff,
             fence: tokio_util::sync::CancellationToken::new(),
             call_requests: Arc::new(tokio::sync::Semaphore::new(CALL_REQUESTS)),
+            gate: None,
         })
+    }
+
+    /// The same client under a test's faults of its process.
+    pub(crate) fn with_gate(self, gate: Option<Arc<Gate>>) -> Client {
+        Client { gate, ..self }
     }
 
     /// The same client for another executor of this process: the
@@ -162,16 +172,36 @@ impl Client {
         body: Option<Vec<u8>>,
         grant: Option<&Grant>,
     ) -> Result<T, ClientError> {
+        self.send_if(method, path, body, grant, &|| Ok(())).await
+    }
+
+    /// [`send`](Self::send), each attempt only if `ready` says so right
+    /// before it goes out.
+    async fn send_if<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        grant: Option<&Grant>,
+        ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
+    ) -> Result<T, ClientError> {
         let url = format!("{}/v1{path}", self.base);
         let mut last = String::new();
         for attempt in 0..self.backoff.attempts.max(1) {
             if attempt > 0 {
                 tokio::time::sleep(self.backoff.delay(attempt - 1)).await;
             }
+            if let Err(cut) = gate::before(self.gate.as_deref(), Reach::Platform).await {
+                last = format!("{method} {path}: {cut}");
+                continue;
+            }
             if self.fence.is_cancelled() {
                 return Err(ClientError::Unreachable(format!(
                     "{method} {path}: the executor has stopped"
                 )));
+            }
+            if let Err(why) = ready() {
+                return Err(ClientError::Unreachable(format!("{method} {path}: {why}")));
             }
             let mut req = self
                 .http
@@ -206,6 +236,8 @@ impl Client {
                     continue;
                 }
             };
+            // A frozen process takes its answers in only once thawed.
+            gate::thawed(self.gate.as_deref()).await;
             if status == 429 || status >= 500 {
                 last = format!("{method} {path}: {status}");
                 if let Some(secs) = retry_after {
@@ -236,8 +268,23 @@ impl Client {
             .await
     }
 
-    pub(crate) async fn connect(&self, body: &Connect) -> Result<Connected, ClientError> {
-        self.post("/executors/connect", body).await
+    /// Connects, each attempt only if `ready` says so right before it goes
+    /// out (the executor's lease is live).
+    pub(crate) async fn connect(
+        &self,
+        body: &Connect,
+        ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
+    ) -> Result<Connected, ClientError> {
+        let bytes =
+            serde_json::to_vec(body).map_err(|e| ClientError::Unreachable(e.to_string()))?;
+        self.send_if(
+            reqwest::Method::POST,
+            "/executors/connect",
+            Some(bytes),
+            None,
+            ready,
+        )
+        .await
     }
 
     pub(crate) async fn heartbeat(
@@ -334,6 +381,9 @@ impl Client {
     pub(crate) async fn websocket(&self, path: &str) -> Result<reqwest::Upgraded, UpgradeError> {
         use tokio_tungstenite::tungstenite::handshake::client::generate_key;
         use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+        gate::before(self.gate.as_deref(), Reach::Platform)
+            .await
+            .map_err(UpgradeError::Failed)?;
         let key = generate_key();
         let resp = self
             .http

@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     pub(crate) clock_offset_ms: std::sync::atomic::AtomicI64,
     /// Every receipt request body that reached the platform, when recorded.
     pub(crate) receipt_log: Option<StdMutex<Vec<crate::ReceivedReceipt>>>,
+    /// Every connect request that reached the platform, when recorded.
+    pub(crate) connect_log: Option<StdMutex<Vec<crate::ReceivedConnect>>>,
 }
 
 impl HasTokens for Arc<Shared> {

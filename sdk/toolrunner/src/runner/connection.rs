@@ -61,7 +61,16 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
             }
             return Err(e);
         }
-        match core.client.connect(&body).await {
+        // And live still right before the connect goes out (a process
+        // frozen since the confirmation must confirm again).
+        let live = || {
+            if PLANTED_ZOMBIE || core.lease_live() {
+                Ok(())
+            } else {
+                Err("the executor's lease is not live: it is confirmed again first".to_owned())
+            }
+        };
+        match core.client.connect(&body, &live).await {
             Ok(c) => break c,
             Err(ClientError::Unreachable(m))
                 if patience == Patience::UntilStopped && !core.done.is_cancelled() =>

@@ -1,10 +1,12 @@
 //! The store as the runner sees it: once the process is fenced (a crash, a
-//! detach), nothing more is written, as after a real process loss.
+//! detach), nothing more is written, as after a real process loss; and,
+//! under a test's faults of the process, frozen or cut off.
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use super::gate::{Gate, Reach};
 use crate::store::{
     Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, OutboxSummary,
     ReceiptStatus, Store, StoreError, StoreTransaction, Timestamp,
@@ -13,6 +15,30 @@ use crate::store::{
 pub(crate) struct FencedStore {
     pub(crate) inner: Arc<dyn Store>,
     pub(crate) fence: CancellationToken,
+    /// A test's faults of this process.
+    pub(crate) gate: Option<Arc<Gate>>,
+}
+
+impl FencedStore {
+    /// Runs one store request under the process's faults: it waits while
+    /// the process is frozen, before it goes out and before its answer is
+    /// taken in, and fails while the store is cut off.
+    async fn io<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if let Some(gate) = &self.gate {
+            gate.before(Reach::Store).await.map_err(cut)?;
+            let answer = request.await;
+            gate.thawed().await;
+            return answer;
+        }
+        request.await
+    }
+}
+
+fn cut(why: String) -> StoreError {
+    StoreError::Database(crate::store::DatabaseError::said(why))
 }
 
 #[async_trait::async_trait]
@@ -21,26 +47,26 @@ impl Store for FencedStore {
         if self.fence.is_cancelled() {
             return Err(StoreError::Closed);
         }
-        self.inner.commit(changes).await
+        self.io(self.inner.commit(changes)).await
     }
 
     async fn begin(&self) -> Result<StoreTransaction, StoreError> {
         if self.fence.is_cancelled() {
             return Err(StoreError::Closed);
         }
-        self.inner.begin().await
+        self.io(self.inner.begin()).await
     }
 
     async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {
-        self.inner.call(run_id, call_id).await
+        self.io(self.inner.call(run_id, call_id)).await
     }
 
     async fn calls(&self, filter: &CallFilter) -> Result<Vec<LocalCall>, StoreError> {
-        self.inner.calls(filter).await
+        self.io(self.inner.calls(filter)).await
     }
 
     async fn count_by_state(&self) -> Result<BTreeMap<LocalState, u64>, StoreError> {
-        self.inner.count_by_state().await
+        self.io(self.inner.count_by_state()).await
     }
 
     async fn receipts(
@@ -48,33 +74,33 @@ impl Store for FencedStore {
         run_id: &str,
         call_id: &str,
     ) -> Result<Vec<OutboxReceipt>, StoreError> {
-        self.inner.receipts(run_id, call_id).await
+        self.io(self.inner.receipts(run_id, call_id)).await
     }
 
     async fn receipt(&self, receipt_id: &str) -> Result<Option<OutboxReceipt>, StoreError> {
-        self.inner.receipt(receipt_id).await
+        self.io(self.inner.receipt(receipt_id)).await
     }
 
     async fn receipts_with(&self, status: ReceiptStatus) -> Result<Vec<OutboxReceipt>, StoreError> {
-        self.inner.receipts_with(status).await
+        self.io(self.inner.receipts_with(status)).await
     }
 
     async fn events(&self, run_id: &str, call_id: &str) -> Result<Vec<Event>, StoreError> {
-        self.inner.events(run_id, call_id).await
+        self.io(self.inner.events(run_id, call_id)).await
     }
 
     async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError> {
-        self.inner.attempts(run_id, call_id).await
+        self.io(self.inner.attempts(run_id, call_id)).await
     }
 
     async fn prune(&self, settled_before: Timestamp, limit: u32) -> Result<u64, StoreError> {
         if self.fence.is_cancelled() {
             return Err(StoreError::Closed);
         }
-        self.inner.prune(settled_before, limit).await
+        self.io(self.inner.prune(settled_before, limit)).await
     }
 
     async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
-        self.inner.outbox_summary().await
+        self.io(self.inner.outbox_summary()).await
     }
 }

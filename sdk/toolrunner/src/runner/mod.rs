@@ -8,6 +8,7 @@ mod checks;
 mod claimer;
 mod connection;
 pub(crate) mod fenced;
+pub(crate) mod gate;
 mod gauges;
 pub(crate) mod outbox;
 mod reconcile;
@@ -414,6 +415,10 @@ impl RunningExecutor {
     /// # Errors
     /// The platform could not be told (the calls stay safe in the store).
     pub async fn shutdown(mut self, how: Shutdown) -> Result<(), Error> {
+        // Stopped already as a lost process would (fenced: another process
+        // holds the identity now; crashed at a fail point): it says nothing
+        // more to the platform.
+        let halted = self.core.fence.is_cancelled();
         self.core.claiming.store(false, Ordering::SeqCst);
         self.core.stop.cancel();
         if let Shutdown::Drain { deadline } = how {
@@ -447,7 +452,11 @@ impl RunningExecutor {
                 t.cancel();
             }
         }
-        let result = connection::disconnect(&self.core, how).await;
+        let result = if halted {
+            Ok(())
+        } else {
+            connection::disconnect(&self.core, how).await
+        };
         let drained = matches!(how, Shutdown::Drain { .. });
         // The identities this process adopted leave with it.
         #[cfg(feature = "postgres")]

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use super::gate::{self, Gate, Reach};
 use super::{Core, RunningExecutor, Shutdown};
 use crate::error::{Error, Kind};
 use crate::store::{PgStore, StoreError};
@@ -50,6 +51,8 @@ pub(crate) struct Replica {
     /// Identities whose store would not open, and until when they are
     /// left alone (one bad identity never blocks the others).
     skip: StdMutex<HashMap<String, Instant>>,
+    /// A test's faults of this process.
+    gate: Option<Arc<Gate>>,
 }
 
 impl Replica {
@@ -57,6 +60,7 @@ impl Replica {
         store: PgStore,
         grace: Option<Duration>,
         template: Option<crate::Executor>,
+        gate: Option<Arc<Gate>>,
     ) -> Replica {
         let renewed = store.lease_taken_at().unwrap_or_else(Instant::now);
         Replica {
@@ -67,7 +71,21 @@ impl Replica {
             renewed: StdMutex::new(renewed),
             lapsed: std::sync::atomic::AtomicBool::new(false),
             skip: StdMutex::default(),
+            gate,
         }
+    }
+
+    /// Runs one request to the database under the process's faults.
+    async fn io<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        gate::before(self.gate.as_deref(), Reach::Store)
+            .await
+            .map_err(|why| StoreError::Database(crate::store::DatabaseError::said(why)))?;
+        let answer = request.await;
+        gate::thawed(self.gate.as_deref()).await;
+        answer
     }
 
     fn ttl(&self) -> Duration {
@@ -90,7 +108,7 @@ impl Replica {
     /// [`StoreError::Fenced`] when the token moved on; the database failed.
     async fn renew(&self, executor_id: &str) -> Result<(), StoreError> {
         let sent = Instant::now();
-        self.store.renew().await?;
+        self.io(self.store.renew()).await?;
         {
             let mut renewed = lock(&self.renewed);
             if *renewed < sent {
@@ -194,8 +212,8 @@ pub(crate) async fn release_if_idle(core: &Core) {
         return;
     };
     let id = &core.cfg.executor_id;
-    match replica.store.is_idle().await {
-        Ok(true) => match replica.store.release().await {
+    match replica.io(replica.store.is_idle()).await {
+        Ok(true) => match replica.io(replica.store.release()).await {
             Ok(true) => {
                 tracing::info!(executor_id = %id, "nothing left: the executor identity is released")
             }
@@ -244,11 +262,15 @@ async fn adopt(core: &Core, replica: &Replica, template: &crate::Executor, grace
         skip.retain(|_, until| *until > Instant::now());
         skip.keys().cloned().collect()
     };
-    let adopted = match replica
+    if gate::before(replica.gate.as_deref(), Reach::Store).await.is_err() {
+        return;
+    }
+    let adopting = replica
         .store
         .adopt_lapsed(&core.cfg.instance_id, grace, replica.ttl(), &skip)
-        .await
-    {
+        .await;
+    gate::thawed(replica.gate.as_deref()).await;
+    let adopted = match adopting {
         Ok(Some(store)) => store,
         Ok(None) => return,
         Err(e) => {
@@ -313,7 +335,7 @@ async fn let_go(replica: &Replica) {
     for core in list {
         if let Some(own) = &core.replica
             && core.active.lock().expect("not poisoned").is_empty()
-            && own.store.is_idle().await.unwrap_or(false)
+            && own.io(own.store.is_idle()).await.unwrap_or(false)
         {
             core.finished.cancel();
         }

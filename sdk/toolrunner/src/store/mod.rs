@@ -490,6 +490,13 @@ pub enum StoreError {
 #[derive(Debug)]
 pub struct DatabaseError(Box<dyn std::error::Error + Send + Sync>);
 
+impl DatabaseError {
+    /// A database failure told in words (no cause to keep).
+    pub(crate) fn said(why: impl Into<String>) -> DatabaseError {
+        DatabaseError(why.into().into())
+    }
+}
+
 impl std::fmt::Display for DatabaseError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)

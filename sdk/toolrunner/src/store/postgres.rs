@@ -313,13 +313,10 @@ impl PgStore {
         };
         match tokio::time::timeout(h.fence.ttl, lease::renew(&h.leases, &h.fence)).await {
             Ok(renewed) => renewed,
-            Err(_) => Err(StoreError::Database(DatabaseError(
-                format!(
-                    "the lease renewal got no answer within {} ms",
-                    h.fence.ttl.as_millis()
-                )
-                .into(),
-            ))),
+            Err(_) => Err(StoreError::Database(DatabaseError::said(format!(
+                "the lease renewal got no answer within {} ms",
+                h.fence.ttl.as_millis()
+            )))),
         }
     }
 

@@ -199,11 +199,22 @@ async fn take_locked(
 ) -> Result<Option<Taken>, StoreError> {
     let mut tx = pool.begin().await?;
     // Waits for the writes in flight of whoever holds it (their `FOR KEY
-    // SHARE`), and holds off new ones until the token is bumped.
-    let row = sqlx::query(concat!(seen_sql!(), " FOR UPDATE"))
+    // SHARE`), and holds off new ones until the token is bumped; but not
+    // silently for ever (a process frozen inside a transaction holds it).
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *tx)
+        .await?;
+    let row = match sqlx::query(concat!(seen_sql!(), " FOR UPDATE"))
         .bind(me.executor_id)
         .fetch_optional(&mut *tx)
-        .await?;
+        .await
+    {
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+            tracing::warn!(executor_id = me.executor_id, "a write of the identity's previous holder is still open (a process frozen in a transaction?): waiting for it to end");
+            return Ok(None);
+        }
+        row => row?,
+    };
     let read_at = Instant::now();
     let now = row.as_ref().map(seen).transpose()?;
     let predecessor = match &now {
