@@ -537,6 +537,8 @@ struct Seed {
     /// Thaws and mends still to come (the schedule does not wait for them).
     pending: Vec<tokio::task::JoinHandle<()>>,
     fenced: Arc<Mutex<Vec<FencedAtThaw>>>,
+    /// The stores as the checks read them, opened once per seed.
+    readers: tokio::sync::Mutex<HashMap<String, Arc<dyn Store>>>,
     world: World,
     agent_version: String,
     binding_id: String,
@@ -616,6 +618,7 @@ impl Seed {
             server: Arc::new(server),
             pending: Vec::new(),
             fenced: Arc::default(),
+            readers: tokio::sync::Mutex::default(),
             world,
             agent_version: String::new(),
             binding_id: String::new(),
@@ -1087,6 +1090,18 @@ impl Seed {
         ))
     }
 
+    /// A store to read, by its URL (opened once: on PostgreSQL every
+    /// opening is a pool of connections, and the checks read often).
+    async fn reader(&self, url: &str) -> Result<Arc<dyn Store>, String> {
+        let mut readers = self.readers.lock().await;
+        if let Some(r) = readers.get(url) {
+            return Ok(r.clone());
+        }
+        let store = open_store(url).await?;
+        readers.insert(url.to_owned(), store.clone());
+        Ok(store)
+    }
+
     /// Every store's view of every call, with its timeline (for a report).
     async fn dump(&self) -> String {
         let mut out = String::new();
@@ -1151,7 +1166,7 @@ impl Seed {
             }
         }
         for s in &self.slots {
-            let store = open_store(&s.store_url).await?;
+            let store = self.reader(&s.store_url).await?;
             for c in store
                 .calls(&CallFilter::default())
                 .await
@@ -1209,7 +1224,7 @@ impl Seed {
         let mut local: HashMap<String, Vec<(usize, toolrunner::store::LocalCall)>> = HashMap::new();
         let mut local_receipts: HashMap<String, (usize, String, ReceiptStatus)> = HashMap::new();
         for (i, s) in self.slots.iter().enumerate() {
-            let store = open_store(&s.store_url).await?;
+            let store = self.reader(&s.store_url).await?;
             for c in store
                 .calls(&CallFilter::default())
                 .await
@@ -1386,6 +1401,8 @@ impl Seed {
         for s in &mut self.slots {
             s.running.take();
         }
+        // Their pools close with them.
+        self.readers.lock().await.clear();
         if let Ok(server) = Arc::try_unwrap(self.server) {
             let _ = tokio::time::timeout(Duration::from_secs(5), server.shutdown()).await;
         }

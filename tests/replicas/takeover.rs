@@ -525,7 +525,8 @@ pub(crate) async fn an_adopted_identity_that_stops_serving_is_let_go(url: &str) 
             .await?;
         drop(gone);
         let adopter = w
-            .executor(&b, Some(Duration::from_millis(300)))
+            // Above the renewal period (so that only a lapse is adopted).
+            .executor(&b, Some(Duration::from_millis(1_200)))
             .build()?
             .start()
             .await?;
@@ -659,7 +660,7 @@ pub(crate) async fn a_slow_adoption_is_not_adopted_again_at_once(url: &str) -> R
         )))
         .execute(&mut lock)
         .await?;
-        let grace = Some(Duration::from_millis(300));
+        let grace = Some(Duration::from_millis(800));
         let slow = w.executor(&b, grace).build()?.start().await?;
         // b's adoption has the lapsed identity locked, and waits.
         tokio::time::sleep(Duration::from_secs(3)).await;
