@@ -266,6 +266,14 @@ mod suite {
                     })
                 },
             ),
+            (
+                "replicas::takeover::an_adopter_superseded_by_a_process_without_the_lease_connects_again",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::an_adopter_superseded_by_a_process_without_the_lease_connects_again(&u).await
+                    })
+                },
+            ),
         ];
         for (name, body) in shared {
             let url = url.to_owned();

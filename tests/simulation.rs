@@ -73,9 +73,10 @@ const PG_PLATFORM_LEASE_MS: u64 = 1_200;
 const PG_LEASE_TTL: Duration = Duration::from_millis(800);
 /// The takeover grace.
 const PG_GRACE: Duration = Duration::from_millis(700);
-/// The simulated tools' commit window: above every handler's time to its
-/// effect, pauses included (they are shorter than the lease and this).
-const PG_COMMIT_WINDOW: Duration = Duration::from_millis(2_500);
+/// The simulated tools' commit window: with the lease, above every
+/// handler's time from its start (or commit point) to its effect, pauses
+/// included (the longest pause plus the longest handler: 2.6 s + 1.2 s).
+const PG_COMMIT_WINDOW: Duration = Duration::from_millis(3_200);
 /// A pause or an outage lasts up to this long.
 const PG_PAUSE_MAX_MS: u64 = 2_800;
 const STEPS: [&str; 7] = [
@@ -758,7 +759,9 @@ impl Seed {
                 .and_then(|r| futures_util::FutureExt::now_or_never(r.wait()));
             if let Some(why) = stopped {
                 s.running = None;
-                log(self.verbose, || format!("{} stopped by itself: {why:?}", s.id));
+                log(self.verbose, || {
+                    format!("{} stopped by itself: {why:?}", s.id)
+                });
             }
         }
     }
@@ -787,7 +790,10 @@ impl Seed {
                 // A start fails only while the platform or the store cannot
                 // be reached, never because another process holds the
                 // identity: every restarted identity serves again.
-                if e.is_superseded() || e.to_string().contains("give every replica its own executor id") {
+                if e.is_superseded()
+                    || e.to_string()
+                        .contains("give every replica its own executor id")
+                {
                     return Err(format!(
                         "{} could not start again: {e}",
                         self.slots[slot].id
@@ -851,11 +857,14 @@ impl Seed {
                     .collect();
                 if !lost.is_empty() {
                     let from = server.received_connects().len();
-                    fenced.lock().unwrap_or_else(|e| e.into_inner()).push(FencedAtThaw {
-                        instance,
-                        identities: lost,
-                        from,
-                    });
+                    fenced
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(FencedAtThaw {
+                            instance,
+                            identities: lost,
+                            from,
+                        });
                 }
                 faults.thaw();
             } else {
@@ -1376,8 +1385,7 @@ impl Seed {
                     .as_deref()
                     .is_some_and(|i| i.starts_with(f.instance.as_str()));
                 if mine
-                    && c
-                        .executor_id
+                    && c.executor_id
                         .as_ref()
                         .is_some_and(|e| f.identities.contains(e))
                 {

@@ -1,8 +1,10 @@
 //! A minimal HTTP/1.1 reverse proxy in front of the development platform,
 //! whose rule decides each request's fate: passed through, answered late,
-//! or refused `503` as by a platform that is down. No WebSocket: executors
+//! refused `503` as by a platform that is down, or refused `401` as by a
+//! platform that no longer accepts the token. No WebSocket: executors
 //! behind it run with the stream off. Shared by `examples/bench.rs` (an
-//! outage of receipts) and `tests/crash.rs` (a slow answer).
+//! outage of receipts), `tests/crash.rs` (a slow answer) and the
+//! PostgreSQL suite's replicas (a token revoked for one identity).
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -21,6 +23,8 @@ pub(crate) enum Verdict {
     ForwardThenWait(Duration),
     /// Not passed on: answered `503` (the platform is down).
     Refuse,
+    /// Not passed on: answered `401` (the token is no longer accepted).
+    Unauthorized,
 }
 
 /// A request as the rule sees it: method, path, body.
@@ -97,6 +101,10 @@ async fn connection(sock: tokio::net::TcpStream, http: Platform, rule: Arc<Rule>
                 headers,
                 refusal.to_vec(),
             )
+        } else if verdict == Verdict::Unauthorized {
+            let refusal = br#"{"error":{"type":"authentication_error","code":"invalid_token","message":"the token is not accepted (revoked at the proxy)"}}"#;
+            let headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+            (reqwest::StatusCode::UNAUTHORIZED, headers, refusal.to_vec())
         } else {
             let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
                 return;

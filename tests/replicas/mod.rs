@@ -12,6 +12,8 @@
 
 pub(crate) mod chaos;
 mod pause;
+#[path = "../../examples/support/proxy.rs"]
+mod proxy;
 pub(crate) mod takeover;
 
 use std::time::Duration;

@@ -506,13 +506,15 @@ pub(crate) async fn a_long_transaction_keeps_its_identity(url: &str) -> Result<(
     .await
 }
 
-/// An adopted identity whose executor stops serving (here another process
-/// connects as it, superseding the adopter's connection) is let go: its
-/// adopter renews it no more, so it lapses and is adopted again, instead
-/// of being held for ever by an executor that does nothing.
+/// An adopted identity whose executor stops serving (here the platform
+/// stops accepting the token for it: `401`, and the executor stops
+/// claiming) is let go: its adopter renews it no more, so it lapses (and
+/// is adopted again), instead of being held for ever by an executor that
+/// does nothing.
 pub(crate) async fn an_adopted_identity_that_stops_serving_is_let_go(url: &str) -> Result<()> {
     with_world(url, |w| async move {
         let (a, b) = (w.id("a"), w.id("b"));
+        // Work the adopter keeps the identity for (its hook cannot tell).
         let run_id = w.run("probe.write", &["unknown"]).await?;
         let gone = w.executor(&a, None).build()?.start().await?;
         w.admin
@@ -524,9 +526,27 @@ pub(crate) async fn an_adopted_identity_that_stops_serving_is_let_go(url: &str) 
             )
             .await?;
         drop(gone);
+        // The adopter reaches the platform through a proxy that refuses,
+        // once told to, the token for the adopted identity alone.
+        let revoked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let proxy = {
+            let (revoked, a) = (revoked.clone(), a.clone());
+            super::proxy::start(&w.server.base_url(), move |_, path, body| {
+                let for_a = path.contains(&format!("/executors/{a}/"))
+                    || (path.ends_with("/executors/connect")
+                        && String::from_utf8_lossy(body).contains(&a));
+                if for_a && revoked.load(std::sync::atomic::Ordering::SeqCst) {
+                    super::proxy::Verdict::Unauthorized
+                } else {
+                    super::proxy::Verdict::Forward
+                }
+            })
+            .await
+        };
         let adopter = w
             // Above the renewal period (so that only a lapse is adopted).
-            .executor(&b, Some(Duration::from_millis(1_200)))
+            .executor_via(&b, Some(Duration::from_millis(1_200)), &w.url, &proxy)
+            .stream(false)
             .build()?
             .start()
             .await?;
@@ -539,19 +559,7 @@ pub(crate) async fn an_adopted_identity_that_stops_serving_is_let_go(url: &str) 
             ensure!(Instant::now() < end, "the adopter never connected as {a}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        // Another process connects as the adopted identity.
-        let rogue = w
-            .admin
-            .with_token("dev-executor")
-            .request(reqwest::Method::POST, "/executors/connect")
-            .json(
-                &json!({"executor_id": a, "instance_id": "ins_rogue", "binding_id": w.binding_id,
-                          "tools": ["probe.write"], "capacity": 1}),
-            )
-            .send()
-            .await?;
-        ensure!(rogue.status == 200, "the rogue connect: {}", rogue.json());
+        revoked.store(true, std::sync::atomic::Ordering::SeqCst);
         // The adopter's executor of it stopped: its lease is renewed no
         // more, so it lapses (and is adopted again, with a new token).
         wait_lease(&w.url, &a, Duration::from_secs(10), "let go", |l| {
@@ -636,7 +644,7 @@ pub(crate) async fn a_clean_drain_is_never_adopted(url: &str) -> Result<()> {
 
 /// An adoption that took long (here its store's opening waits for a lock
 /// the test holds) starts its lease when it commits, not when it began: a
-/// third replica looking right after does not adopt the identity again.
+/// replica looking right after does not adopt the identity again.
 pub(crate) async fn a_slow_adoption_is_not_adopted_again_at_once(url: &str) -> Result<()> {
     with_world(url, |w| async move {
         let (x, b, c) = (w.id("x"), w.id("b"), w.id("c"));
@@ -676,9 +684,11 @@ pub(crate) async fn a_slow_adoption_is_not_adopted_again_at_once(url: &str) -> R
         let later = lease(&w.url, &x).await?.context("x's lease")?;
         drain(slow).await;
         drain(other).await;
+        // Adopted once (by whichever replica's adoption committed first:
+        // both waited for the lock), and not again at once.
         ensure!(
-            adopted.2.as_deref() == Some(b.as_str()) && later.0 == adopted.0,
-            "the slow adoption by {b} was adopted again at once: {adopted:?} then {later:?}"
+            later.0 == adopted.0 && later.2 == adopted.2,
+            "the slow adoption was adopted again at once: {adopted:?} then {later:?} (replicas {b} and {c})"
         );
         Ok(())
     })
@@ -798,6 +808,75 @@ pub(crate) async fn a_second_live_process_of_one_id_fails_fast(url: &str) -> Res
             run.tool_calls[0].state.as_str()
         );
         drain(first).await;
+        Ok(())
+    })
+    .await
+}
+
+/// A process that does not hold the identity's lease (a fenced one, or one
+/// beside the lease) connects as an adopted identity: the adopter's
+/// executor of it still holds the token, so it connects again instead of
+/// stopping, and the identity stays served.
+pub(crate) async fn an_adopter_superseded_by_a_process_without_the_lease_connects_again(
+    url: &str,
+) -> Result<()> {
+    with_world(url, |w| async move {
+        let (a, b) = (w.id("a"), w.id("b"));
+        let run_id = w.run("probe.write", &["unknown"]).await?;
+        let gone = w.executor(&a, None).build()?.start().await?;
+        w.admin
+            .wait_for(&run_id, Duration::from_secs(20), "waiting for a person", |r| {
+                r.tool_calls[0].state == CallState::ReconciliationRequired
+            })
+            .await?;
+        drop(gone);
+        let adopter = w
+            .executor(&b, Some(Duration::from_millis(300)))
+            .build()?
+            .start()
+            .await?;
+        let (adopted_token, ..) =
+            wait_lease(&w.url, &a, Duration::from_secs(10), "adopted", |l| {
+                l.2.as_deref() == Some(b.as_str())
+            })
+            .await?;
+        let end = Instant::now() + Duration::from_secs(10);
+        while w.connection_of(&a).await?.is_none() {
+            ensure!(Instant::now() < end, "the adopter never connected as {a}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let rogue = w
+            .admin
+            .with_token("dev-executor")
+            .request(reqwest::Method::POST, "/executors/connect")
+            .json(&json!({"executor_id": a, "instance_id": "ins_rogue", "binding_id": w.binding_id,
+                          "tools": ["probe.write"], "capacity": 1}))
+            .send()
+            .await?;
+        ensure!(rogue.status == 200, "the rogue connect: {}", rogue.json());
+        let theirs = rogue.json()["connection_id"].as_str().map(str::to_owned);
+        // Connected again, and still holding the identity a while later.
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = w.connection_of(&a).await?;
+            if now.is_some() && now != theirs {
+                break;
+            }
+            ensure!(
+                Instant::now() < end,
+                "the adopter did not connect again over a process without the lease"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        let row = lease(&w.url, &a).await?.context("a's lease")?;
+        // The same adoption (not one that stopped, lapsed and was adopted
+        // again).
+        ensure!(
+            row.0 == adopted_token && row.2.as_deref() == Some(b.as_str()),
+            "the adopter's executor stopped instead of connecting again: {row:?}, adopted with token {adopted_token}"
+        );
+        drain(adopter).await;
         Ok(())
     })
     .await

@@ -675,10 +675,7 @@ impl Executor {
             self.cfg.lease_ttl,
         )
         .await?;
-        let template = self
-            .takeover_grace
-            .is_some()
-            .then(|| self.template());
+        let template = self.takeover_grace.is_some().then(|| self.template());
         let replica = runner::replicas::Replica::new(
             store.clone(),
             self.takeover_grace,
@@ -733,7 +730,8 @@ impl Executor {
         store: crate::store::PgStore,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<RunningExecutor>> + Send>> {
         Box::pin(async move {
-            let replica = runner::replicas::Replica::new(store.clone(), None, None, self.gate.clone());
+            let replica =
+                runner::replicas::Replica::new(store.clone(), None, None, self.gate.clone());
             self.start_locked(Arc::new(store), None, Some(replica))
                 .await
         })

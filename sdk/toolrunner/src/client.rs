@@ -331,15 +331,21 @@ impl Client {
             .await
     }
 
+    /// Claims, each attempt only if `ready` says so right before it goes
+    /// out (the executor may take work).
     pub(crate) async fn claim(
         &self,
         run_id: &str,
         call_id: &str,
         body: &Claim,
+        ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
     ) -> Result<Claimed, ClientError> {
+        let bytes =
+            serde_json::to_vec(body).map_err(|e| ClientError::Unreachable(e.to_string()))?;
         // Never closed: a permit always comes.
         let _room = self.call_requests.acquire().await.ok();
-        self.post(&format!("/runs/{run_id}/tool-calls/{call_id}/claim"), body)
+        let path = format!("/runs/{run_id}/tool-calls/{call_id}/claim");
+        self.send_if(reqwest::Method::POST, &path, Some(bytes), None, ready)
             .await
     }
 
@@ -351,14 +357,30 @@ impl Client {
         grant: &Grant,
         body: &str,
     ) -> Result<ReceiptAnswer, ClientError> {
+        self.receipt_if(run_id, call_id, grant, body, &|| Ok(()))
+            .await
+    }
+
+    /// [`receipt`](Self::receipt), each attempt only if `ready` says so
+    /// right before it goes out (an `accepted`: the executor may start the
+    /// handler).
+    pub(crate) async fn receipt_if(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        grant: &Grant,
+        body: &str,
+        ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
+    ) -> Result<ReceiptAnswer, ClientError> {
         let path = format!("/runs/{run_id}/tool-calls/{call_id}/receipts");
         // Never closed: a permit always comes.
         let _room = self.call_requests.acquire().await.ok();
-        self.send(
+        self.send_if(
             reqwest::Method::POST,
             &path,
             Some(body.as_bytes().to_vec()),
             Some(grant),
+            ready,
         )
         .await
     }

@@ -309,7 +309,10 @@ pub trait Tool: Send + Sync + 'static {
     /// stalled, cut off from the database) has made its effect by then,
     /// and the hook finds it. Set it above the slowest path from the
     /// commit point (or the start) to the effect; a longer window only
-    /// delays automatic reconciliation after a takeover.
+    /// delays automatic reconciliation after a takeover. The handler's
+    /// timeout (`ExecutorBuilder::handler_timeout`, 300 s by default)
+    /// bounds every handler: a tool without a commit point whose effect may
+    /// come later than 30 s after its start needs a longer window.
     fn commit_window(&self) -> std::time::Duration {
         DEFAULT_COMMIT_WINDOW
     }

@@ -103,6 +103,16 @@ const DEFERRED: &str = "claim deferred";
 const LEASE_NOT_LIVE: &str =
     "the executor's lease is not live (it could not be renewed): the call waits";
 
+/// Right before a request that takes work goes out (each attempt of it):
+/// the lease is live.
+fn lease_live(core: &Core) -> Result<(), String> {
+    if core.lease_live() {
+        Ok(())
+    } else {
+        Err(LEASE_NOT_LIVE.into())
+    }
+}
+
 /// The stored row of a call.
 async fn read(core: &Core, key: &CallKey) -> Result<LocalCall, String> {
     core.store
@@ -231,7 +241,12 @@ async fn claim(
             connection_id: connection_id.clone(),
             operation_key: used.clone(),
         };
-        match core.client.claim(&call.run_id, &call.call_id, &body).await {
+        let live = || lease_live(core);
+        match core
+            .client
+            .claim(&call.run_id, &call.call_id, &body, &live)
+            .await
+        {
             Ok(c) => break c,
             Err(e) if tries < 3 && connection::handle_refusal(core, &connection_id, &e).await => {
                 tries += 1
@@ -465,7 +480,13 @@ async fn accept(
     }
     let answer = core
         .client
-        .receipt(&call.run_id, &call.call_id, &asg.grant, &accepted.body)
+        .receipt_if(
+            &call.run_id,
+            &call.call_id,
+            &asg.grant,
+            &accepted.body,
+            &|| lease_live(core),
+        )
         .await;
     let event = match answer {
         Ok(answer) if answer.accepted == Some(true) => {

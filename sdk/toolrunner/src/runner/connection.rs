@@ -63,15 +63,23 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         }
         // And live still right before the connect goes out (a process
         // frozen since the confirmation must confirm again).
+        let lapsed = std::sync::atomic::AtomicBool::new(false);
         let live = || {
             if PLANTED_ZOMBIE || core.lease_live() {
                 Ok(())
             } else {
+                lapsed.store(true, Ordering::SeqCst);
                 Err("the executor's lease is not live: it is confirmed again first".to_owned())
             }
         };
         match core.client.connect(&body, &live).await {
             Ok(c) => break c,
+            Err(_) if lapsed.load(Ordering::SeqCst) && patience == Patience::Once => {
+                return Err(Error::new(
+                    Kind::Store,
+                    "the executor's lease lapsed before it could connect to the platform (the database answered too slowly): check the connection to PostgreSQL, then start again",
+                ));
+            }
             Err(ClientError::Unreachable(m))
                 if patience == Patience::UntilStopped && !core.done.is_cancelled() =>
             {
@@ -173,7 +181,24 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
         Some("lease_expired") => {}
         Some("connection_superseded") => {
             let own = matches!(e, ClientError::Api(api) if api.body.message.contains(&core.cfg.instance_id));
-            if !own {
+            // On a database shared by replicas the identity's lease says who
+            // holds it: a process that connected as this identity while this
+            // one still holds its token is fenced (a replica that held it
+            // before, a paused process) and stops at its next renewal, so
+            // this one connects again; if the token moved on, this one is
+            // the fenced one, and stops saying so.
+            if !own && core.holds_a_lease() {
+                if core.confirm_lease().await.is_err() {
+                    if !core.done.is_cancelled() {
+                        core.fail(Error::new(
+                            Kind::Superseded,
+                            format!("another process connected as executor {} ({e}), and this process could not confirm that it still holds the identity's lease: check the connection to PostgreSQL", core.cfg.executor_id),
+                        ));
+                    }
+                    return false;
+                }
+                tracing::warn!(executor_id = %core.cfg.executor_id, error = %e, "superseded by a process that no longer holds this executor identity's lease: connecting again");
+            } else if !own {
                 core.fail(Error::new(
                     Kind::Superseded,
                     format!("another process connected as executor {} ({e}); two live processes share one executor id: give each its own", core.cfg.executor_id),

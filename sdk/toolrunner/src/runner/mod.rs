@@ -204,6 +204,15 @@ impl Core {
         Ok(())
     }
 
+    /// Whether this executor holds a lease on a database shared by
+    /// replicas.
+    pub(crate) fn holds_a_lease(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        return self.replica.is_some();
+        #[cfg(not(feature = "postgres"))]
+        false
+    }
+
     /// Right before a connect: the identity's lease renewed now (nothing
     /// to do on a store of its own). A fenced process halts here.
     pub(crate) async fn confirm_lease(&self) -> Result<(), Error> {
@@ -476,7 +485,7 @@ impl RunningExecutor {
         // Nothing more is written: a drain that left nothing lets the
         // identity go, so that no replica adopts it.
         #[cfg(feature = "postgres")]
-        if drained && self.core.active.lock().expect("not poisoned").is_empty() {
+        if drained && !halted && self.core.active.lock().expect("not poisoned").is_empty() {
             replicas::release_if_idle(&self.core).await;
         }
         #[cfg(not(feature = "postgres"))]

@@ -155,6 +155,8 @@ pub(crate) async fn check(
 /// per call (first pass at start-up).
 pub(crate) async fn reconcile_loop(core: Arc<Core>) {
     let mut next: HashMap<CallKey, (Instant, Duration)> = HashMap::new();
+    // Calls not asked yet after a takeover, and when they may be.
+    let mut not_yet: HashMap<CallKey, Instant> = HashMap::new();
     loop {
         let filter = CallFilter {
             states: vec![LocalState::ReconciliationRequired],
@@ -195,6 +197,7 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                     }
                     Ok(Checked::NotYet(after)) => {
                         next.insert(key.clone(), (after, wait));
+                        not_yet.insert(key.clone(), after);
                     }
                     _ => {
                         next.insert(
@@ -206,14 +209,11 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                 drop(active);
             }
         }
-        // The next pass: the usual interval, or sooner when a call waits
-        // for a moment before it.
+        // The next pass: the usual interval, or sooner when a call not
+        // asked yet after a takeover may be asked before it.
         let now = Instant::now();
-        let soonest = next
-            .values()
-            .map(|(due, _)| *due)
-            .filter(|due| *due > now)
-            .min();
+        not_yet.retain(|_, after| *after > now);
+        let soonest = not_yet.values().min().copied();
         let mut pause = core.cfg.reconcile_interval.min(Duration::from_secs(5));
         if let Some(due) = soonest {
             pause = pause.min(due - now);

@@ -16,9 +16,9 @@
 //!   left (or when it stops by itself).
 //! - **After a takeover** (an adoption, or a start that took the identity
 //!   from an adopter or from an earlier process whose lease lapsed), no
-//!   `reconcile` hook is asked before the old holder's lease lapsed plus
-//!   the tool's commit window: a holder that was only slow has finished its
-//!   effect by then, and the hook sees it.
+//!   `reconcile` hook is asked before the old holder's last renewal is two
+//!   leases old plus the tool's commit window: a holder that was only slow
+//!   has finished its effect by then, and the hook sees it.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
@@ -43,8 +43,9 @@ pub(crate) struct Replica {
     pub(crate) template: Option<crate::Executor>,
     /// The executors of the identities this process adopted.
     pub(crate) adopted: StdMutex<Vec<RunningExecutor>>,
-    /// When the last renewal that succeeded was sent.
-    renewed: StdMutex<Instant>,
+    /// When the last renewal that succeeded was sent, by the monotonic
+    /// clock and by the wall clock (which also counts a suspended machine).
+    renewed: StdMutex<(Instant, std::time::SystemTime)>,
     /// Whether the lease was seen lapsed (to say once that it lapsed, and
     /// once that it is held again).
     lapsed: std::sync::atomic::AtomicBool,
@@ -62,7 +63,14 @@ impl Replica {
         template: Option<crate::Executor>,
         gate: Option<Arc<Gate>>,
     ) -> Replica {
-        let renewed = store.lease_taken_at().unwrap_or_else(Instant::now);
+        let taken = store.lease_taken_at().unwrap_or_else(Instant::now);
+        // The wall clock of the same moment.
+        let renewed = (
+            taken,
+            std::time::SystemTime::now()
+                .checked_sub(taken.elapsed())
+                .unwrap_or_else(std::time::SystemTime::now),
+        );
         Replica {
             store,
             grace,
@@ -99,7 +107,11 @@ impl Replica {
     /// the identity over counts from the database's stamp of that renewal,
     /// which is later.
     pub(crate) fn live(&self) -> bool {
-        lock(&self.renewed).elapsed() < self.ttl()
+        let (at, wall) = *lock(&self.renewed);
+        // A wall clock set back counts as no time at all; the monotonic
+        // clock still runs.
+        let wall = wall.elapsed().unwrap_or_default();
+        at.elapsed() < self.ttl() && wall < self.ttl()
     }
 
     /// Renews the lease now, and records it.
@@ -107,11 +119,11 @@ impl Replica {
     /// # Errors
     /// [`StoreError::Fenced`] when the token moved on; the database failed.
     async fn renew(&self, executor_id: &str) -> Result<(), StoreError> {
-        let sent = Instant::now();
+        let sent = (Instant::now(), std::time::SystemTime::now());
         self.io(self.store.renew()).await?;
         {
             let mut renewed = lock(&self.renewed);
-            if *renewed < sent {
+            if renewed.0 < sent.0 {
                 *renewed = sent;
             }
         }
@@ -125,10 +137,14 @@ impl Replica {
     }
 
     /// Not before this may a `reconcile` hook be asked about a call of a
-    /// tool with this commit window: the lease of whoever held the
-    /// identity before lapsed, plus the window.
+    /// tool with this commit window: every commit point (or handler start)
+    /// of whoever held the identity before is a lease old, plus the
+    /// window. (A window too long to add is a year.)
     pub(crate) fn hooks_after(&self, commit_window: Duration) -> Option<Instant> {
-        self.store.predecessor_lapse().map(|t| t + commit_window)
+        self.store.predecessor_done().map(|t| {
+            t.checked_add(commit_window)
+                .unwrap_or_else(|| t + Duration::from_secs(365 * 24 * 3600))
+        })
     }
 
     /// The adopted executors, taken out (to stop them with this one).
@@ -192,7 +208,7 @@ pub(crate) async fn confirm(core: &Core) -> Result<(), Error> {
         Ok(()) if replica.live() => Ok(()),
         Ok(()) => Err(Error::new(
             Kind::Store,
-            "the lease renewal answered too late to connect on it",
+            "the lease renewal answered too late to connect on it: connecting after the next renewal",
         )),
         Err(e @ StoreError::Fenced(_)) => {
             fenced(core, &e);
@@ -212,7 +228,10 @@ pub(crate) async fn release_if_idle(core: &Core) {
         return;
     };
     let id = &core.cfg.executor_id;
-    match replica.io(replica.store.is_idle()).await {
+    match replica
+        .io(replica.store.is_idle(core.cfg.auto_reconcile))
+        .await
+    {
         Ok(true) => match replica.io(replica.store.release()).await {
             Ok(true) => {
                 tracing::info!(executor_id = %id, "nothing left: the executor identity is released")
@@ -262,7 +281,10 @@ async fn adopt(core: &Core, replica: &Replica, template: &crate::Executor, grace
         skip.retain(|_, until| *until > Instant::now());
         skip.keys().cloned().collect()
     };
-    if gate::before(replica.gate.as_deref(), Reach::Store).await.is_err() {
+    if gate::before(replica.gate.as_deref(), Reach::Store)
+        .await
+        .is_err()
+    {
         return;
     }
     let adopting = replica
@@ -335,7 +357,10 @@ async fn let_go(replica: &Replica) {
     for core in list {
         if let Some(own) = &core.replica
             && core.active.lock().expect("not poisoned").is_empty()
-            && own.io(own.store.is_idle()).await.unwrap_or(false)
+            && own
+                .io(own.store.is_idle(core.cfg.auto_reconcile))
+                .await
+                .unwrap_or(false)
         {
             core.finished.cancel();
         }

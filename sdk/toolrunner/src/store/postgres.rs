@@ -5,6 +5,7 @@
 //! constraint: the same rows are refused, and every call change is the same
 //! compare-and-set on `version`. Times are stored as the same RFC 3339 text.
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
@@ -51,14 +52,17 @@ pub struct PgStore {
 struct Hold {
     /// Its fencing token: every write checks it first.
     fence: Fence,
-    /// The lease's own connection: renewals never wait for the store's
-    /// pool (handler transactions hold its connections).
-    leases: PgPool,
+    /// The lease's own connection (renewals, the release): never one of the
+    /// store's pool, which handler transactions hold; replaced whenever a
+    /// request on it fails or hangs, so one dead socket never stalls the
+    /// renewals.
+    lease: Arc<tokio::sync::Mutex<Option<PgConnection>>>,
     /// When the lease was taken (sent), by this process's clock.
     taken_at: Instant,
-    /// When the lease of whoever held the identity before lapsed (or
-    /// lapses), if someone did.
-    predecessor_lapse: Option<Instant>,
+    /// From when on every commit point (or handler start) of whoever held
+    /// the identity before is a whole lease old: its last renewal plus two
+    /// leases, if someone held it.
+    predecessor_done: Option<Instant>,
 }
 
 /// Why an adoption failed, and of which identity (its store would not
@@ -199,7 +203,9 @@ impl PgStore {
             store_schema: &schema,
             ttl,
         };
-        let taken = lease::take(&leases, &claimant).await?;
+        let taken = lease::take(&leases, &claimant).await;
+        leases.close().await;
+        let taken = taken?;
         store.hold = Some(Hold {
             fence: Fence {
                 executor_id: executor_id.to_owned(),
@@ -207,9 +213,9 @@ impl PgStore {
                 token: taken.token,
                 ttl,
             },
-            leases,
+            lease: Arc::default(),
             taken_at: taken.at,
-            predecessor_lapse: taken.predecessor_lapse,
+            predecessor_done: taken.predecessor_done,
         });
         Ok(store)
     }
@@ -217,7 +223,11 @@ impl PgStore {
     /// Adopts, for this store's identity (a replica, process `holder`), one
     /// identity whose lease lapsed more than `grace` ago and that is not in
     /// `skip`, and opens its store, fenced by the adoption's token, with a
-    /// lease of `ttl`: `None` when no lease lapsed that long.
+    /// lease of `ttl`: `None` when no lease lapsed that long (or another
+    /// replica adopted it first). Its store is opened before anything is
+    /// locked, and the identity is then locked only for the bump: a slow
+    /// opening holds nobody back, and a store that fails to open adopts
+    /// nothing.
     ///
     /// # Errors
     /// The database failed (naming the identity whose store would not
@@ -232,41 +242,56 @@ impl PgStore {
         let me = self.fence().ok_or_else(|| {
             StoreError::Unsupported("a store without an identity adopts none".into())
         })?;
-        // The identity stays locked while its store is opened: if that
-        // fails, nothing is adopted, and its lease stays as it was.
-        let mut tx = self.pool.begin().await?;
-        let Some(lapsed) =
-            lease::lapsed(&mut tx, &me.executor_id, &me.binding_id, grace, skip).await?
+        let Some(seen) = lease::lapsed(
+            &self.pool,
+            &me.executor_id,
+            &me.binding_id,
+            grace,
+            skip,
+            None,
+        )
+        .await?
         else {
             return Ok(None);
         };
-        let id = lapsed.executor_id.clone();
+        let id = seen.executor_id.clone();
         let named = |error: StoreError| AdoptError {
             executor_id: Some(id.clone()),
             error,
         };
         // The store its holder used (its own schema when none is recorded).
-        let schema = if lapsed.store_schema.is_empty() {
+        let schema = if seen.store_schema.is_empty() {
             Self::identity_schema(&id)
         } else {
-            lapsed.store_schema.clone()
+            seen.store_schema.clone()
         };
         let mut adopted = Self::in_schema(self.options.clone(), &schema)
             .await
             .map_err(named)?;
         adopted.claim_schema(&id).await.map_err(named)?;
-        let leases = Self::in_schema_pool(self.options.clone(), lease::SCHEMA)
-            .await
-            .map_err(named)?;
+        // Still lapsed, and nobody else's: locked, bumped, committed.
+        let mut tx = self.pool.begin().await?;
+        let Some(locked) = lease::lapsed(
+            &mut *tx,
+            &me.executor_id,
+            &me.binding_id,
+            grace,
+            skip,
+            Some(&id),
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
         let taken_at = Instant::now();
         let fence =
             lease::adopt(&mut tx, &id, &me.binding_id, &me.executor_id, holder, ttl).await?;
         tx.commit().await?;
         adopted.hold = Some(Hold {
             fence,
-            leases,
+            lease: Arc::default(),
             taken_at,
-            predecessor_lapse: Some(lapsed.lapse),
+            predecessor_done: Some(locked.done),
         });
         Ok(Some(adopted))
     }
@@ -295,14 +320,53 @@ impl PgStore {
         self.hold.as_ref().map(|h| h.taken_at)
     }
 
-    /// When the lease of whoever held the identity before this store took
-    /// it lapsed (or lapses), if someone did.
-    pub(crate) fn predecessor_lapse(&self) -> Option<Instant> {
-        self.hold.as_ref().and_then(|h| h.predecessor_lapse)
+    /// From when on every commit point (or handler start) of whoever held
+    /// the identity before this store took it is a whole lease old, if
+    /// someone held it.
+    pub(crate) fn predecessor_done(&self) -> Option<Instant> {
+        self.hold.as_ref().and_then(|h| h.predecessor_done)
     }
 
-    /// Renews this store's lease (within its time to live, or not at all:
-    /// a renewal that hangs is given up and its connection dropped).
+    /// Runs one request on the lease's own connection (opened if there is
+    /// none), within `within`: a request that fails or hangs drops the
+    /// connection, and the next one opens a fresh one.
+    async fn on_lease<T>(
+        &self,
+        h: &Hold,
+        within: Duration,
+        request: impl AsyncFnOnce(&mut PgConnection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut slot = h.lease.lock().await;
+        let answer = tokio::time::timeout(within, async {
+            if slot.is_none() {
+                *slot = Some(PgConnection::connect_with(&self.options).await?);
+            }
+            let conn = slot.as_mut().expect("opened above");
+            request(conn).await
+        })
+        .await;
+        match answer {
+            Ok(Ok(v)) => Ok(v),
+            // Closed: a broken socket is never used again.
+            Ok(Err(e)) => {
+                if !matches!(e, StoreError::Fenced(_)) {
+                    slot.take();
+                }
+                Err(e)
+            }
+            Err(_) => {
+                slot.take();
+                Err(StoreError::Database(DatabaseError::said(format!(
+                    "the database did not answer the lease's request within {} ms: check the connection to PostgreSQL",
+                    within.as_millis()
+                ))))
+            }
+        }
+    }
+
+    /// Renews this store's lease (a third of its time to live at most: a
+    /// request that hangs is given up, its connection dropped, and the
+    /// next renewal tries a fresh one).
     ///
     /// # Errors
     /// [`StoreError::Fenced`] when the identity's token moved on; the
@@ -311,13 +375,10 @@ impl PgStore {
         let Some(h) = &self.hold else {
             return Ok(());
         };
-        match tokio::time::timeout(h.fence.ttl, lease::renew(&h.leases, &h.fence)).await {
-            Ok(renewed) => renewed,
-            Err(_) => Err(StoreError::Database(DatabaseError::said(format!(
-                "the lease renewal got no answer within {} ms",
-                h.fence.ttl.as_millis()
-            )))),
-        }
+        self.on_lease(h, h.fence.ttl / 3, async |conn| {
+            lease::renew(conn, &h.fence).await
+        })
+        .await
     }
 
     /// Lets the identity go (a clean drain, nothing left): nobody adopts
@@ -326,23 +387,29 @@ impl PgStore {
     /// # Errors
     /// The database failed.
     pub(crate) async fn release(&self) -> Result<bool, StoreError> {
-        match &self.hold {
-            Some(h) => lease::release(&h.leases, &h.fence).await,
-            None => Ok(false),
-        }
+        let Some(h) = &self.hold else {
+            return Ok(false);
+        };
+        self.on_lease(h, Duration::from_secs(10), async |conn| {
+            lease::release(conn, &h.fence).await
+        })
+        .await
     }
 
     /// Whether the identity's store holds nothing left to do: no call
-    /// mid-way or waiting for reconciliation, no state to report, no
-    /// receipt to send.
+    /// mid-way, no state to report, no receipt to send, and (when
+    /// `reconciling`: the executor runs the tools' `reconcile` hooks) no
+    /// call waiting for reconciliation.
     ///
     /// # Errors
     /// The database failed.
-    pub(crate) async fn is_idle(&self) -> Result<bool, StoreError> {
+    pub(crate) async fn is_idle(&self, reconciling: bool) -> Result<bool, StoreError> {
         let busy: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM calls WHERE state IN ('claiming', 'assigned', 'running', 'settled', 'reconciliation_required') OR report IS NOT NULL)
+            "SELECT EXISTS (SELECT 1 FROM calls WHERE state IN ('claiming', 'assigned', 'running', 'settled')
+                              OR (state = 'reconciliation_required' AND $1) OR report IS NOT NULL)
                  OR EXISTS (SELECT 1 FROM receipts WHERE status = 'pending')",
         )
+        .bind(reconciling)
         .fetch_one(&self.pool)
         .await?;
         Ok(!busy)
@@ -391,6 +458,14 @@ impl PgStore {
     }
 
     async fn connect_with(options: PgConnectOptions) -> Result<PgStore, StoreError> {
+        // The server notices within half a minute a peer that is gone
+        // without closing its connection (a host lost with a transaction
+        // open holds the identity's lease row until then).
+        let options = options.options([
+            ("tcp_keepalives_idle", "10"),
+            ("tcp_keepalives_interval", "5"),
+            ("tcp_keepalives_count", "3"),
+        ]);
         let pool = PgPoolOptions::new()
             .max_connections(16)
             // Replicas share the server's connections: an idle one goes.

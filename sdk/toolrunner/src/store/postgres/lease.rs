@@ -57,8 +57,9 @@ pub(super) struct Claimant<'a> {
     pub(super) ttl: Duration,
 }
 
-/// An identity taken: its new token, and when the lease of whoever held
-/// it before lapsed (or lapses: an adopter, fenced by this take, may still
+/// An identity taken: its new token, and from when on every commit point
+/// (or handler start) of whoever held it before is a whole lease old (its
+/// last renewal plus two leases: an adopter fenced by this take may still
 /// finish what it started before then). `None`: nobody held it (a new
 /// identity, or one released clean).
 #[derive(Debug, Clone, Copy)]
@@ -67,7 +68,7 @@ pub(super) struct Taken {
     /// When the taking statement was sent (the lease runs from a moment
     /// after it).
     pub(super) at: Instant,
-    pub(super) predecessor_lapse: Option<Instant>,
+    pub(super) predecessor_done: Option<Instant>,
 }
 
 /// Migrates the lease table (in [`SCHEMA`], created if missing) on a pool
@@ -102,10 +103,6 @@ struct Seen {
 }
 
 impl Seen {
-    fn ttl(&self) -> Duration {
-        Duration::from_millis(u64::try_from(self.ttl_ms).unwrap_or(0))
-    }
-
     fn lapsed(&self) -> bool {
         self.age_ms > self.ttl_ms
     }
@@ -115,14 +112,22 @@ impl Seen {
         self.released || self.adopted_by.is_some() || self.lapsed()
     }
 
-    /// When the holder's lease lapsed (or lapses), from `now`, the moment
-    /// this row was read.
-    fn lapse_at(&self, now: Instant) -> Instant {
-        let age = Duration::from_millis(u64::try_from(self.age_ms.max(0)).unwrap_or(0));
-        match self.ttl().checked_sub(age) {
-            Some(left) => now + left,
-            None => now.checked_sub(age - self.ttl()).unwrap_or(now),
-        }
+    /// From when on every commit point of the holder is a whole lease old
+    /// (its last renewal plus two leases), from `now`, the moment this row
+    /// was read.
+    fn done_at(&self, now: Instant) -> Instant {
+        done_at(now, self.age_ms, self.ttl_ms)
+    }
+}
+
+/// `now` minus `age_ms` plus two leases of `ttl_ms`.
+fn done_at(now: Instant, age_ms: i64, ttl_ms: i64) -> Instant {
+    let ahead = 2 * ttl_ms - age_ms;
+    let by = Duration::from_millis(ahead.unsigned_abs());
+    if ahead >= 0 {
+        now + by
+    } else {
+        now.checked_sub(by).unwrap_or(now)
     }
 }
 
@@ -210,7 +215,10 @@ async fn take_locked(
         .await
     {
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
-            tracing::warn!(executor_id = me.executor_id, "a write of the identity's previous holder is still open (a process frozen in a transaction?): waiting for it to end");
+            tracing::warn!(
+                executor_id = me.executor_id,
+                "a transaction of the identity's previous holder is still open (its process frozen, or its host gone without closing the connection, which the server notices within half a minute): waiting for it to end"
+            );
             return Ok(None);
         }
         row => row?,
@@ -220,7 +228,7 @@ async fn take_locked(
     let predecessor = match &now {
         None => None,
         Some(s) if s.released => None,
-        Some(s) if s.free() => Some(s.lapse_at(read_at)),
+        Some(s) if s.free() => Some(s.done_at(read_at)),
         Some(s) => {
             if first.is_some_and(|f| f.renewed_us != s.renewed_us || f.token != s.token) {
                 return Err(in_use(me.executor_id, &s.holder));
@@ -229,22 +237,42 @@ async fn take_locked(
         }
     };
     let at = Instant::now();
-    let token: i64 = sqlx::query_scalar(
-        "INSERT INTO toolrunner_leases.executor_leases
-           (executor_id, token, holder, renewed_at, binding_id, store_schema, ttl_ms, adopted_by, released)
-         VALUES ($1, 1, $2, clock_timestamp(), $3, $4, $5, NULL, FALSE)
-         ON CONFLICT (executor_id) DO UPDATE SET token = executor_leases.token + 1, holder = $2,
-           renewed_at = clock_timestamp(), binding_id = $3, store_schema = $4, ttl_ms = $5,
-           adopted_by = NULL, released = FALSE
-         RETURNING token",
-    )
-    .bind(me.executor_id)
-    .bind(me.holder)
-    .bind(me.binding_id)
-    .bind(me.store_schema)
-    .bind(millis(me.ttl))
-    .fetch_one(&mut *tx)
-    .await?;
+    // A new identity: inserted, unless another start inserted it first (it
+    // then holds it, and this one looks again).
+    let token: Option<i64> = if now.is_none() {
+        sqlx::query_scalar(
+            "INSERT INTO toolrunner_leases.executor_leases
+               (executor_id, token, holder, renewed_at, binding_id, store_schema, ttl_ms, adopted_by, released)
+             VALUES ($1, 1, $2, clock_timestamp(), $3, $4, $5, NULL, FALSE)
+             ON CONFLICT (executor_id) DO NOTHING
+             RETURNING token",
+        )
+        .bind(me.executor_id)
+        .bind(me.holder)
+        .bind(me.binding_id)
+        .bind(me.store_schema)
+        .bind(millis(me.ttl))
+        .fetch_optional(&mut *tx)
+        .await?
+    } else {
+        sqlx::query_scalar(
+            "UPDATE toolrunner_leases.executor_leases SET token = token + 1, holder = $2,
+               renewed_at = clock_timestamp(), binding_id = $3, store_schema = $4, ttl_ms = $5,
+               adopted_by = NULL, released = FALSE
+             WHERE executor_id = $1
+             RETURNING token",
+        )
+        .bind(me.executor_id)
+        .bind(me.holder)
+        .bind(me.binding_id)
+        .bind(me.store_schema)
+        .bind(millis(me.ttl))
+        .fetch_optional(&mut *tx)
+        .await?
+    };
+    let Some(token) = token else {
+        return Ok(None);
+    };
     tx.commit().await?;
     if let Some(s) = &now {
         tracing::info!(executor_id = me.executor_id, previous_holder = %s.holder, adopted_by = ?s.adopted_by, released = s.released, "took the executor identity's lease");
@@ -252,7 +280,7 @@ async fn take_locked(
     Ok(Some(Taken {
         token,
         at,
-        predecessor_lapse: predecessor,
+        predecessor_done: predecessor,
     }))
 }
 
@@ -269,14 +297,14 @@ fn in_use(executor_id: &str, holder: &str) -> StoreError {
 /// # Errors
 /// [`StoreError::Fenced`] when the identity's token moved on; the
 /// database failed.
-pub(super) async fn renew(pool: &PgPool, fence: &Fence) -> Result<(), StoreError> {
+pub(super) async fn renew(conn: &mut PgConnection, fence: &Fence) -> Result<(), StoreError> {
     let renewed = sqlx::query(
         "UPDATE toolrunner_leases.executor_leases SET renewed_at = clock_timestamp()
          WHERE executor_id = $1 AND token = $2 AND NOT released",
     )
     .bind(&fence.executor_id)
     .bind(fence.token)
-    .execute(pool)
+    .execute(conn)
     .await?
     .rows_affected();
     if renewed == 0 {
@@ -305,58 +333,71 @@ pub(super) async fn check(conn: &mut PgConnection, fence: &Fence) -> Result<(), 
     Ok(())
 }
 
-/// A lapsed identity, locked for adoption.
+/// The lapsed identities of a binding (see [`lapsed`]); `$5` is unused
+/// unless the query names it.
+macro_rules! lapsed_sql {
+    () => {
+        "SELECT executor_id, store_schema, ttl_ms,
+            (EXTRACT(EPOCH FROM clock_timestamp() - renewed_at) * 1000)::BIGINT AS age_ms
+         FROM toolrunner_leases.executor_leases
+         WHERE binding_id = $3 AND binding_id <> '' AND executor_id <> $1 AND NOT released
+           AND NOT (executor_id = ANY($4)) AND $5::TEXT IS NOT NULL
+           AND renewed_at < clock_timestamp() - make_interval(secs => (ttl_ms + $2)::double precision / 1000)"
+    };
+}
+
+/// A lapsed identity, found for adoption.
 #[derive(Debug, Clone)]
 pub(super) struct Lapsed {
     pub(super) executor_id: String,
     /// Its store's schema (empty: the identity's own).
     pub(super) store_schema: String,
-    /// When its holder's lease lapsed.
-    pub(super) lapse: Instant,
+    /// From when on every commit point of its holder is a whole lease old.
+    pub(super) done: Instant,
 }
 
-/// For the replica `me` serving `binding_id`, in `tx`: one identity of
-/// the same binding, not released and not in `skip`, whose lease lapsed
-/// more than `grace` ago (its last renewal is older than its TTL plus the
-/// grace), locked (`FOR UPDATE SKIP LOCKED`: another replica looking at
-/// the same moment skips it, and so does this one while a write of its
-/// holder is in flight).
+/// For the replica `me` serving `binding_id`: one identity of the same
+/// binding, not released and not in `skip`, whose lease lapsed more than
+/// `grace` ago (its last renewal is older than its TTL plus the grace).
+/// With `only`, that identity alone, locked (`FOR UPDATE SKIP LOCKED`: a
+/// replica adopting it at the same moment skips it, and so does this one
+/// while a transaction of its holder is open): the adoption's bump follows
+/// in the same transaction.
 ///
 /// # Errors
 /// The database failed.
-pub(super) async fn lapsed(
-    tx: &mut PgConnection,
+pub(super) async fn lapsed<'c, E: sqlx::PgExecutor<'c>>(
+    db: E,
     me: &str,
     binding_id: &str,
     grace: Duration,
     skip: &[String],
+    only: Option<&str>,
 ) -> Result<Option<Lapsed>, StoreError> {
-    let row = sqlx::query(
-        "SELECT executor_id, store_schema, ttl_ms,
-            (EXTRACT(EPOCH FROM clock_timestamp() - renewed_at) * 1000)::BIGINT AS age_ms
-         FROM toolrunner_leases.executor_leases
-         WHERE binding_id = $3 AND binding_id <> '' AND executor_id <> $1 AND NOT released
-           AND NOT (executor_id = ANY($4))
-           AND renewed_at < clock_timestamp() - make_interval(secs => (ttl_ms + $2)::double precision / 1000)
-         ORDER BY renewed_at LIMIT 1 FOR UPDATE SKIP LOCKED",
-    )
-    .bind(me)
-    .bind(millis(grace))
-    .bind(binding_id)
-    .bind(skip)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let query = if only.is_some() {
+        concat!(
+            lapsed_sql!(),
+            " AND executor_id = $5 LIMIT 1 FOR UPDATE SKIP LOCKED"
+        )
+    } else {
+        concat!(lapsed_sql!(), " ORDER BY renewed_at LIMIT 1")
+    };
+    let row = sqlx::query(query)
+        .bind(me)
+        .bind(millis(grace))
+        .bind(binding_id)
+        .bind(skip)
+        .bind(only.unwrap_or(""))
+        .fetch_optional(db)
+        .await?;
     let read_at = Instant::now();
     let Some(row) = row else {
         return Ok(None);
     };
-    let ttl_ms: i64 = row.try_get("ttl_ms")?;
-    let age_ms: i64 = row.try_get("age_ms")?;
-    let past = Duration::from_millis(u64::try_from((age_ms - ttl_ms).max(0)).unwrap_or(0));
     Ok(Some(Lapsed {
         executor_id: row.try_get("executor_id")?,
         store_schema: row.try_get("store_schema")?,
-        lapse: read_at.checked_sub(past).unwrap_or(read_at),
+        done: done_at(read_at, row.try_get("age_ms")?, row.try_get("ttl_ms")?),
     }))
 }
 
@@ -401,8 +442,8 @@ pub(super) async fn adopt(
 ///
 /// # Errors
 /// The database failed.
-pub(super) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool, StoreError> {
-    let mut tx = pool.begin().await?;
+pub(super) async fn release(conn: &mut PgConnection, fence: &Fence) -> Result<bool, StoreError> {
+    let mut tx = sqlx::Connection::begin(conn).await?;
     let token: Option<i64> = sqlx::query_scalar(
         "SELECT token FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR UPDATE",
     )
