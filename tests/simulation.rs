@@ -102,23 +102,19 @@ const BEHAVIOURS: [&str; 11] = [
     "retry",
 ];
 /// On PostgreSQL also: a handler longer than the lease (no commit point),
-/// and one slow between its commit point and its effect. (The first eleven
-/// are [`BEHAVIOURS`], in order: a call's behaviour is its index here.)
-const BEHAVIOURS_PG: [&str; 13] = [
-    "ok",
-    "ok",
-    "fail",
-    "unknown_before",
-    "unknown_after",
-    "panic_before",
-    "panic_after",
-    "slow",
-    "progress",
-    "commit_point",
-    "retry",
-    "long",
-    "commit_slow",
-];
+/// and one slow between its commit point and its effect. A call's
+/// behaviour is its index in [`BEHAVIOURS`] followed by these.
+const BEHAVIOURS_PG_ONLY: [&str; 2] = ["long", "commit_slow"];
+
+/// The behaviour of index `i` (see [`BEHAVIOURS_PG_ONLY`]).
+fn behaviour(i: usize) -> &'static str {
+    BEHAVIOURS
+        .get(i)
+        .or_else(|| BEHAVIOURS_PG_ONLY.get(i - BEHAVIOURS.len()))
+        .copied()
+        .unwrap_or("ok")
+}
+
 const HOOKS: [&str; 4] = ["truthful", "truthful", "unknown", "panic"];
 const TOOLS: [&str; 3] = ["sim.write", "sim.write_rerun", "sim.read"];
 
@@ -172,7 +168,7 @@ struct Schedule {
 
 fn draw_calls(rng: &mut StdRng, pg: bool) -> Vec<(usize, usize, usize)> {
     let behaviours = if pg {
-        BEHAVIOURS_PG.len()
+        BEHAVIOURS.len() + BEHAVIOURS_PG_ONLY.len()
     } else {
         BEHAVIOURS.len()
     };
@@ -957,7 +953,7 @@ impl Seed {
                     .map(|(t, b, h)| {
                         self.calls += 1;
                         json!({"tool_name": TOOLS[t], "arguments": {
-                            "n": self.calls, "behaviour": BEHAVIOURS_PG[b], "hook": HOOKS[h]}})
+                            "n": self.calls, "behaviour": behaviour(b), "hook": HOOKS[h]}})
                     })
                     .collect();
                 let run = self

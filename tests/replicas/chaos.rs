@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-use sqlx::Connection;
 use toolrunner::platform::Platform;
 use toolrunner::protocol::wire::ReceiptKind;
 use toolrunner::store::{CallFilter, LocalState, PgStore, ReceiptStatus, Store};
@@ -192,20 +191,7 @@ async fn census(store: &PgStore) -> Result<(usize, usize, String)> {
     Ok((open, pending, rows.join("\n")))
 }
 
-/// The lease row of an identity: (token, adopted_by, milliseconds since
-/// it was renewed).
-async fn lease(url: &str, id: &str) -> Result<Option<(i64, Option<String>, i64)>> {
-    let mut conn = sqlx::PgConnection::connect(url).await?;
-    let row = sqlx::query_as(
-        "SELECT token, adopted_by, (EXTRACT(EPOCH FROM clock_timestamp() - renewed_at) * 1000)::BIGINT
-         FROM toolrunner_leases.executor_leases WHERE executor_id = $1",
-    )
-    .bind(id)
-    .fetch_optional(&mut conn)
-    .await?;
-    conn.close().await?;
-    Ok(row)
-}
+use super::lease;
 
 /// The chaos loop, and its checks.
 pub(crate) async fn three_replicas_killed_and_paused(url: &str) -> Result<()> {
@@ -419,7 +405,7 @@ async fn play(url: &str, bin: &Path, ids: &[String]) -> Result<()> {
         for id in ids {
             own &= lease(url, id)
                 .await?
-                .is_some_and(|(_, by, age)| by.is_none() && age < TTL_MS as i64);
+                .is_some_and(|(_, _, by, age)| by.is_none() && age < TTL_MS as i64);
         }
         if settled && idle && own {
             break;

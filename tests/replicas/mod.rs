@@ -24,6 +24,23 @@ use toolrunner::platform::Platform;
 use toolrunner::store::{CallFilter, LocalState, PgStore, Store};
 use toolrunner_devserver::DevServer;
 
+/// A lease row: `(token, holder, adopted_by, milliseconds since renewed)`.
+pub(crate) type LeaseRow = (i64, String, Option<String>, i64);
+
+pub(crate) async fn lease(url: &str, id: &str) -> Result<Option<LeaseRow>> {
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let row = sqlx::query_as(
+        "SELECT token, holder, adopted_by,
+            (EXTRACT(EPOCH FROM clock_timestamp() - renewed_at) * 1000)::BIGINT
+         FROM toolrunner_leases.executor_leases WHERE executor_id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut conn)
+    .await?;
+    conn.close().await?;
+    Ok(row)
+}
+
 /// Drops what the test left in the shared database.
 pub(crate) async fn clean_up(url: &str, ids: &[String]) -> Result<()> {
     let mut conn = sqlx::PgConnection::connect(url).await?;

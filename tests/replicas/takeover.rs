@@ -21,8 +21,8 @@ use toolrunner::{
 };
 use toolrunner_devserver::DevServer;
 
-use super::clean_up;
 use super::pause::{Proxy, address_of};
+use super::{LeaseRow, clean_up, lease};
 
 /// Each lease of these tests lives this long after a renewal.
 const TTL: Duration = Duration::from_millis(500);
@@ -256,6 +256,38 @@ impl World {
             .run_id)
     }
 
+    /// An executor of `id` leaves a call waiting for a person (its hook
+    /// cannot tell), and is lost: whoever adopts the identity keeps it.
+    async fn leave_work(&self, id: &str) -> Result<()> {
+        let run_id = self.run("probe.write", &["unknown"]).await?;
+        let gone = self.executor(id, None).build()?.start().await?;
+        self.admin
+            .wait_for(
+                &run_id,
+                Duration::from_secs(20),
+                "waiting for a person",
+                |r| r.tool_calls[0].state == CallState::ReconciliationRequired,
+            )
+            .await?;
+        drop(gone);
+        Ok(())
+    }
+
+    /// Waits until `by` adopted `id` and connected as it; the adoption's
+    /// token.
+    async fn adopted_and_connected(&self, id: &str, by: &str) -> Result<i64> {
+        let (token, ..) = wait_lease(&self.url, id, Duration::from_secs(10), "adopted", |l| {
+            l.2.as_deref() == Some(by)
+        })
+        .await?;
+        let end = Instant::now() + Duration::from_secs(10);
+        while self.connection_of(id).await?.is_none() {
+            ensure!(Instant::now() < end, "the adopter never connected as {id}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(token)
+    }
+
     /// The connection the platform holds for an executor identity.
     async fn connection_of(&self, id: &str) -> Result<Option<String>> {
         let d = self
@@ -273,23 +305,6 @@ impl World {
         self.server.shutdown().await;
         clean_up(&self.url, &ids).await
     }
-}
-
-/// A lease row: `(token, holder, adopted_by, milliseconds since renewed)`.
-type LeaseRow = (i64, String, Option<String>, i64);
-
-async fn lease(url: &str, id: &str) -> Result<Option<LeaseRow>> {
-    let mut conn = sqlx::PgConnection::connect(url).await?;
-    let row = sqlx::query_as(
-        "SELECT token, holder, adopted_by,
-            (EXTRACT(EPOCH FROM clock_timestamp() - renewed_at) * 1000)::BIGINT
-         FROM toolrunner_leases.executor_leases WHERE executor_id = $1",
-    )
-    .bind(id)
-    .fetch_optional(&mut conn)
-    .await?;
-    conn.close().await?;
-    Ok(row)
 }
 
 /// Waits until the lease row of `id` satisfies `done`.
@@ -515,17 +530,7 @@ pub(crate) async fn an_adopted_identity_that_stops_serving_is_let_go(url: &str) 
     with_world(url, |w| async move {
         let (a, b) = (w.id("a"), w.id("b"));
         // Work the adopter keeps the identity for (its hook cannot tell).
-        let run_id = w.run("probe.write", &["unknown"]).await?;
-        let gone = w.executor(&a, None).build()?.start().await?;
-        w.admin
-            .wait_for(
-                &run_id,
-                Duration::from_secs(20),
-                "waiting for a person",
-                |r| r.tool_calls[0].state == CallState::ReconciliationRequired,
-            )
-            .await?;
-        drop(gone);
+        w.leave_work(&a).await?;
         // The adopter reaches the platform through a proxy that refuses,
         // once told to, the token for the adopted identity alone.
         let revoked = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -649,17 +654,7 @@ pub(crate) async fn a_slow_adoption_is_not_adopted_again_at_once(url: &str) -> R
     with_world(url, |w| async move {
         let (x, b, c) = (w.id("x"), w.id("b"), w.id("c"));
         // Work its adopter keeps the identity for.
-        let stuck = w.run("probe.write", &["unknown"]).await?;
-        let gone = w.executor(&x, None).build()?.start().await?;
-        w.admin
-            .wait_for(
-                &stuck,
-                Duration::from_secs(20),
-                "waiting for a person",
-                |r| r.tool_calls[0].state == CallState::ReconciliationRequired,
-            )
-            .await?;
-        drop(gone);
+        w.leave_work(&x).await?;
         let mut lock = sqlx::PgConnection::connect(&w.url).await?;
         sqlx::query("BEGIN").execute(&mut lock).await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -702,17 +697,7 @@ pub(crate) async fn an_adopted_replica_restarted_serves_again(url: &str) -> Resu
     with_world(url, |w| async move {
         let (a, b) = (w.id("a"), w.id("b"));
         // Work the adopter keeps the identity for.
-        let stuck = w.run("probe.write", &["unknown"]).await?;
-        let first = w.executor(&a, None).build()?.start().await?;
-        w.admin
-            .wait_for(
-                &stuck,
-                Duration::from_secs(20),
-                "waiting for a person",
-                |r| r.tool_calls[0].state == CallState::ReconciliationRequired,
-            )
-            .await?;
-        drop(first);
+        w.leave_work(&a).await?;
         let adopter = w
             .executor(&b, Some(Duration::from_millis(300)))
             .build()?
@@ -822,29 +807,13 @@ pub(crate) async fn an_adopter_superseded_by_a_process_without_the_lease_connect
 ) -> Result<()> {
     with_world(url, |w| async move {
         let (a, b) = (w.id("a"), w.id("b"));
-        let run_id = w.run("probe.write", &["unknown"]).await?;
-        let gone = w.executor(&a, None).build()?.start().await?;
-        w.admin
-            .wait_for(&run_id, Duration::from_secs(20), "waiting for a person", |r| {
-                r.tool_calls[0].state == CallState::ReconciliationRequired
-            })
-            .await?;
-        drop(gone);
+        w.leave_work(&a).await?;
         let adopter = w
             .executor(&b, Some(Duration::from_millis(300)))
             .build()?
             .start()
             .await?;
-        let (adopted_token, ..) =
-            wait_lease(&w.url, &a, Duration::from_secs(10), "adopted", |l| {
-                l.2.as_deref() == Some(b.as_str())
-            })
-            .await?;
-        let end = Instant::now() + Duration::from_secs(10);
-        while w.connection_of(&a).await?.is_none() {
-            ensure!(Instant::now() < end, "the adopter never connected as {a}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let adopted_token = w.adopted_and_connected(&a, &b).await?;
         let rogue = w
             .admin
             .with_token("dev-executor")

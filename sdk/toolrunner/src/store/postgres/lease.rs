@@ -239,7 +239,7 @@ async fn take_locked(
     let at = Instant::now();
     // A new identity: inserted, unless another start inserted it first (it
     // then holds it, and this one looks again).
-    let token: Option<i64> = if now.is_none() {
+    let query = if now.is_none() {
         sqlx::query_scalar(
             "INSERT INTO toolrunner_leases.executor_leases
                (executor_id, token, holder, renewed_at, binding_id, store_schema, ttl_ms, adopted_by, released)
@@ -247,13 +247,6 @@ async fn take_locked(
              ON CONFLICT (executor_id) DO NOTHING
              RETURNING token",
         )
-        .bind(me.executor_id)
-        .bind(me.holder)
-        .bind(me.binding_id)
-        .bind(me.store_schema)
-        .bind(millis(me.ttl))
-        .fetch_optional(&mut *tx)
-        .await?
     } else {
         sqlx::query_scalar(
             "UPDATE toolrunner_leases.executor_leases SET token = token + 1, holder = $2,
@@ -262,14 +255,15 @@ async fn take_locked(
              WHERE executor_id = $1
              RETURNING token",
         )
+    };
+    let token: Option<i64> = query
         .bind(me.executor_id)
         .bind(me.holder)
         .bind(me.binding_id)
         .bind(me.store_schema)
         .bind(millis(me.ttl))
         .fetch_optional(&mut *tx)
-        .await?
-    };
+        .await?;
     let Some(token) = token else {
         return Ok(None);
     };
