@@ -835,7 +835,7 @@ fn after_handler_write_tool_goes_to_reconciliation() {
         let call = row.wait_platform("reconciliation_required").await;
         // The platform holds it; the store records the report's answer
         // just after (the platform's state may be read in between).
-        let local = eventually("the report recorded as answered", LIMIT, || async {
+        eventually("the report recorded as answered", LIMIT, || async {
             row.local_call()
                 .await
                 .filter(|c| c.state == LocalState::ReconciliationRequired && c.report.is_none())
