@@ -513,9 +513,24 @@ async fn play(url: &str, bin: &Path, ids: &[String]) -> Result<()> {
                     "{} is failed though its effect happened ({n} lines)",
                     call.call_id
                 );
+                // Declined by the ledger, or found not performed by a hook
+                // (a process lost between `accepted` and the write).
+                let code = call
+                    .receipts
+                    .iter()
+                    .rev()
+                    .find(|r| r.kind == ReceiptKind::Failed)
+                    .and_then(|r| serde_json::from_str::<Value>(r.body.get()).ok())
+                    .map(|b| b["error"]["code"].clone())
+                    .unwrap_or(Value::Null);
+                let expected = if call.arguments["memo"] == "fail" {
+                    "declined"
+                } else {
+                    "not_performed"
+                };
                 ensure!(
-                    call.arguments["memo"] == "fail",
-                    "{} failed though its memo is {}",
+                    code == expected,
+                    "{} (memo {}) failed with code {code}",
                     call.call_id,
                     call.arguments["memo"]
                 );
