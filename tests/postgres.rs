@@ -206,6 +206,20 @@ mod suite {
                     })
                 },
             ),
+            ("replicas::a_frozen_migration_holds_no_store_back", |u| {
+                Box::pin(async move {
+                    super::replicas::a_frozen_migration_holds_no_store_back(&u).await
+                })
+            }),
+            (
+                "replicas::takeover::a_replica_paused_inside_a_write_is_adopted",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::a_replica_paused_inside_a_write_is_adopted(&u)
+                            .await
+                    })
+                },
+            ),
             (
                 "replicas::takeover::a_transaction_longer_than_the_grace_keeps_its_identity",
                 |u| {

@@ -160,3 +160,77 @@ struct Echo {
 async fn echo(_ctx: toolrunner::CallContext, input: Echo) -> Result<Echo, toolrunner::ToolError> {
     Ok(input)
 }
+
+/// A process frozen while it held sqlx's migration lock (an advisory lock
+/// named after the database, which sqlx's migrator takes even when nothing
+/// is left to apply) holds back no opening of a store that is migrated
+/// already. In a database of its own, since the lock is the whole
+/// database's: a store that still needs its migrations waits for it (the
+/// test's check that it holds the lock sqlx takes).
+pub(crate) async fn a_frozen_migration_holds_no_store_back(url: &str) -> Result<()> {
+    let name = format!("toolrunner_lock_{:08x}", rand::random::<u32>());
+    let mut admin = sqlx::PgConnection::connect(url).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await?;
+    let db_url = with_database(url, &name);
+    let outcome = async {
+        drop(PgStore::connect_in_schema(&db_url, "migrated").await?);
+        let mut frozen = sqlx::PgConnection::connect(&db_url).await?;
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(0x3d32_ad9e_i64 * i64::from(crc32(name.as_bytes())))
+            .execute(&mut frozen)
+            .await?;
+        let fresh = tokio::time::timeout(
+            Duration::from_secs(1),
+            PgStore::connect_in_schema(&db_url, "fresh"),
+        )
+        .await;
+        ensure!(
+            fresh.is_err(),
+            "a store that needs its migrations opened while the database's migration lock was held: the test holds the wrong lock"
+        );
+        let again = tokio::time::timeout(
+            Duration::from_secs(5),
+            PgStore::connect_in_schema(&db_url, "migrated"),
+        )
+        .await
+        .context("a migrated store waited for the migration lock of a frozen process")?;
+        drop(again?);
+        frozen.close().await?;
+        Ok(())
+    }
+    .await;
+    let dropped = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await;
+    outcome.and(dropped.map(drop).map_err(Into::into))
+}
+
+/// `url` naming the database `name` instead of its own.
+fn with_database(url: &str, name: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let host_end = rest.find('/').unwrap_or(rest.len());
+    let query = rest[host_end..]
+        .find('?')
+        .map_or("", |i| &rest[host_end + i..]);
+    format!("{scheme}://{}/{name}{query}", &rest[..host_end])
+}
+
+/// CRC-32 (ISO-HDLC), as sqlx names its migration lock with.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 == 1 {
+                (c >> 1) ^ 0xedb8_8320
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}

@@ -5,6 +5,7 @@
 //! every request it makes waits). Resumed, every byte flows again.
 //! Connections are never dropped: a paused peer is slow, not gone.
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -13,8 +14,40 @@ use tokio::sync::watch;
 /// A pausable proxy in front of one upstream address.
 pub(crate) struct Proxy {
     addr: SocketAddr,
-    paused: watch::Sender<bool>,
+    paused: Arc<watch::Sender<bool>>,
+    trigger: Trigger,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// A pause armed to fall at a point of the client's traffic: after a
+/// chunk holding `after` passes, the next chunk is sent on and the proxy
+/// pauses right behind it (a database client paused just after the first
+/// statement of a transaction: the server ran it, holding its locks).
+#[derive(Clone, Default)]
+struct Trigger(Arc<Mutex<Option<Armed>>>);
+
+struct Armed {
+    after: Vec<u8>,
+}
+
+impl Trigger {
+    /// Whether the proxy pauses behind this chunk of one connection, which
+    /// `seen` says of its last chunk.
+    fn fires(&self, chunk: &[u8], seen: &mut bool) -> bool {
+        let mut armed = self.0.lock().expect("lock");
+        let Some(a) = armed.as_ref() else {
+            *seen = false;
+            return false;
+        };
+        if *seen {
+            *armed = None;
+            return true;
+        }
+        *seen = chunk
+            .windows(a.after.len())
+            .any(|w| w == a.after.as_slice());
+        false
+    }
 }
 
 impl Drop for Proxy {
@@ -29,10 +62,14 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (paused, watch) = watch::channel(false);
+        let paused = Arc::new(paused);
+        let trigger = Trigger::default();
+        let (pauser, armed) = (paused.clone(), trigger.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let _ = client.set_nodelay(true);
                 let watch = watch.clone();
+                let (pauser, armed) = (pauser.clone(), armed.clone());
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
@@ -40,12 +77,17 @@ impl Proxy {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pump(cr, sw, watch.clone()));
-                    tokio::spawn(pump(sr, cw, watch));
+                    tokio::spawn(pump(cr, sw, watch.clone(), Some((armed, pauser))));
+                    tokio::spawn(pump(sr, cw, watch, None));
                 });
             }
         });
-        Ok(Proxy { addr, paused, task })
+        Ok(Proxy {
+            addr,
+            paused,
+            trigger,
+            task,
+        })
     }
 
     /// `url` (`scheme://[user@]host:port/…`) with its host and port
@@ -63,6 +105,19 @@ impl Proxy {
     /// Nothing passes from now on, either way.
     pub(crate) fn pause(&self) {
         let _ = self.paused.send(true);
+    }
+
+    /// Pauses once a client's chunk holding `after` has passed, right
+    /// behind that client's next chunk (see [`Trigger`]).
+    pub(crate) fn pause_after_next(&self, after: &[u8]) {
+        *self.trigger.0.lock().expect("lock") = Some(Armed {
+            after: after.to_vec(),
+        });
+    }
+
+    /// Whether the proxy is paused.
+    pub(crate) fn is_paused(&self) -> bool {
+        *self.paused.borrow()
     }
 
     /// Everything passes again.
@@ -114,8 +169,10 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut watch: watch::Receiver<bool>,
+    trigger: Option<(Trigger, Arc<watch::Sender<bool>>)>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut seen = false;
     loop {
         if !wait_running(&mut watch).await {
             return;
@@ -134,6 +191,11 @@ async fn pump(
         // Read just before a pause: held until the resume.
         if !wait_running(&mut watch).await || to.write_all(&buf[..n]).await.is_err() {
             return;
+        }
+        if let Some((armed, pauser)) = &trigger
+            && armed.fires(&buf[..n], &mut seen)
+        {
+            let _ = pauser.send(true);
         }
     }
 }

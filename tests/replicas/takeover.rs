@@ -481,6 +481,70 @@ pub(crate) async fn a_paused_replica_never_connects_over_its_adopter(url: &str) 
     .await
 }
 
+/// A replica paused (as by SIGSTOP) inside one of its store's write
+/// transactions, after the token check took its lock on the lease row and
+/// before the commit, holds that lock as long as the server keeps its
+/// session: the server ends a session idle in such a transaction, so the
+/// identity is still adopted (its adopter locks the row) and no other
+/// lapsed identity waits behind it.
+pub(crate) async fn a_replica_paused_inside_a_write_is_adopted(url: &str) -> Result<()> {
+    with_world(url, |w| async move {
+        let db = Proxy::start(address_of(&w.url)).await?;
+        let web = Proxy::start(address_of(&w.server.base_url())).await?;
+        let (a, b) = (w.id("a"), w.id("b"));
+        // A call whose reconciliation writes now and then (its hook cannot
+        // tell): the replica opens write transactions while it waits.
+        let run_id = w.run("probe.write", &["unknown"]).await?;
+        let paused = w
+            .executor_via(&a, None, &db.url(&w.url), &web.url(&w.server.base_url()))
+            .build()?
+            .start()
+            .await?;
+        w.admin
+            .wait_for(&run_id, Duration::from_secs(20), "waiting for a person", |r| {
+                r.tool_calls[0].state == CallState::ReconciliationRequired
+            })
+            .await?;
+        // Paused right behind the first statement after a `BEGIN`: the
+        // token check, which the server runs and locks the row for.
+        db.pause_after_next(b"BEGIN\0");
+        let end = Instant::now() + Duration::from_secs(20);
+        while !db.is_paused() {
+            ensure!(Instant::now() < end, "the replica opened no write transaction");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        web.pause();
+        let mut conn = sqlx::PgConnection::connect(&w.url).await?;
+        let locked = sqlx::query(
+            "SELECT 1 FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR UPDATE NOWAIT",
+        )
+        .bind(&a)
+        .fetch_optional(&mut conn)
+        .await;
+        ensure!(
+            matches!(&locked, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03")),
+            "the paused replica holds no lock on its lease row: {locked:?}"
+        );
+        conn.close().await?;
+        let adopter = w
+            .executor(&b, Some(Duration::from_millis(1_200)))
+            .build()?
+            .start()
+            .await?;
+        let adopted = wait_lease(&w.url, &a, Duration::from_secs(20), "adopted", |l| {
+            l.2.as_deref() == Some(b.as_str())
+        })
+        .await;
+        db.resume();
+        web.resume();
+        adopted?;
+        let _ = tokio::time::timeout(Duration::from_secs(10), paused.wait()).await;
+        drain(adopter).await;
+        Ok(())
+    })
+    .await
+}
+
 /// A healthy replica whose transactional handler holds its transaction
 /// longer than the lease and the grace together keeps its identity: its
 /// renewals do not wait for its own writes. The call completes once.

@@ -26,6 +26,11 @@ use lease::Fence;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
 
+/// How long the server lets a session of the store stay idle inside one of
+/// the store's own transactions before it ends the session (and so the
+/// transaction, whose locks a frozen process would otherwise hold).
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+
 /// How many times a commit that PostgreSQL aborted as a deadlock (or a
 /// serialization failure) is done again: such a transaction wrote nothing.
 const RETRIES: u32 = 3;
@@ -242,16 +247,20 @@ impl PgStore {
         let me = self.fence().ok_or_else(|| {
             StoreError::Unsupported("a store without an identity adopts none".into())
         })?;
-        let Some(seen) = lease::lapsed(
-            &self.pool,
+        // Picked under a lock, let go at once: one whose holder's
+        // transaction is still open is passed over.
+        let mut pick = self.pool.begin().await?;
+        let seen = lease::lapsed(
+            &mut *pick,
             &me.executor_id,
             &me.binding_id,
             grace,
             skip,
             None,
         )
-        .await?
-        else {
+        .await?;
+        pick.rollback().await?;
+        let Some(seen) = seen else {
             return Ok(None);
         };
         let id = seen.executor_id.clone();
@@ -461,10 +470,21 @@ impl PgStore {
         // The server notices within half a minute a peer that is gone
         // without closing its connection (a host lost with a transaction
         // open holds the identity's lease row until then).
+        //
+        // A process frozen (SIGSTOP, a stall) inside one of the store's own
+        // write transactions would hold the lock its token check took on
+        // the lease row for as long as it stands still (its kernel still
+        // answers the keepalives), and no replica could adopt the identity:
+        // the server ends such a session once it has been idle in its
+        // transaction this long (the store's transactions never wait on
+        // anything but the database; a handler's own transaction is exempt,
+        // see `begin`).
+        let idle = IDLE_IN_TRANSACTION.as_millis().to_string();
         let options = options.options([
             ("tcp_keepalives_idle", "10"),
             ("tcp_keepalives_interval", "5"),
             ("tcp_keepalives_count", "3"),
+            ("idle_in_transaction_session_timeout", idle.as_str()),
         ]);
         let pool = PgPoolOptions::new()
             .max_connections(16)
@@ -472,7 +492,7 @@ impl PgStore {
             .idle_timeout(std::time::Duration::from_secs(30))
             .connect_with(options.clone())
             .await?;
-        MIGRATOR.run(&pool).await?;
+        migrate(&pool, &MIGRATOR).await?;
         Ok(PgStore {
             pool,
             options,
@@ -523,6 +543,37 @@ impl PgStore {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Runs `migrator` on the pool's schema, unless every one of its
+/// migrations is applied there already, as it is: that look takes no lock.
+/// sqlx's migrator locks the whole database (an advisory lock named after
+/// it) even when nothing is left to apply, and a process frozen while it
+/// held that lock would hold back every start and adoption of every
+/// identity on the database.
+///
+/// # Errors
+/// A migration failed, or an applied one differs from its file.
+pub(super) async fn migrate(
+    pool: &PgPool,
+    migrator: &sqlx::migrate::Migrator,
+) -> Result<(), StoreError> {
+    let applied: Result<Vec<(i64, Vec<u8>)>, sqlx::Error> = sqlx::query_as(
+        "SELECT version, checksum FROM _sqlx_migrations WHERE success ORDER BY version",
+    )
+    .fetch_all(pool)
+    .await;
+    if let Ok(applied) = applied {
+        let wanted = migrator
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration())
+            .map(|m| (m.version, &*m.checksum));
+        if applied.iter().map(|(v, c)| (*v, c.as_slice())).eq(wanted) {
+            return Ok(());
+        }
+    }
+    migrator.run(pool).await?;
+    Ok(())
 }
 
 /// Creates the schema `schema` if it is missing.
@@ -641,6 +692,11 @@ impl Store for PgStore {
 
     async fn begin(&self) -> Result<super::StoreTransaction, StoreError> {
         let mut tx = self.pool.begin().await?;
+        // A handler's transaction may wait on other work than the
+        // database's for as long as the handler runs.
+        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+            .execute(&mut *tx)
+            .await?;
         // Checked at once, and held (a shared row lock) until the commit.
         if let Some(fence) = self.fence() {
             lease::check(&mut tx, fence).await?;

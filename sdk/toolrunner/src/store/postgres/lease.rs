@@ -74,8 +74,7 @@ pub(super) struct Taken {
 /// Migrates the lease table (in [`SCHEMA`], created if missing) on a pool
 /// whose `search_path` is that schema.
 pub(super) async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-    MIGRATOR.run(pool).await?;
-    Ok(())
+    super::migrate(pool, &MIGRATOR).await
 }
 
 fn fenced(executor_id: &str) -> StoreError {
@@ -353,10 +352,12 @@ pub(super) struct Lapsed {
 /// For the replica `me` serving `binding_id`: one identity of the same
 /// binding, not released and not in `skip`, whose lease lapsed more than
 /// `grace` ago (its last renewal is older than its TTL plus the grace).
-/// With `only`, that identity alone, locked (`FOR UPDATE SKIP LOCKED`: a
-/// replica adopting it at the same moment skips it, and so does this one
-/// while a transaction of its holder is open): the adoption's bump follows
-/// in the same transaction.
+/// With `only`, that identity alone. Either way the row is locked (`FOR
+/// UPDATE SKIP LOCKED`: a replica adopting it at the same moment skips it,
+/// and so does this one while a transaction of its holder is open, so one
+/// identity held by a frozen transaction never stands in front of the
+/// others); with `only`, the adoption's bump follows in the same
+/// transaction.
 ///
 /// # Errors
 /// The database failed.
@@ -374,7 +375,10 @@ pub(super) async fn lapsed<'c, E: sqlx::PgExecutor<'c>>(
             " AND executor_id = $5 LIMIT 1 FOR UPDATE SKIP LOCKED"
         )
     } else {
-        concat!(lapsed_sql!(), " ORDER BY renewed_at LIMIT 1")
+        concat!(
+            lapsed_sql!(),
+            " ORDER BY renewed_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+        )
     };
     let row = sqlx::query(query)
         .bind(me)
