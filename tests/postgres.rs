@@ -206,6 +206,14 @@ mod suite {
                     })
                 },
             ),
+            (
+                "replicas::a_fresh_schema_before_a_migrated_one_is_migrated",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::a_fresh_schema_before_a_migrated_one_is_migrated(&u).await
+                    })
+                },
+            ),
             ("replicas::a_frozen_migration_holds_no_store_back", |u| {
                 Box::pin(async move {
                     super::replicas::a_frozen_migration_holds_no_store_back(&u).await

@@ -234,3 +234,42 @@ fn crc32(bytes: &[u8]) -> u32 {
     }
     !c
 }
+
+/// A store whose URL puts a fresh schema before a migrated one on its
+/// `search_path` is migrated in the fresh one (the first: where its tables
+/// are created), not taken for migrated because the later one is.
+pub(crate) async fn a_fresh_schema_before_a_migrated_one_is_migrated(url: &str) -> Result<()> {
+    let tag = format!("{:08x}", rand::random::<u32>());
+    let (base, fresh) = (format!("mig_base_{tag}"), format!("mig_fresh_{tag}"));
+    let outcome = async {
+        drop(PgStore::connect_in_schema(url, &base).await?);
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {fresh}")))
+            .execute(&mut conn)
+            .await?;
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let both = format!("{url}{sep}options=-c%20search_path%3D{fresh}%2C{base}");
+        drop(PgStore::connect(&both).await?);
+        let calls: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::TEXT")
+            .bind(format!("{fresh}.calls"))
+            .fetch_one(&mut conn)
+            .await?;
+        conn.close().await?;
+        ensure!(
+            calls.is_some(),
+            "the fresh schema {fresh} was not migrated: the store took {base}'s migrations for its own"
+        );
+        Ok(())
+    }
+    .await;
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    for schema in [&base, &fresh] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE"
+        )))
+        .execute(&mut conn)
+        .await?;
+    }
+    conn.close().await?;
+    outcome
+}

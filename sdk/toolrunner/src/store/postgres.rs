@@ -558,11 +558,17 @@ pub(super) async fn migrate(
     pool: &PgPool,
     migrator: &sqlx::migrate::Migrator,
 ) -> Result<(), StoreError> {
-    let applied: Result<Vec<(i64, Vec<u8>)>, sqlx::Error> = sqlx::query_as(
-        "SELECT version, checksum FROM _sqlx_migrations WHERE success ORDER BY version",
-    )
-    .fetch_all(pool)
-    .await;
+    // The table of the first schema on the search path (where the store's
+    // tables are created), not one that a later schema holds.
+    let table = &migrator.table_name;
+    let applied: Result<Vec<(i64, Vec<u8>)>, sqlx::Error> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT version, checksum FROM {table}
+             WHERE success AND tableoid = to_regclass(quote_ident(current_schema()) || '.{table}')
+             ORDER BY version"
+        )))
+        .fetch_all(pool)
+        .await;
     if let Ok(applied) = applied {
         let wanted = migrator
             .iter()
