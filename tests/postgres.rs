@@ -220,6 +220,15 @@ mod suite {
                 })
             }),
             (
+                "replicas::takeover::a_start_frozen_while_it_takes_the_lease_holds_no_other_back",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::takeover::a_start_frozen_while_it_takes_the_lease_holds_no_other_back(&u)
+                            .await
+                    })
+                },
+            ),
+            (
                 "replicas::takeover::a_replica_paused_inside_a_write_is_adopted",
                 |u| {
                     Box::pin(async move {

@@ -538,7 +538,15 @@ pub(crate) async fn a_replica_paused_inside_a_write_is_adopted(url: &str) -> Res
         db.resume();
         web.resume();
         adopted?;
-        let _ = tokio::time::timeout(Duration::from_secs(10), paused.wait()).await;
+        // Thawed, it finds its transaction ended and its identity taken.
+        let stopped = tokio::time::timeout(Duration::from_secs(10), paused.wait())
+            .await
+            .context("the thawed replica did not stop")?;
+        let why = stopped.err().context("it stopped without saying why")?;
+        ensure!(
+            why.to_string().contains("lost its lease"),
+            "it stopped for another reason: {why}"
+        );
         drain(adopter).await;
         Ok(())
     })
@@ -706,6 +714,60 @@ pub(crate) async fn a_clean_drain_is_never_adopted(url: &str) -> Result<()> {
             row.2.is_none(),
             "a replica that drained clean was adopted: {row:?}"
         );
+        Ok(())
+    })
+    .await
+}
+
+/// A start frozen (as by SIGSTOP) while it holds its lease row locked,
+/// between its `SELECT … FOR UPDATE` and its commit, holds no later start
+/// of the identity back for long: the server ends its session once it
+/// sat idle in that transaction a few seconds, as it does for the store's
+/// own transactions.
+pub(crate) async fn a_start_frozen_while_it_takes_the_lease_holds_no_other_back(
+    url: &str,
+) -> Result<()> {
+    with_world(url, |w| async move {
+        let db = Proxy::start(address_of(&w.url)).await?;
+        let a = w.id("a");
+        // The identity's row, released by a clean drain.
+        drain(w.executor(&a, None).build()?.start().await?).await;
+        // Paused right behind the row's locking read: its text goes out
+        // to be prepared, then the execution, behind which the proxy
+        // pauses.
+        db.pause_after_next(b"WHERE executor_id = $1 FOR UPDATE");
+        let frozen = w
+            .executor_via(&a, None, &db.url(&w.url), &w.server.base_url())
+            .build()?;
+        let frozen = tokio::spawn(frozen.start());
+        let end = Instant::now() + Duration::from_secs(20);
+        while !db.is_paused() {
+            ensure!(Instant::now() < end, "the start never took its lease");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut conn = sqlx::PgConnection::connect(&w.url).await?;
+        let locked = sqlx::query(
+            "SELECT 1 FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR UPDATE NOWAIT",
+        )
+        .bind(&a)
+        .fetch_optional(&mut conn)
+        .await;
+        ensure!(
+            matches!(&locked, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03")),
+            "the frozen start holds no lock on its lease row: {locked:?}"
+        );
+        conn.close().await?;
+        let again = tokio::time::timeout(
+            Duration::from_secs(15),
+            w.executor(&a, None).build()?.start(),
+        )
+        .await;
+        db.resume();
+        let again = again
+            .context("a start waited for one frozen while it took the lease")?
+            .context("the second start failed")?;
+        drain(again).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), frozen).await;
         Ok(())
     })
     .await

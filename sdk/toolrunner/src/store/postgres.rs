@@ -348,7 +348,7 @@ impl PgStore {
         let mut slot = h.lease.lock().await;
         let answer = tokio::time::timeout(within, async {
             if slot.is_none() {
-                *slot = Some(PgConnection::connect_with(&self.options).await?);
+                *slot = Some(PgConnection::connect_with(&session(self.options.clone())).await?);
             }
             let conn = slot.as_mut().expect("opened above");
             request(conn).await
@@ -462,30 +462,12 @@ impl PgStore {
         create_schema(&options, schema).await?;
         Ok(PgPoolOptions::new()
             .max_connections(1)
-            .connect_with(options.options([("search_path", schema)]))
+            .connect_with(session(options).options([("search_path", schema)]))
             .await?)
     }
 
     async fn connect_with(options: PgConnectOptions) -> Result<PgStore, StoreError> {
-        // The server notices within half a minute a peer that is gone
-        // without closing its connection (a host lost with a transaction
-        // open holds the identity's lease row until then).
-        //
-        // A process frozen (SIGSTOP, a stall) inside one of the store's own
-        // write transactions would hold the lock its token check took on
-        // the lease row for as long as it stands still (its kernel still
-        // answers the keepalives), and no replica could adopt the identity:
-        // the server ends such a session once it has been idle in its
-        // transaction this long (the store's transactions never wait on
-        // anything but the database; a handler's own transaction is exempt,
-        // see `begin`).
-        let idle = IDLE_IN_TRANSACTION.as_millis().to_string();
-        let options = options.options([
-            ("tcp_keepalives_idle", "10"),
-            ("tcp_keepalives_interval", "5"),
-            ("tcp_keepalives_count", "3"),
-            ("idle_in_transaction_session_timeout", idle.as_str()),
-        ]);
+        let options = session(options);
         let pool = PgPoolOptions::new()
             .max_connections(16)
             // Replicas share the server's connections: an idle one goes.
@@ -543,6 +525,29 @@ impl PgStore {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// `options` with what every connection of the store sets for its session.
+///
+/// - The server notices within half a minute a peer that is gone without
+///   closing its connection (a host lost with a transaction open holds the
+///   identity's lease row until then).
+/// - A process frozen (SIGSTOP, a stall) inside one of the store's own
+///   transactions would hold the lock it took on the lease row (a write's
+///   token check, a start's take, a release) for as long as it stands
+///   still (its kernel still answers the keepalives), and no other process
+///   could take the identity: the server ends such a session once it has
+///   been idle in its transaction for [`IDLE_IN_TRANSACTION`] (the store's
+///   transactions never wait on anything but the database; a handler's own
+///   transaction is exempt, see `begin`).
+fn session(options: PgConnectOptions) -> PgConnectOptions {
+    let idle = IDLE_IN_TRANSACTION.as_millis().to_string();
+    options.options([
+        ("tcp_keepalives_idle", "10"),
+        ("tcp_keepalives_interval", "5"),
+        ("tcp_keepalives_count", "3"),
+        ("idle_in_transaction_session_timeout", idle.as_str()),
+    ])
 }
 
 /// Runs `migrator` on the pool's schema, unless every one of its
