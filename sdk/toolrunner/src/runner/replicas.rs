@@ -306,6 +306,17 @@ async fn adopt(core: &Core, replica: &Replica, template: &crate::Executor, grace
         }
     };
     let id = adopted.identity().unwrap_or_default().to_owned();
+    // This process may have stood still while it adopted (and been taken
+    // over itself meanwhile): it starts the adopted executor only on a
+    // lease of its own renewed now. Otherwise the adopted identity lapses
+    // again, and is adopted again then.
+    if core.stop.is_cancelled() {
+        return;
+    }
+    if let Err(e) = replica.renew(&core.cfg.executor_id).await {
+        tracing::warn!(executor_id = %core.cfg.executor_id, adopted = %id, error = %e, "this replica's own lease could not be renewed right after an adoption: the adopted identity is left to lapse again");
+        return;
+    }
     tracing::warn!(executor_id = %core.cfg.executor_id, adopted = %id, grace_ms = grace.as_millis() as u64, "adopting an executor identity whose lease lapsed: finishing its calls, then letting it go");
     let started = template.adopted_as(&id).start_adopted(adopted).await;
     match started {

@@ -290,6 +290,7 @@ impl PgStore {
         )
         .await?
         else {
+            adopted.pool.close().await;
             return Ok(None);
         };
         let taken_at = Instant::now();
