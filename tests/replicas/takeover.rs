@@ -259,8 +259,31 @@ impl World {
     /// An executor of `id` leaves a call waiting for a person (its hook
     /// cannot tell), and is lost: whoever adopts the identity keeps it.
     async fn leave_work(&self, id: &str) -> Result<()> {
+        drop(self.waiting_for_a_person(self.executor(id, None)).await?);
+        Ok(())
+    }
+
+    /// An executor of `id` whose database and platform connections go
+    /// through pausable proxies, with a call waiting for a person (its hook
+    /// cannot tell, and its reconciliation writes now and then).
+    async fn waiting_behind_proxies(&self, id: &str) -> Result<(Proxy, Proxy, RunningExecutor)> {
+        let db = Proxy::start(address_of(&self.url)).await?;
+        let web = Proxy::start(address_of(&self.server.base_url())).await?;
+        let (db_url, base) = (db.url(&self.url), web.url(&self.server.base_url()));
+        let running = self
+            .waiting_for_a_person(self.executor_via(id, None, &db_url, &base))
+            .await?;
+        Ok((db, web, running))
+    }
+
+    /// Starts `executor` with a call of its own that waits for a person
+    /// (its hook cannot tell).
+    async fn waiting_for_a_person(
+        &self,
+        executor: toolrunner::ExecutorBuilder,
+    ) -> Result<RunningExecutor> {
         let run_id = self.run("probe.write", &["unknown"]).await?;
-        let gone = self.executor(id, None).build()?.start().await?;
+        let running = executor.build()?.start().await?;
         self.admin
             .wait_for(
                 &run_id,
@@ -269,8 +292,7 @@ impl World {
                 |r| r.tool_calls[0].state == CallState::ReconciliationRequired,
             )
             .await?;
-        drop(gone);
-        Ok(())
+        Ok(running)
     }
 
     /// Waits until `by` adopted `id` and connected as it; the adoption's
@@ -305,6 +327,36 @@ impl World {
         self.server.shutdown().await;
         clean_up(&self.url, &ids).await
     }
+}
+
+/// Whether a transaction holds the lease row of `id` locked (a locking
+/// read that does not wait is refused).
+async fn lease_row_locked(url: &str, id: &str) -> Result<bool> {
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let locked = sqlx::query(
+        "SELECT 1 FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR UPDATE NOWAIT",
+    )
+    .bind(id)
+    .fetch_optional(&mut conn)
+    .await;
+    conn.close().await?;
+    match locked {
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => Ok(true),
+        other => other.map(|_| false).map_err(Into::into),
+    }
+}
+
+/// Waits until `running` stops, saying that it lost its lease.
+async fn stops_fenced(running: &RunningExecutor, who: &str) -> Result<()> {
+    let stopped = tokio::time::timeout(Duration::from_secs(10), running.wait())
+        .await
+        .with_context(|| format!("{who} did not stop"))?;
+    let why = stopped.err().context("it stopped without saying why")?;
+    ensure!(
+        why.to_string().contains("lost its lease"),
+        "it stopped for another reason: {why}"
+    );
+    Ok(())
 }
 
 /// Waits until the lease row of `id` satisfies `done`.
@@ -420,22 +472,10 @@ pub(crate) async fn a_paused_handler_has_its_effect_found_by_the_adopter(url: &s
 /// finds it moved on, and stops.
 pub(crate) async fn a_paused_replica_never_connects_over_its_adopter(url: &str) -> Result<()> {
     with_world(url, |w| async move {
-        let db = Proxy::start(address_of(&w.url)).await?;
-        let web = Proxy::start(address_of(&w.server.base_url())).await?;
         let (a, b) = (w.id("a"), w.id("b"));
         // A call the adopter must keep the identity for (its hook cannot
         // tell), so that it stays connected as the paused one.
-        let run_id = w.run("probe.write", &["unknown"]).await?;
-        let paused = w
-            .executor_via(&a, None, &db.url(&w.url), &web.url(&w.server.base_url()))
-            .build()?
-            .start()
-            .await?;
-        w.admin
-            .wait_for(&run_id, Duration::from_secs(20), "waiting for a person", |r| {
-                r.tool_calls[0].state == CallState::ReconciliationRequired
-            })
-            .await?;
+        let (db, web, paused) = w.waiting_behind_proxies(&a).await?;
         db.pause();
         web.pause();
         // Adopted after the platform's lease of the paused one expired.
@@ -460,14 +500,7 @@ pub(crate) async fn a_paused_replica_never_connects_over_its_adopter(url: &str) 
         };
         db.resume();
         web.resume();
-        let stopped = tokio::time::timeout(Duration::from_secs(10), paused.wait())
-            .await
-            .context("the resumed replica did not stop")?;
-        let why = stopped.err().context("it stopped without saying why")?;
-        ensure!(
-            why.to_string().contains("lost its lease"),
-            "it stopped for another reason: {why}"
-        );
+        stops_fenced(&paused, "the resumed replica").await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let after = w.connection_of(&a).await?;
         ensure!(
@@ -485,47 +518,30 @@ pub(crate) async fn a_paused_replica_never_connects_over_its_adopter(url: &str) 
 /// transactions, after the token check took its lock on the lease row and
 /// before the commit, holds that lock as long as the server keeps its
 /// session: the server ends a session idle in such a transaction, so the
-/// identity is still adopted (its adopter locks the row) and no other
-/// lapsed identity waits behind it.
+/// identity is still adopted (its adopter locks the row), and the thawed
+/// replica stops, fenced.
 pub(crate) async fn a_replica_paused_inside_a_write_is_adopted(url: &str) -> Result<()> {
     with_world(url, |w| async move {
-        let db = Proxy::start(address_of(&w.url)).await?;
-        let web = Proxy::start(address_of(&w.server.base_url())).await?;
         let (a, b) = (w.id("a"), w.id("b"));
         // A call whose reconciliation writes now and then (its hook cannot
         // tell): the replica opens write transactions while it waits.
-        let run_id = w.run("probe.write", &["unknown"]).await?;
-        let paused = w
-            .executor_via(&a, None, &db.url(&w.url), &web.url(&w.server.base_url()))
-            .build()?
-            .start()
-            .await?;
-        w.admin
-            .wait_for(&run_id, Duration::from_secs(20), "waiting for a person", |r| {
-                r.tool_calls[0].state == CallState::ReconciliationRequired
-            })
-            .await?;
+        let (db, web, paused) = w.waiting_behind_proxies(&a).await?;
         // Paused right behind the first statement after a `BEGIN`: the
         // token check, which the server runs and locks the row for.
         db.pause_after_next(b"BEGIN\0");
         let end = Instant::now() + Duration::from_secs(20);
         while !db.is_paused() {
-            ensure!(Instant::now() < end, "the replica opened no write transaction");
+            ensure!(
+                Instant::now() < end,
+                "the replica opened no write transaction"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         web.pause();
-        let mut conn = sqlx::PgConnection::connect(&w.url).await?;
-        let locked = sqlx::query(
-            "SELECT 1 FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR UPDATE NOWAIT",
-        )
-        .bind(&a)
-        .fetch_optional(&mut conn)
-        .await;
         ensure!(
-            matches!(&locked, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03")),
-            "the paused replica holds no lock on its lease row: {locked:?}"
+            lease_row_locked(&w.url, &a).await?,
+            "the paused replica holds no lock on its lease row"
         );
-        conn.close().await?;
         let adopter = w
             .executor(&b, Some(Duration::from_millis(1_200)))
             .build()?
@@ -539,14 +555,7 @@ pub(crate) async fn a_replica_paused_inside_a_write_is_adopted(url: &str) -> Res
         web.resume();
         adopted?;
         // Thawed, it finds its transaction ended and its identity taken.
-        let stopped = tokio::time::timeout(Duration::from_secs(10), paused.wait())
-            .await
-            .context("the thawed replica did not stop")?;
-        let why = stopped.err().context("it stopped without saying why")?;
-        ensure!(
-            why.to_string().contains("lost its lease"),
-            "it stopped for another reason: {why}"
-        );
+        stops_fenced(&paused, "the thawed replica").await?;
         drain(adopter).await;
         Ok(())
     })
@@ -745,18 +754,10 @@ pub(crate) async fn a_start_frozen_while_it_takes_the_lease_holds_no_other_back(
             ensure!(Instant::now() < end, "the start never took its lease");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let mut conn = sqlx::PgConnection::connect(&w.url).await?;
-        let locked = sqlx::query(
-            "SELECT 1 FROM toolrunner_leases.executor_leases WHERE executor_id = $1 FOR UPDATE NOWAIT",
-        )
-        .bind(&a)
-        .fetch_optional(&mut conn)
-        .await;
         ensure!(
-            matches!(&locked, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03")),
-            "the frozen start holds no lock on its lease row: {locked:?}"
+            lease_row_locked(&w.url, &a).await?,
+            "the frozen start holds no lock on its lease row"
         );
-        conn.close().await?;
         let again = tokio::time::timeout(
             Duration::from_secs(15),
             w.executor(&a, None).build()?.start(),
