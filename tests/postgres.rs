@@ -91,6 +91,14 @@ mod suite {
                     })
                 },
             ),
+            (
+                "store_contract::text_with_nul_characters_is_stored",
+                |s, _| {
+                    Box::pin(async move {
+                        store_contract::text_with_nul_characters_is_stored(s.as_ref()).await
+                    })
+                },
+            ),
             ("store_contract::impossible_receipts_are_refused", |s, _| {
                 Box::pin(async move {
                     store_contract::impossible_receipts_are_refused(s.as_ref()).await

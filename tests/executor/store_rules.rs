@@ -22,3 +22,10 @@ async fn impossible_receipts_are_refused() -> Result<()> {
     let (_dir, store) = rows::store().await?;
     store_contract::impossible_receipts_are_refused(&store).await
 }
+
+/// Free text holding NUL characters is stored (each shown as `␀`).
+#[tokio::test]
+async fn text_with_nul_characters_is_stored() -> Result<()> {
+    let (_dir, store) = rows::store().await?;
+    store_contract::text_with_nul_characters_is_stored(&store).await
+}

@@ -13,4 +13,5 @@ pub(crate) use cost::{
 };
 pub(crate) use rules::{
     a_change_decided_on_an_old_version_is_refused, impossible_receipts_are_refused,
+    text_with_nul_characters_is_stored,
 };

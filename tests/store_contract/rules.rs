@@ -130,3 +130,45 @@ pub(crate) async fn impossible_receipts_are_refused(store: &dyn Store) -> Result
         .await?;
     Ok(())
 }
+
+/// Whatever a handler, the platform or an operator sends is storable: free
+/// text holding a NUL character (which PostgreSQL's `text` refuses) is
+/// stored, with each NUL shown as `␀` (U+2400), in a call's reason, a
+/// receipt's last error and the timeline; never a failed change.
+pub(crate) async fn text_with_nul_characters_is_stored(store: &dyn Store) -> Result<()> {
+    let mut settled = call(LocalState::Settled, 0);
+    settled.reason = Some("bad\0reason".into());
+    let mut final_receipt = receipt("rcp_n", ReceiptKind::Failed, 1, ReceiptStatus::Pending);
+    final_receipt.last_error = Some("first\0error".into());
+    store
+        .commit(vec![
+            Change::InsertCall(settled),
+            Change::AddReceipt(final_receipt),
+            Change::Note {
+                run_id: "run_1".into(),
+                call_id: "call_1".into(),
+                what: "note\0what".into(),
+                detail: Some("evidence\0detail".into()),
+            },
+        ])
+        .await?;
+    store
+        .commit(vec![Change::ReceiptStatus {
+            receipt_id: "rcp_n".into(),
+            status: ReceiptStatus::Pending,
+            error: Some("later\0error".into()),
+            attempt: true,
+        }])
+        .await?;
+    let stored = store.call("run_1", "call_1").await?.expect("stored");
+    assert_eq!(stored.reason.as_deref(), Some("bad\u{2400}reason"));
+    let r = store.receipt("rcp_n").await?.expect("stored");
+    assert_eq!(r.last_error.as_deref(), Some("later\u{2400}error"));
+    let events = store.events("run_1", "call_1").await?;
+    assert!(
+        events.iter().any(|e| e.what == "note\u{2400}what"
+            && e.detail.as_deref() == Some("evidence\u{2400}detail")),
+        "{events:?}"
+    );
+    Ok(())
+}

@@ -1,7 +1,10 @@
 //! How the store's values are written in and read back from columns, the
 //! same for every backend: times as RFC 3339 text, states and reports by
-//! name, the assignment as JSON, sequences as signed 64-bit integers.
-use super::{LocalCall, LocalState, PendingReport, StoreError, Timestamp};
+//! name, the assignment as JSON, sequences as signed 64-bit integers, and
+//! free text with each NUL character as `␀` (U+2400).
+use std::borrow::Cow;
+
+use super::{Change, LocalCall, LocalState, PendingReport, StoreError, Timestamp};
 
 /// A stored value that does not decode.
 pub(super) fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -41,4 +44,58 @@ pub(super) fn assignment_json(c: &LocalCall) -> Result<Option<String>, StoreErro
         .map(serde_json::to_string)
         .transpose()
         .map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// What a NUL character of free text is stored as: PostgreSQL's `text`
+/// refuses NUL, and every backend stores the same text.
+const NUL_SHOWN_AS: &str = "\u{2400}";
+
+/// `changes` as every backend stores them (see [`storable`]), borrowed
+/// when no free text holds a NUL character (nearly always).
+pub(super) fn storable_changes(changes: &[Change]) -> Cow<'_, [Change]> {
+    if changes
+        .iter()
+        .all(|c| texts(c).iter().all(|t| !t.contains('\0')))
+    {
+        return Cow::Borrowed(changes);
+    }
+    Cow::Owned(
+        changes
+            .iter()
+            .cloned()
+            .map(|mut c| {
+                for t in texts_mut(&mut c) {
+                    if t.contains('\0') {
+                        *t = t.replace('\0', NUL_SHOWN_AS);
+                    }
+                }
+                c
+            })
+            .collect(),
+    )
+}
+
+/// The free text of a change that comes from outside the SDK (a handler's
+/// or the platform's reason, an error, an operator's note).
+fn texts(change: &Change) -> Vec<&String> {
+    match change {
+        Change::InsertCall(c) | Change::UpdateCall { call: c, .. } => c.reason.iter().collect(),
+        Change::AddReceipt(r) => r.last_error.iter().collect(),
+        Change::ReceiptStatus { error, .. } => error.iter().collect(),
+        Change::SettlePending { error, .. } => vec![error],
+        Change::Note { what, detail, .. } => std::iter::once(what).chain(detail).collect(),
+        Change::AddAttempt(_) | Change::Prune { .. } => Vec::new(),
+    }
+}
+
+/// [`texts`], to change.
+fn texts_mut(change: &mut Change) -> Vec<&mut String> {
+    match change {
+        Change::InsertCall(c) | Change::UpdateCall { call: c, .. } => c.reason.iter_mut().collect(),
+        Change::AddReceipt(r) => r.last_error.iter_mut().collect(),
+        Change::ReceiptStatus { error, .. } => error.iter_mut().collect(),
+        Change::SettlePending { error, .. } => vec![error],
+        Change::Note { what, detail, .. } => std::iter::once(what).chain(detail).collect(),
+        Change::AddAttempt(_) | Change::Prune { .. } => Vec::new(),
+    }
 }

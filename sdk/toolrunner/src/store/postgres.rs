@@ -699,7 +699,9 @@ impl Store for PgStore {
         if changes.is_empty() {
             return Ok(());
         }
-        self.apply_all(&changes).await.map(|_| ())
+        self.apply_all(&super::columns::storable_changes(&changes))
+            .await
+            .map(|_| ())
     }
 
     async fn begin(&self) -> Result<super::StoreTransaction, StoreError> {

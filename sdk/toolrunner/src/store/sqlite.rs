@@ -238,6 +238,10 @@ fn receipt_row(row: &SqliteRow) -> Result<OutboxReceipt, StoreError> {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
+        let changes = match super::columns::storable_changes(&changes) {
+            std::borrow::Cow::Borrowed(_) => changes,
+            std::borrow::Cow::Owned(storable) => storable,
+        };
         let (tx, rx) = oneshot::channel();
         self.writer
             .send((changes, tx))

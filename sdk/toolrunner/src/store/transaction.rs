@@ -106,6 +106,7 @@ impl StoreTransaction {
     /// transaction the handler's own failed statement aborted);
     /// [`TxError::Unknown`] when the `COMMIT` itself failed (re-read).
     pub(crate) async fn commit_with(self, changes: &[Change]) -> Result<(), TxError> {
+        let changes = &*super::columns::storable_changes(changes);
         match self.inner {
             Inner::Sqlite(mut tx) => {
                 apply_sqlite(&mut tx, changes)
