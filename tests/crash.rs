@@ -1295,3 +1295,17 @@ fn transactional_handler_with_progress_first_completes_once() {
             .expect("completes once");
     });
 }
+
+/// A transactional call stopped inside its handler whose run was cancelled
+/// while the process was down is not run again by the restart.
+#[test]
+fn transactional_handler_is_not_run_again_after_its_run_was_cancelled() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let open = || async { Ok(open_store(&url).await) };
+        transactional::a_run_cancelled_while_down_is_not_run_again(&url, open)
+            .await
+            .expect("not run again");
+    });
+}

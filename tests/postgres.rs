@@ -159,6 +159,19 @@ mod suite {
                 },
             ),
             (
+                "transactional::a_run_cancelled_while_down_is_not_run_again",
+                |_, u| {
+                    Box::pin(async move {
+                        let open = || async {
+                            let store: Arc<dyn Store> = Arc::new(PgStore::connect(&u).await?);
+                            Ok(store)
+                        };
+                        super::transactional::a_run_cancelled_while_down_is_not_run_again(&u, open)
+                            .await
+                    })
+                },
+            ),
+            (
                 "transactional::progress_before_the_transaction_completes_once",
                 |s, u| {
                     Box::pin(async move {

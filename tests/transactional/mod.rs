@@ -64,6 +64,19 @@ pub(crate) struct Placed {
 /// commit makes it run again: only one of its inserts may be stored).
 static RUNS: AtomicUsize = AtomicUsize::new(0);
 
+/// The operation key of every handler start (tests share the process).
+static STARTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// How many times the handler started for an operation key.
+fn starts_of(key: &str) -> usize {
+    STARTS
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|k| *k == key)
+        .count()
+}
+
 /// Inserts the order in the call's transaction, whichever store it is.
 async fn insert(tx: &mut Transaction, key: &str, amount: i64) -> Result<(), ToolError> {
     let failed = |e: sqlx::Error| ToolError::failed("order_refused", e.to_string());
@@ -90,6 +103,10 @@ async fn insert(tx: &mut Transaction, key: &str, amount: i64) -> Result<(), Tool
 #[toolrunner::tool(name = "orders.place", effect = transactional)]
 async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
     RUNS.fetch_add(1, Ordering::SeqCst);
+    STARTS
+        .lock()
+        .expect("lock")
+        .push(ctx.operation_key().to_owned());
     if order.progress_first {
         ctx.progress("checking the stock")
             .await
@@ -480,6 +497,79 @@ pub(crate) async fn progress_before_the_transaction_completes_once(
     ensure!(
         orders(store_url, &row.operation_key).await? == 1,
         "the order is not stored once"
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// A transactional call stopped inside its handler (its writes never
+/// committed) whose run is cancelled while the process is down is not
+/// run again by the restart: the platform ended the call (it is no longer
+/// outstanding), so the handler never starts again, no order is stored,
+/// and the call ends `abandoned` here (nothing ran, nothing to send),
+/// never `rejected` with an order written.
+pub(crate) async fn a_run_cancelled_while_down_is_not_run_again<F, Fut>(
+    store_url: &str,
+    open: F,
+) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn Store>>>,
+{
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let crashed = Arc::new(AtomicBool::new(false));
+    let running = bench
+        .executor(Some(("commit_point", crashed.clone())))?
+        .start()
+        .await?;
+    let run_id = bench
+        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 3}))])
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !crashed.load(Ordering::SeqCst) {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the handler never reached its commit point"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Gone, as a lost process; the run is cancelled meanwhile.
+    drop(running);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    bench.admin.cancel_run(&run_id).await?;
+    let running = bench.executor(None)?.start().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    let call = bench
+        .admin
+        .run(&run_id)
+        .await?
+        .tool_calls
+        .into_iter()
+        .next()
+        .context("the run's call")?;
+    let store = open().await?;
+    let row = store
+        .call(&run_id, &call.call_id)
+        .await?
+        .context("the call's row")?;
+    let stored = orders(store_url, &row.operation_key).await?;
+    let starts = starts_of(&row.operation_key);
+    ensure!(
+        starts == 1,
+        "the handler ran again after its run was cancelled ({starts} starts); the call is {} here with {stored} order rows",
+        row.state
+    );
+    ensure!(stored == 0, "{stored} order rows were stored");
+    ensure!(
+        row.state == LocalState::Abandoned,
+        "the call is {} here (expected abandoned: nothing ran)",
+        row.state
     );
     bench.server.shutdown().await;
     Ok(())

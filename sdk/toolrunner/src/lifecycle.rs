@@ -250,6 +250,12 @@ pub(crate) const TABLE: &[Rule] = &[
         writes: "report cleared: it did not happen and the run was cancelled, nothing to send",
     },
     Rule {
+        event: "transactional_ended",
+        from: &[Running],
+        to: To::State(Abandoned),
+        writes: "report cleared: a transactional call whose writes never committed, ended by the platform while its handler was not running (no longer outstanding, or its run cancelled): nothing ran, nothing to send",
+    },
+    Rule {
         event: "operator_resolved",
         from: &[ReconciliationRequired, Rejected],
         to: To::State(Settled),
@@ -373,6 +379,9 @@ pub(crate) enum Event {
     HookDidNotHappen,
     HookRerun,
     HookRunCancelled,
+    /// A transactional call found `running` (none of its writes committed)
+    /// that the platform ended meanwhile: it is not run again.
+    TransactionalEnded,
     OperatorResolved {
         outcome: FinalReceipt,
         reason: String,
@@ -420,6 +429,7 @@ impl Event {
             Event::HookDidNotHappen => "hook_did_not_happen",
             Event::HookRerun => "hook_rerun",
             Event::HookRunCancelled => "hook_run_cancelled",
+            Event::TransactionalEnded => "transactional_ended",
             Event::OperatorResolved { .. } => "operator_resolved",
             Event::OperatorCompensated { .. } => "operator_compensated",
         }
@@ -861,6 +871,12 @@ pub(crate) fn plan(
             call.report = None;
             call.reason =
                 Some("automatic check: the operation did not happen; running it again".into());
+        }
+        Event::TransactionalEnded => {
+            call.report = None;
+            call.reason = Some(
+                "the platform ended the call while its transactional handler was not running: none of its writes was committed".into(),
+            );
         }
         Event::HookRunCancelled => {
             call.report = None;

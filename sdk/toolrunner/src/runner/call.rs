@@ -577,6 +577,15 @@ async fn run(
         Some(t) if resumed && t.effect() == Effect::Write && !PLANTED_RERUN => Some(unknown(
             "the process stopped after accepted: the outcome is unknown",
         )),
+        // A transactional tool runs again by the rule of a re-run: after a
+        // live heartbeat (which also brings any cancellation of its run),
+        // with no cancellation seen.
+        Some(t) if resumed && t.effect() == Effect::Transactional => {
+            if super::connection::lease_check(core).await.is_err() {
+                return Err("a transactional call to run again waits for a live lease".into());
+            }
+            (cancel.is_cancelled() || core.was_cancelled(&key)).then_some(Event::TransactionalEnded)
+        }
         Some(_) => None,
     };
     let Some(tool) = tool.filter(|_| stop.is_none()) else {

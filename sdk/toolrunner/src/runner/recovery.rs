@@ -92,6 +92,33 @@ pub(crate) async fn resume(
                     continue;
                 }
             }
+            if c.state == LocalState::Running
+                && !bound.contains(&key)
+                && c.updated_at < asked_at
+                && core
+                    .tools
+                    .get(&c.tool_name)
+                    .is_some_and(|t| t.effect() == crate::Effect::Transactional)
+            {
+                // A `running` call the platform no longer lists is terminal
+                // there (its run cancelled or ended): a transactional one,
+                // none of whose writes committed, is not run again.
+                tracing::warn!(run_id = %key.run_id, call_id = %key.call_id, "a transactional call the platform ended while this process was away: not run again");
+                let ended = core
+                    .advance(&key, Reads::Row, |s| {
+                        s.call
+                            .as_ref()
+                            .filter(|now| {
+                                now.state == LocalState::Running && now.version == c.version
+                            })
+                            .map(|_| Event::TransactionalEnded)
+                    })
+                    .await;
+                if let Err(e) = ended {
+                    tracing::error!(error = %e, "cannot record a transactional call the platform ended");
+                }
+                continue;
+            }
             let permit = core.slots.clone().try_acquire_owned().ok();
             call::spawn_activated(core.clone(), permit, active, None, false);
         }
