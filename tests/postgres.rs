@@ -91,6 +91,11 @@ mod suite {
                     })
                 },
             ),
+            ("store_contract::prune_keeps_what_needs_a_person", |s, _| {
+                Box::pin(async move {
+                    store_contract::prune_keeps_what_needs_a_person(s.as_ref()).await
+                })
+            }),
             (
                 "store_contract::text_with_nul_characters_is_stored",
                 |s, _| {

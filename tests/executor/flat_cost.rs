@@ -24,3 +24,11 @@ async fn the_outbox_summary_lists_what_waits_without_reading_bodies() -> Result<
     let (_dir, store) = rows::store().await?;
     store_contract::the_outbox_summary_lists_what_waits_without_reading_bodies(&store).await
 }
+
+/// Retention keeps a `rejected` call and an unknown-outcome `orphaned`
+/// one until an operator closes it.
+#[tokio::test]
+async fn prune_keeps_what_needs_a_person() -> Result<()> {
+    let (_dir, store) = rows::store().await?;
+    store_contract::prune_keeps_what_needs_a_person(&store).await
+}

@@ -170,3 +170,40 @@ pub(crate) async fn the_outbox_summary_lists_what_waits_without_reading_bodies(
     assert_eq!(summary.oldest, Some(at(LONG_AGO)));
     Ok(())
 }
+
+/// Retention keeps what still needs a person, however old: a `rejected`
+/// call (compensation may be due) and an `orphaned` call whose outcome was
+/// unknown when the platform forgot it (timeline `orphaned_outcome_unknown`)
+/// until an operator closes it (timeline `operator_closed`). An orphaned
+/// call whose outcome was known goes.
+pub(crate) async fn prune_keeps_what_needs_a_person(store: &dyn Store) -> Result<()> {
+    let note = |id: &str, what: &str| Change::Note {
+        run_id: "run_1".into(),
+        call_id: id.into(),
+        what: what.into(),
+        detail: Some("evidence".into()),
+    };
+    store
+        .commit(vec![
+            Change::InsertCall(call("rejected", LocalState::Rejected, LONG_AGO)),
+            Change::InsertCall(call("unknown", LocalState::Orphaned, LONG_AGO)),
+            note("unknown", "orphaned_outcome_unknown"),
+            Change::InsertCall(call("closed", LocalState::Orphaned, LONG_AGO)),
+            note("closed", "orphaned_outcome_unknown"),
+            note("closed", "operator_closed"),
+            Change::InsertCall(call("known", LocalState::Orphaned, LONG_AGO)),
+        ])
+        .await?;
+    let cut = at("2026-06-01T00:00:00.000Z");
+    assert_eq!(store.prune(cut, 10).await?, 2);
+    for gone in ["closed", "known"] {
+        assert!(store.call("run_1", gone).await?.is_none(), "{gone} stays");
+    }
+    for kept in ["rejected", "unknown"] {
+        assert!(
+            store.call("run_1", kept).await?.is_some(),
+            "{kept} was pruned"
+        );
+    }
+    Ok(())
+}

@@ -388,10 +388,14 @@ pub enum Change {
         detail: Option<String>,
     },
     /// Deletes up to `limit` calls settled for good (delivered, abandoned,
-    /// released, rejected, orphaned, compensated) whose last change is
-    /// older than `settled_before`, with no receipt still to send and no
-    /// state still to report: with their receipts, attempts and timeline.
-    /// A call that waits for reconciliation is never pruned.
+    /// released, compensated, and orphaned with a known outcome or closed
+    /// by an operator) whose last change is older than `settled_before`,
+    /// with no receipt still to send and no state still to report: with
+    /// their receipts, attempts and timeline. What needs a person is never
+    /// pruned: a call waiting for reconciliation, a `rejected` call
+    /// (compensation may be due), and an `orphaned` call whose outcome was
+    /// unknown (timeline `orphaned_outcome_unknown`) until an operator
+    /// closes it (timeline `operator_closed`).
     Prune {
         /// Only calls whose row last changed before this.
         settled_before: Timestamp,
