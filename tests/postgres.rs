@@ -91,6 +91,14 @@ mod suite {
                     })
                 },
             ),
+            (
+                "store_contract::an_operator_closes_an_unknown_outcome_orphaned_call",
+                |s, _| {
+                    Box::pin(async move {
+                        store_contract::an_operator_closes_an_unknown_outcome_orphaned_call(s).await
+                    })
+                },
+            ),
             ("store_contract::prune_keeps_what_needs_a_person", |s, _| {
                 Box::pin(async move {
                     store_contract::prune_keeps_what_needs_a_person(s.as_ref()).await

@@ -32,3 +32,12 @@ async fn prune_keeps_what_needs_a_person() -> Result<()> {
     let (_dir, store) = rows::store().await?;
     store_contract::prune_keeps_what_needs_a_person(&store).await
 }
+
+/// An operator closes an unknown-outcome orphaned call with evidence;
+/// retention may then prune it.
+#[tokio::test]
+async fn an_operator_closes_an_unknown_outcome_orphaned_call() -> Result<()> {
+    let (_dir, store) = rows::store().await?;
+    store_contract::an_operator_closes_an_unknown_outcome_orphaned_call(std::sync::Arc::new(store))
+        .await
+}

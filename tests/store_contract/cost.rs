@@ -207,3 +207,71 @@ pub(crate) async fn prune_keeps_what_needs_a_person(store: &dyn Store) -> Result
     }
     Ok(())
 }
+
+/// An operator closes an orphaned call whose outcome was unknown, with
+/// evidence (through the `Reconciler`, as the CLI does): the close is in
+/// the timeline, the call stays `orphaned` (nothing is sent), and
+/// retention may then prune it. A call orphaned with a known outcome, a
+/// call in another state and a call closed already are refused.
+pub(crate) async fn an_operator_closes_an_unknown_outcome_orphaned_call(
+    store: std::sync::Arc<dyn Store>,
+) -> Result<()> {
+    store
+        .commit(vec![
+            Change::InsertCall(call("unknown", LocalState::Orphaned, LONG_AGO)),
+            Change::Note {
+                run_id: "run_1".into(),
+                call_id: "unknown".into(),
+                what: "orphaned_outcome_unknown".into(),
+                detail: None,
+            },
+            Change::InsertCall(call("known", LocalState::Orphaned, LONG_AGO)),
+            Change::InsertCall(call(
+                "waiting",
+                LocalState::ReconciliationRequired,
+                LONG_AGO,
+            )),
+        ])
+        .await?;
+    let reconciler = toolrunner::Reconciler::new(store.clone());
+    let evidence = toolrunner::Evidence {
+        who: "ops".into(),
+        why: "the provider has no charge for this key".into(),
+        reference: Some("TICKET-1".into()),
+    };
+    for refused in ["known", "waiting"] {
+        let closed = reconciler.close("run_1", refused, &evidence).await;
+        anyhow::ensure!(closed.is_err(), "{refused} was closed: {closed:?}");
+    }
+    // Kept however old, until closed.
+    let cut = at("2026-06-01T00:00:00.000Z");
+    store.prune(cut, 10).await?;
+    anyhow::ensure!(store.call("run_1", "unknown").await?.is_some());
+    reconciler.close("run_1", "unknown", &evidence).await?;
+    let again = reconciler.close("run_1", "unknown", &evidence).await;
+    anyhow::ensure!(
+        again
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("closed already")),
+        "a second close: {again:?}"
+    );
+    let events = store.events("run_1", "unknown").await?;
+    anyhow::ensure!(
+        events.iter().any(|e| e.what == "operator_closed"
+            && e.detail.as_deref().is_some_and(|d| d.contains("TICKET-1"))),
+        "the close is not in the timeline: {events:?}"
+    );
+    let row = store.call("run_1", "unknown").await?.expect("kept");
+    anyhow::ensure!(
+        row.state == LocalState::Orphaned,
+        "the call is {}",
+        row.state
+    );
+    // The retention period runs from the close (its last change).
+    store.prune(at("2100-01-01T00:00:00.000Z"), 10).await?;
+    anyhow::ensure!(
+        store.call("run_1", "unknown").await?.is_none(),
+        "the closed call was not pruned"
+    );
+    Ok(())
+}

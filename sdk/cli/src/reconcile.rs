@@ -1,4 +1,4 @@
-//! `toolrunner reconcile resolve|compensated`.
+//! `toolrunner reconcile resolve|compensated|close`.
 use std::io::Read;
 
 use toolrunner::{Evidence, Outcome as Settle};
@@ -39,6 +39,17 @@ pub(crate) enum ReconcileCommand {
     },
     /// Record that a rejected call's effect was compensated.
     Compensated {
+        /// RUN_ID/CALL_ID.
+        call: String,
+        #[command(flatten)]
+        evidence: EvidenceArgs,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Close an orphaned call whose outcome was unknown (the platform
+    /// forgot it while it waited for reconciliation): settled locally with
+    /// evidence, nothing sent; retention may then prune it.
+    Close {
         /// RUN_ID/CALL_ID.
         call: String,
         #[command(flatten)]
@@ -146,6 +157,18 @@ pub(crate) async fn run(cmd: ReconcileCommand) -> Outcome {
                 .compensated(&run_id, &call_id, &evidence)
                 .await?;
             println!("recorded {run_id}/{call_id} as compensated");
+            Ok(())
+        }
+        ReconcileCommand::Close { call, evidence, db } => {
+            let (run_id, call_id) = output::call_ref(&call)?;
+            let evidence = evidence.evidence()?;
+            output::open(&db.db)
+                .await?
+                .close(&run_id, &call_id, &evidence)
+                .await?;
+            println!(
+                "closed {run_id}/{call_id}: its outcome stays unknown to the platform, which no longer knows the call; the evidence is in its timeline"
+            );
             Ok(())
         }
     }

@@ -684,6 +684,7 @@ fn help_of_the_binary_and_of_every_subcommand_exits_0() {
         &["reconcile"],
         &["reconcile", "resolve"],
         &["reconcile", "compensated"],
+        &["reconcile", "close"],
         &["outbox"],
         &["outbox", "status"],
         &["outbox", "redeliver"],
@@ -2935,4 +2936,76 @@ fn budget_refuses_an_out_of_range_budget_and_bad_input() {
     let out = run_stdin(&["budget", "-"], "{\"a\": ");
     out.code(1);
     assert!(out.stderr.contains("not acceptable JSON"), "{}", out.stderr);
+}
+
+#[test]
+fn close_settles_an_unknown_outcome_orphaned_call_with_evidence_and_refuses_others() {
+    let f = Fixture::seeded();
+    let unknown = local_call(None, "run_9", "call_unknown", TOOL, LocalState::Orphaned, 0);
+    let known = local_call(None, "run_9", "call_known", TOOL, LocalState::Orphaned, 0);
+    f.commit(vec![
+        Change::InsertCall(unknown),
+        Change::Note {
+            run_id: "run_9".into(),
+            call_id: "call_unknown".into(),
+            what: "orphaned_outcome_unknown".into(),
+            detail: None,
+        },
+        Change::InsertCall(known),
+    ]);
+    let before = f.snapshot("run_9/call_known");
+    let refused = f.run(&[
+        "reconcile",
+        "close",
+        "run_9/call_known",
+        "--evidence",
+        "checked",
+    ]);
+    refused.code(1);
+    assert!(
+        refused
+            .stderr
+            .contains("only orphaned calls whose outcome was unknown"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        f.snapshot("run_9/call_known"),
+        before,
+        "a refused close changed the call"
+    );
+    let out = f.run(&[
+        "reconcile",
+        "close",
+        "run_9/call_unknown",
+        "--evidence",
+        "the provider has no charge for this key",
+        "--who",
+        "ops",
+    ]);
+    out.code(0);
+    assert!(
+        out.stdout.contains("closed run_9/call_unknown"),
+        "{}",
+        out.stdout
+    );
+    let shown = f.run(&["calls", "show", "run_9/call_unknown", "--json"]);
+    shown.code(0);
+    assert!(
+        shown.stdout.contains("operator_closed")
+            && shown
+                .stdout
+                .contains("the provider has no charge for this key"),
+        "{}",
+        shown.stdout
+    );
+    let again = f.run(&[
+        "reconcile",
+        "close",
+        "run_9/call_unknown",
+        "--evidence",
+        "again",
+    ]);
+    again.code(1);
+    assert!(again.stderr.contains("closed already"), "{}", again.stderr);
 }

@@ -199,7 +199,7 @@ pub(crate) const TABLE: &[Rule] = &[
         event: "unknown_to_platform",
         from: REPORTING,
         to: To::State(Orphaned),
-        writes: "report cleared; pending receipts orphaned",
+        writes: "report cleared; pending receipts orphaned; from `reconciliation_required`, the outcome stays unknown (timeline `orphaned_outcome_unknown`: kept until an operator closes it)",
     },
     Rule {
         event: "give_back",
@@ -254,6 +254,12 @@ pub(crate) const TABLE: &[Rule] = &[
         from: &[Running],
         to: To::State(Abandoned),
         writes: "report cleared: a transactional call whose writes never committed, ended by the platform while its handler was not running (no longer outstanding, or its run cancelled): nothing ran, nothing to send",
+    },
+    Rule {
+        event: "operator_closed",
+        from: &[Orphaned],
+        to: To::Same,
+        writes: "only an orphaned call whose outcome was unknown: the operator's evidence in the timeline (`operator_closed`); nothing is sent (the platform no longer knows the call), and retention may prune it",
     },
     Rule {
         event: "operator_resolved",
@@ -391,7 +397,19 @@ pub(crate) enum Event {
         reason: String,
         evidence: String,
     },
+    /// An operator closes an orphaned call whose outcome was unknown.
+    OperatorClosed {
+        reason: String,
+        evidence: String,
+    },
 }
+
+/// The timeline entry of a call orphaned while its outcome was unknown
+/// (retention keeps it until an operator closes it).
+pub(crate) const OUTCOME_UNKNOWN_NOTE: &str = "orphaned_outcome_unknown";
+
+/// The timeline entry of an operator's close of such a call.
+pub(crate) const OPERATOR_CLOSED_NOTE: &str = "operator_closed";
 
 impl Event {
     /// The name of its row in [`TABLE`].
@@ -432,6 +450,7 @@ impl Event {
             Event::TransactionalEnded => "transactional_ended",
             Event::OperatorResolved { .. } => "operator_resolved",
             Event::OperatorCompensated { .. } => "operator_compensated",
+            Event::OperatorClosed { .. } => "operator_closed",
         }
     }
 }
@@ -814,6 +833,9 @@ pub(crate) fn plan(
         Event::UnknownToPlatform { why } => {
             call.report = None;
             call.reason = Some(why.clone());
+            if from_state == Some(ReconciliationRequired) {
+                note = Some((OUTCOME_UNKNOWN_NOTE.into(), Some(why.clone())));
+            }
             changes.push(Change::SettlePending {
                 run_id: call.run_id.clone(),
                 call_id: call.call_id.clone(),
@@ -899,6 +921,12 @@ pub(crate) fn plan(
         Event::OperatorCompensated { reason, evidence } => {
             call.reason = Some(reason);
             note = Some(("compensated".into(), Some(evidence)));
+        }
+        Event::OperatorClosed { reason, evidence } => {
+            // Only the unknown-outcome ones: the `Reconciler` reads the
+            // timeline first.
+            call.reason = Some(reason);
+            note = Some((OPERATOR_CLOSED_NOTE.into(), Some(evidence)));
         }
     }
     // The state comes from the table, and from nowhere else.

@@ -423,6 +423,49 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Closes an `orphaned` call whose outcome was unknown when the
+    /// platform forgot it (its run expired or was deleted while the call
+    /// waited for reconciliation): a local settlement with the operator's
+    /// evidence in the timeline. Nothing is sent, since the platform no
+    /// longer knows the call; retention may then prune it.
+    ///
+    /// # Errors
+    /// Refused if the call is not `orphaned`, its outcome was known, or it
+    /// was closed already.
+    pub async fn close(&self, run_id: &str, call_id: &str, evidence: &Evidence) -> Result<()> {
+        let call = self.load(run_id, call_id).await?;
+        let events = self.store.events(run_id, call_id).await?;
+        let has = |what: &str| events.iter().any(|e| e.what == what);
+        if call.state != LocalState::Orphaned || !has(lifecycle::OUTCOME_UNKNOWN_NOTE) {
+            return Err(refused(format!(
+                "call {run_id}/{call_id} is {}; only orphaned calls whose outcome was unknown are closed (resolve a reconciliation_required one instead)",
+                call.state.as_str()
+            )));
+        }
+        if has(lifecycle::OPERATOR_CLOSED_NOTE) {
+            return Err(refused(format!(
+                "call {run_id}/{call_id} was closed already"
+            )));
+        }
+        let executor_id = self
+            .executor_id_of(run_id, call_id)
+            .await
+            .unwrap_or_default();
+        let event = Event::OperatorClosed {
+            reason: format!("closed by {}: {}", evidence.who, evidence.why),
+            evidence: serde_json::to_string(evidence).unwrap_or_default(),
+        };
+        self.transition(
+            &executor_id,
+            (run_id, call_id),
+            &[LocalState::Orphaned],
+            event,
+            "not closed",
+        )
+        .await?;
+        Ok(())
+    }
+
     /// An operator's transition of a call in one of `states`; refused (and
     /// nothing written) if the call is elsewhere by now. The receipt it
     /// wrote, if any.

@@ -108,6 +108,10 @@ fn one_of_each() -> Vec<Event> {
             reason: "r".into(),
             evidence: "e".into(),
         },
+        Event::OperatorClosed {
+            reason: "r".into(),
+            evidence: "e".into(),
+        },
     ]
 }
 
@@ -271,6 +275,29 @@ fn receipts_take_increasing_sequences_from_the_row() {
     let body: serde_json::Value = serde_json::from_str(&done.receipt.unwrap().body).unwrap();
     assert_eq!(body["sequence"], 2);
     assert_eq!(body["executor_id"], "exe_1");
+}
+
+#[test]
+fn a_call_orphaned_while_its_outcome_was_unknown_says_so_in_its_timeline() {
+    let notes = |from: LocalState| -> Vec<String> {
+        let why = Event::UnknownToPlatform { why: "gone".into() };
+        plan(&stored(from), KEY, why, "exe_1")
+            .expect("allowed")
+            .changes
+            .into_iter()
+            .filter_map(|c| match c {
+                Change::Note { what, .. } => Some(what),
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(notes(ReconciliationRequired).contains(&OUTCOME_UNKNOWN_NOTE.to_owned()));
+    for known in [Settled, Abandoned, Released] {
+        assert!(
+            !notes(known).contains(&OUTCOME_UNKNOWN_NOTE.to_owned()),
+            "{known}"
+        );
+    }
 }
 
 #[test]
