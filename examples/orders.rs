@@ -1,6 +1,6 @@
 //! `orders`: a transactional tool. Its side effect is a row in an `orders`
 //! table of the executor's own database, written in the call's transaction
-//! (`ctx.transaction()`); the executor adds the call's `completed` receipt
+//! (`ctx.transaction(…)`); the executor adds the call's `completed` receipt
 //! to that transaction and commits once. The row and the receipt are both
 //! stored or both absent, crash or not, so such a call never needs
 //! reconciliation: after a crash it simply runs again.
@@ -87,8 +87,9 @@ fn on_sqlite(sql: &str) -> String {
 /// with the call's receipt. An unknown sku is out of stock.
 #[toolrunner::tool(name = "orders.place", effect = transactional)]
 async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
-    let mut tx = ctx.transaction().await?;
-    insert(&mut tx, ctx.operation_key(), &order).await?;
+    let order_id = ctx.operation_key().to_owned();
+    ctx.transaction(async |tx| insert(tx, &order_id, &order).await)
+        .await?;
     if order.sku == "gone" {
         // The row above is rolled back with the transaction.
         return Err(ToolError::failed("out_of_stock", "the sku is out of stock"));

@@ -1309,3 +1309,28 @@ fn transactional_handler_is_not_run_again_after_its_run_was_cancelled() {
             .expect("not run again");
     });
 }
+
+/// A handler whose context outlives it harms no call.
+#[test]
+fn transactional_handler_kept_transaction_is_harmless() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        transactional::a_kept_transaction_is_harmless(&url)
+            .await
+            .expect("harmless");
+    });
+}
+
+/// A transaction's closure cut off half-way is rolled back, never
+/// committed with a `completed`.
+#[test]
+fn transactional_handler_interrupted_transaction_is_rolled_back() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        transactional::an_interrupted_transaction_is_rolled_back(&url)
+            .await
+            .expect("rolled back");
+    });
+}

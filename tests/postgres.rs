@@ -171,6 +171,19 @@ mod suite {
                     })
                 },
             ),
+            ("transactional::a_kept_transaction_is_harmless", |_, u| {
+                Box::pin(
+                    async move { super::transactional::a_kept_transaction_is_harmless(&u).await },
+                )
+            }),
+            (
+                "transactional::an_interrupted_transaction_is_rolled_back",
+                |_, u| {
+                    Box::pin(async move {
+                        super::transactional::an_interrupted_transaction_is_rolled_back(&u).await
+                    })
+                },
+            ),
             (
                 "transactional::a_run_cancelled_while_down_is_not_run_again",
                 |_, u| {

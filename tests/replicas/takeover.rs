@@ -118,13 +118,16 @@ impl Tool for ProbeTool {
             "held" => self.business.gate.notified().await,
             "unknown" => return Err(ToolError::unknown("the downstream did not answer")),
             "long_tx" => {
-                let mut tx = ctx.transaction().await?;
-                sqlx::query("SELECT 1")
-                    .execute(tx.postgres()?)
-                    .await
-                    .map_err(ToolError::unknown)?;
-                // Longer than the lease and the grace together.
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                ctx.transaction(async |tx| {
+                    sqlx::query("SELECT 1")
+                        .execute(tx.postgres()?)
+                        .await
+                        .map_err(ToolError::unknown)?;
+                    // Longer than the lease and the grace together.
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    Ok(())
+                })
+                .await?;
             }
             _ => {}
         }

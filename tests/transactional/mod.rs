@@ -1,5 +1,5 @@
 //! Transactional handlers, written once for both stores: the business row
-//! a handler writes in `ctx.transaction()` and the call's final receipt are
+//! a handler writes in `ctx.transaction(…)` and the call's final receipt are
 //! both stored or both absent, whatever step the process dies at, and no
 //! such call ever needs reconciliation.
 //!
@@ -50,6 +50,14 @@ pub(crate) struct Order {
     /// Report progress before opening the transaction.
     #[serde(default)]
     pub(crate) progress_first: bool,
+    /// Hand a clone of the context to a task that outlives the handler and
+    /// reaches for the call's transaction after the return.
+    #[serde(default)]
+    pub(crate) kept: bool,
+    /// Give up on the transaction's closure half-way (after its insert),
+    /// and return `Ok` all the same.
+    #[serde(default)]
+    pub(crate) interrupted: bool,
 }
 
 /// `orders.place` result.
@@ -64,6 +72,10 @@ pub(crate) struct Placed {
 /// commit makes it run again: only one of its inserts may be stored).
 static RUNS: AtomicUsize = AtomicUsize::new(0);
 
+/// What a task that kept a handler's context was told when it reached for
+/// the call's transaction after the handler returned.
+static LATE_REFUSALS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 /// The operation key of every handler start (tests share the process).
 static STARTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
@@ -75,6 +87,15 @@ fn starts_of(key: &str) -> usize {
         .iter()
         .filter(|k| *k == key)
         .count()
+}
+
+/// The interrupted mode's closure must have been cut off half-way.
+fn ensure_timed_out(timed_out: bool) -> Result<(), ToolError> {
+    if timed_out {
+        Ok(())
+    } else {
+        Err(ToolError::failed("test", "the closure was not interrupted"))
+    }
 }
 
 /// Inserts the order in the call's transaction, whichever store it is.
@@ -112,8 +133,39 @@ async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
             .await
             .map_err(|e| ToolError::failed("progress", e.to_string()))?;
     }
-    let mut tx = ctx.transaction().await?;
-    insert(&mut tx, ctx.operation_key(), order.amount).await?;
+    let key = ctx.operation_key().to_owned();
+    if order.interrupted {
+        let half_way = tokio::time::timeout(
+            Duration::from_millis(200),
+            ctx.transaction(async |tx| {
+                insert(tx, &key, order.amount).await?;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok(())
+            }),
+        )
+        .await;
+        ensure_timed_out(half_way.is_err())?;
+        return Ok(Placed { order: key });
+    }
+    ctx.transaction(async |tx| insert(tx, &key, order.amount).await)
+        .await?;
+    if order.kept {
+        // A task that outlives the handler reaches for the transaction
+        // after the return: refused, the call has ended.
+        let late = ctx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let refused = late
+                .transaction(async |tx| insert(tx, "late", 1).await)
+                .await;
+            if let Err(e) = refused {
+                LATE_REFUSALS.lock().expect("lock").push(e.to_string());
+            }
+        });
+        return Ok(Placed {
+            order: ctx.operation_key().to_owned(),
+        });
+    }
     // Between the business write and the return: a test stops here.
     ctx.commit_point().await?;
     if order.fail_after_insert {
@@ -570,6 +622,99 @@ where
         row.state == LocalState::Abandoned,
         "the call is {} here (expected abandoned: nothing ran)",
         row.state
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// A handler that hands its context to a task outliving it, which reaches
+/// for the call's transaction after the return: the task is refused (the
+/// call has ended, and nothing of its writes is stored), the call
+/// completes with its one order, and the next call is not held up (the
+/// transaction ended with its call: the writer never stalls). On the API
+/// before this one a kept transaction handle stalled the writer.
+pub(crate) async fn a_kept_transaction_is_harmless(store_url: &str) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let kept = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 4, "kept": true}),
+        )])
+        .await?;
+    let kept_call = settled(&bench, &kept).await?;
+    let started = tokio::time::Instant::now();
+    let next = bench
+        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 5}))])
+        .await?;
+    let next_call = settled(&bench, &next).await?;
+    let took = started.elapsed();
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    ensure!(
+        kept_call.state.as_str() == "completed",
+        "the call whose context was kept ended {}: {}",
+        kept_call.state.as_str(),
+        serde_json::to_string(&kept_call)?
+    );
+    ensure!(
+        next_call.state.as_str() == "completed",
+        "the next call ended {}",
+        next_call.state.as_str()
+    );
+    ensure!(
+        took < Duration::from_millis(2_500),
+        "the next call took {took:?}: the writer stalled"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while LATE_REFUSALS.lock().expect("lock").is_empty() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the late task was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refusal = LATE_REFUSALS.lock().expect("lock")[0].clone();
+    ensure!(
+        refusal.contains("has ended"),
+        "the late task was told: {refusal}"
+    );
+    ensure!(
+        orders(store_url, "late").await? == 0,
+        "the late task's write was stored"
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// A handler that gives up on its transaction's closure half-way (after
+/// an insert) and returns `Ok` all the same: the part written is not
+/// committed with a `completed`; the call fails `transaction_rolled_back`.
+pub(crate) async fn an_interrupted_transaction_is_rolled_back(store_url: &str) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let run = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 6, "interrupted": true}),
+        )])
+        .await?;
+    let call = settled(&bench, &run).await?;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    let text = serde_json::to_string(&call)?;
+    ensure!(
+        call.state.as_str() == "failed" && text.contains("transaction_rolled_back"),
+        "the call ended {}: {text}",
+        call.state.as_str()
     );
     bench.server.shutdown().await;
     Ok(())

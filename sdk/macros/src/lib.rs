@@ -74,7 +74,7 @@ impl Parse for ToolArgs {
                         _ => {
                             return Err(syn::Error::new_spanned(
                                 &nv.value,
-                                "`effect` is `write` (side effects: runs at most once), `read` (none: may run again) or `transactional` (only writes in ctx.transaction())",
+                                "`effect` is `write` (side effects: runs at most once), `read` (none: may run again) or `transactional` (only writes in ctx.transaction(…))",
                             ));
                         }
                     });

@@ -122,8 +122,9 @@ pub struct CallContext {
     pub(crate) agent_version: String,
     pub(crate) tool_name: String,
     pub(crate) cancel: CancellationToken,
-    /// The call's transaction, once the handler opened it.
-    pub(crate) transaction: Arc<tokio::sync::Mutex<Option<StoreTransaction>>>,
+    /// The call's transaction, once the handler opened it, until the
+    /// executor ends it with the call.
+    pub(crate) transaction: Arc<tokio::sync::Mutex<TransactionSlot>>,
     /// Whether that transaction is open on SQLite (it holds the write lock).
     sqlite_open: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -160,16 +161,24 @@ impl CallContext {
         }
     }
 
-    /// Takes the transaction the handler opened, if it did: `Err` when a
-    /// guard of it is still held (the handler kept it past its return).
-    pub(crate) fn take_transaction(&self) -> Result<Option<StoreTransaction>, ()> {
-        match self.transaction.try_lock() {
-            Ok(mut slot) => {
-                self.sqlite_open
-                    .store(false, std::sync::atomic::Ordering::SeqCst);
-                Ok(slot.take())
-            }
-            Err(_) => Err(()),
+    /// Ends the call's transaction for the executor, which commits it with
+    /// the final receipt or rolls it back: waits for a
+    /// [`transaction`](Self::transaction) closure still running (a task
+    /// that kept a clone of this context), and from then on every
+    /// `transaction` of this call is refused. `Err` (the transaction, to
+    /// roll back) when a closure was interrupted (dropped or panicked)
+    /// half-way: what it wrote must not commit.
+    pub(crate) async fn end_transaction(
+        &self,
+    ) -> Result<Option<StoreTransaction>, StoreTransaction> {
+        let mut slot = self.transaction.lock().await;
+        slot.ended = true;
+        self.sqlite_open
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let tx = slot.tx.take().map(|t| t.inner);
+        match tx {
+            Some(tx) if slot.interrupted => Err(tx),
+            tx => Ok(tx),
         }
     }
 
@@ -246,7 +255,7 @@ impl CallContext {
         // receipt would wait for: say so at once instead of waiting.
         if self.sqlite_open.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(ProgressError(
-                "progress cannot be stored while the call's transaction holds the SQLite store's write lock: report it before ctx.transaction()".into(),
+                "progress cannot be stored while the call's transaction holds the SQLite store's write lock: report it before ctx.transaction(…)".into(),
             ));
         }
         let p = progress.into();
@@ -261,16 +270,38 @@ impl CallContext {
         .await
     }
 
-    /// The call's transaction in the store's own database, for the
-    /// handler's business writes: the executor adds the call's
-    /// `completed` receipt to it and commits both at once when the handler
-    /// returns `Ok`, so the business rows and the receipt are both stored
-    /// or both absent, crash or not. An `Err` (or a panic, or a timeout)
-    /// rolls it back. The first call begins it; later calls return the
-    /// same transaction. Use it in a tool registered as
+    /// Rolls back the transaction of a handler attempt that asked to be
+    /// retried (nothing of it is kept); the next attempt begins another.
+    pub(crate) async fn restart_transaction(&self) {
+        let mut slot = self.transaction.lock().await;
+        slot.interrupted = false;
+        self.sqlite_open
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        if let Some(tx) = slot.tx.take() {
+            tx.inner.rollback().await;
+        }
+    }
+
+    /// Runs `writes` in the call's transaction in the store's own
+    /// database, for the handler's business writes: the executor adds the
+    /// call's `completed` receipt to that transaction and commits both at
+    /// once when the handler returns `Ok`, so the business rows and the
+    /// receipt are both stored or both absent, crash or not. An `Err` (or
+    /// a panic, or a timeout) of the handler rolls it back. The first call
+    /// begins the transaction; later calls of the same handler go on in
+    /// it. Use it in a tool registered as
     /// [`Effect::Transactional`](crate::Effect::Transactional) (its outcome
     /// is then never unknown); a write tool may use it too, but its other
     /// effects keep their own rules.
+    ///
+    /// The transaction is reached only inside `writes`, which this call
+    /// awaits: it ends with its call. A task that kept a clone of the
+    /// context and calls this after the handler returned is refused (the
+    /// call has ended); one still inside `writes` when the handler returns
+    /// holds the call's settlement back until it is done. A `writes` that
+    /// is interrupted half-way (dropped, or panicking) leaves the
+    /// transaction to be rolled back: the call then fails
+    /// (`transaction_rolled_back`) instead of committing part of it.
     ///
     /// The business tables live in the store's database: on SQLite, the
     /// executor's store file (the transaction holds its write lock until
@@ -285,30 +316,44 @@ impl CallContext {
     /// use toolrunner::{CallContext, ToolError, sqlx};
     ///
     /// async fn place(ctx: CallContext, amount: i64) -> Result<String, ToolError> {
-    ///     let mut tx = ctx.transaction().await?;
-    ///     sqlx::query("INSERT INTO orders (operation_key, amount) VALUES ($1, $2)")
-    ///         .bind(ctx.operation_key())
-    ///         .bind(amount)
-    ///         .execute(tx.sqlite()?)
-    ///         .await
-    ///         .map_err(|e| ToolError::failed("order_refused", e.to_string()))?;
-    ///     Ok(format!("order {} placed", ctx.operation_key()))
+    ///     let key = ctx.operation_key().to_owned();
+    ///     ctx.transaction(async |tx| {
+    ///         sqlx::query("INSERT INTO orders (operation_key, amount) VALUES ($1, $2)")
+    ///             .bind(&key)
+    ///             .bind(amount)
+    ///             .execute(tx.sqlite()?)
+    ///             .await
+    ///             .map_err(|e| ToolError::failed("order_refused", e.to_string()))?;
+    ///         Ok(())
+    ///     })
+    ///     .await?;
+    ///     Ok(format!("order {key} placed"))
     /// }
     /// ```
     ///
     /// # Errors
-    /// When the transaction cannot begin: [`ToolError::retry`] for a
-    /// transactional tool (nothing happened), [`ToolError::unknown`] for
-    /// another (it may have done something before); and
-    /// [`ToolError::unknown`] when a [`Transaction`] of this call is still
-    /// held (hold one at a time).
-    pub async fn transaction(&self) -> Result<Transaction, ToolError> {
-        let Ok(mut slot) = self.transaction.clone().try_lock_owned() else {
+    /// What `writes` returns; when the transaction cannot begin:
+    /// [`ToolError::retry`] for a transactional tool (nothing happened),
+    /// [`ToolError::unknown`] for another (it may have done something
+    /// before); [`ToolError::unknown`] when the call has ended (its
+    /// transaction was committed or rolled back with it).
+    pub async fn transaction<T>(
+        &self,
+        writes: impl AsyncFnOnce(&mut Transaction) -> Result<T, ToolError>,
+    ) -> Result<T, ToolError> {
+        let mut slot = self.transaction.lock().await;
+        if slot.ended {
+            return Err(ToolError::unknown(format!(
+                "call {}/{} has ended: its transaction was committed or rolled back with it; use ctx.transaction only before the handler returns",
+                self.key.run_id, self.key.call_id
+            )));
+        }
+        if slot.interrupted {
             return Err(ToolError::unknown(
-                "the call's transaction is already held: hold one Transaction at a time",
+                "the call's transaction was interrupted half-way (a dropped or panicking ctx.transaction): it is rolled back when the handler returns",
             ));
-        };
-        if slot.is_none() {
+        }
+        if slot.tx.is_none() {
             let begun = self.core.store.begin().await.map_err(|e| {
                 let why = format!("the store's transaction could not begin: {e}");
                 // Nothing happened only if the tool's effects all go
@@ -329,11 +374,15 @@ impl CallContext {
                 self.sqlite_open
                     .store(true, std::sync::atomic::Ordering::SeqCst);
             }
-            *slot = Some(begun);
+            slot.tx = Some(Transaction { inner: begun });
         }
-        let guard = tokio::sync::OwnedMutexGuard::try_map(slot, Option::as_mut)
-            .map_err(|_| ToolError::unknown("the call's transaction is gone"))?;
-        Ok(Transaction { guard })
+        // Cleared only when `writes` comes back: dropped or unwound
+        // half-way, the transaction is left marked.
+        slot.interrupted = true;
+        let tx = slot.tx.as_mut().expect("begun above");
+        let outcome = writes(tx).await;
+        slot.interrupted = false;
+        outcome
     }
 
     /// Checks, right now and unthrottled, that the run is not cancelled and
@@ -383,19 +432,30 @@ impl CallContext {
     }
 }
 
-/// A handler's hold on its call's transaction
-/// ([`CallContext::transaction`]): run the business writes on
-/// [`sqlite`](Self::sqlite) or `postgres` (the `postgres` feature), whichever the
-/// store is. Dropping it does not end the transaction: the executor
-/// commits it with the final receipt, or rolls it back.
+/// The call's transaction as a handler reaches it, inside
+/// [`CallContext::transaction`]: run the business writes on
+/// [`sqlite`](Self::sqlite) or `postgres` (the `postgres` feature),
+/// whichever the store is. The executor commits it with the final receipt,
+/// or rolls it back.
 pub struct Transaction {
-    guard: tokio::sync::OwnedMappedMutexGuard<Option<StoreTransaction>, StoreTransaction>,
+    inner: StoreTransaction,
+}
+
+/// Where a call's transaction is kept between a handler's
+/// [`CallContext::transaction`] closures.
+#[derive(Default)]
+pub(crate) struct TransactionSlot {
+    tx: Option<Transaction>,
+    /// The executor ended it with the call: no closure runs any more.
+    ended: bool,
+    /// A closure was interrupted half-way: it must not commit.
+    interrupted: bool,
 }
 
 impl std::fmt::Debug for Transaction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transaction")
-            .field("backend", &self.guard.backend())
+            .field("backend", &self.inner.backend())
             .finish()
     }
 }
@@ -407,8 +467,8 @@ impl Transaction {
     /// [`ToolError::failed`] with code `wrong_store` when the store is not
     /// SQLite (nothing was written).
     pub fn sqlite(&mut self) -> Result<&mut sqlx::SqliteConnection, ToolError> {
-        let backend = self.guard.backend();
-        self.guard
+        let backend = self.inner.backend();
+        self.inner
             .sqlite()
             .ok_or_else(|| wrong_store("SQLite", backend))
     }
@@ -421,8 +481,8 @@ impl Transaction {
     /// PostgreSQL (nothing was written).
     #[cfg(feature = "postgres")]
     pub fn postgres(&mut self) -> Result<&mut sqlx::PgConnection, ToolError> {
-        let backend = self.guard.backend();
-        self.guard
+        let backend = self.inner.backend();
+        self.inner
             .postgres()
             .ok_or_else(|| wrong_store("PostgreSQL", backend))
     }

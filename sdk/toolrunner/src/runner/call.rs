@@ -602,21 +602,32 @@ async fn run(
     let ctx = CallContext::new(core, &call, asg, cancel.clone());
     let outcome = attempt_handler(core, tool.as_ref(), &ctx, asg).await;
     // The transaction the handler opened, if it did: committed below with
-    // a `completed` receipt, rolled back (dropped) otherwise.
-    let (outcome, transaction) = match ctx.take_transaction() {
+    // a `completed` receipt, rolled back otherwise (before the call's
+    // settlement is stored).
+    let (outcome, transaction) = match ctx.end_transaction().await {
         Ok(t) => (outcome, t),
-        Err(()) => (
-            Err(ToolError::unknown(
-                "the handler returned while a Transaction of its call was still held",
-            )),
-            None,
-        ),
+        Err(interrupted) => {
+            interrupted.rollback().await;
+            (
+                Err(ToolError::unknown(
+                    "the call's transaction was interrupted half-way (a dropped or panicking ctx.transaction)",
+                )),
+                None,
+            )
+        }
     };
     core.crash_point("after_handler")?;
     let transactional = tool.effect() == Effect::Transactional;
     let event = outcome_event(asg, outcome, transactional);
     let completed = matches!(&event, Event::HandlerFinished { outcome } if outcome.kind == ReceiptKind::Completed);
-    let moved = match transaction.filter(|_| completed) {
+    let transaction = match transaction {
+        Some(tx) if !completed => {
+            tx.rollback().await;
+            None
+        }
+        tx => tx,
+    };
+    let moved = match transaction {
         Some(tx) => commit_in(core, &key, asg, tx, event.clone(), transactional).await?,
         None => core
             .advance_from(
@@ -823,8 +834,9 @@ async fn attempt_handler(
         match result {
             Err(ToolError::Retry { reason, .. }) if attempt + 1 < core.cfg.retry_attempts => {
                 tracing::info!(attempt, %reason, "handler asked to retry; nothing happened");
-                // Its transaction, if it opened one, is rolled back.
-                drop(ctx.take_transaction());
+                // Its transaction, if it opened one, is rolled back; the
+                // next attempt begins another.
+                ctx.restart_transaction().await;
                 tokio::time::sleep(super::pause(core, attempt)).await;
                 attempt += 1;
             }

@@ -52,6 +52,20 @@ impl StoreTransaction {
         }
     }
 
+    /// Rolls it back now (dropped, it would roll back only when its
+    /// connection next goes back to its pool); a failure leaves that to the
+    /// pool, which closes a connection it cannot reset.
+    pub(crate) async fn rollback(self) {
+        let rolled = match self.inner {
+            Inner::Sqlite(tx) => tx.rollback().await,
+            #[cfg(feature = "postgres")]
+            Inner::Postgres(tx) => tx.rollback().await,
+        };
+        if let Err(e) = rolled {
+            tracing::warn!(error = %e, "the call's transaction did not roll back cleanly");
+        }
+    }
+
     /// The name of the backend (for errors that say which one it is).
     pub(crate) fn backend(&self) -> &'static str {
         match &self.inner {
