@@ -1334,3 +1334,28 @@ fn transactional_handler_interrupted_transaction_is_rolled_back() {
             .expect("rolled back");
     });
 }
+
+/// A nested `ctx.transaction` is refused at once.
+#[test]
+fn transactional_handler_nested_transaction_is_refused_at_once() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        transactional::a_nested_transaction_is_refused_at_once(&url)
+            .await
+            .expect("refused");
+    });
+}
+
+/// A closure still running in a kept task when the handler returns is cut
+/// off; the call settles and the writer never stalls.
+#[test]
+fn transactional_handler_closure_still_running_is_cut_off() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        transactional::a_closure_still_running_when_the_handler_returns_is_cut_off(&url)
+            .await
+            .expect("cut off");
+    });
+}

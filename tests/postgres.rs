@@ -171,6 +171,22 @@ mod suite {
                     })
                 },
             ),
+            (
+                "transactional::a_nested_transaction_is_refused_at_once",
+                |_, u| {
+                    Box::pin(async move {
+                        super::transactional::a_nested_transaction_is_refused_at_once(&u).await
+                    })
+                },
+            ),
+            (
+                "transactional::a_closure_still_running_when_the_handler_returns_is_cut_off",
+                |_, u| {
+                    Box::pin(async move {
+                        super::transactional::a_closure_still_running_when_the_handler_returns_is_cut_off(&u).await
+                    })
+                },
+            ),
             ("transactional::a_kept_transaction_is_harmless", |_, u| {
                 Box::pin(
                     async move { super::transactional::a_kept_transaction_is_harmless(&u).await },

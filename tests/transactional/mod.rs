@@ -58,6 +58,13 @@ pub(crate) struct Order {
     /// and return `Ok` all the same.
     #[serde(default)]
     pub(crate) interrupted: bool,
+    /// Call `ctx.transaction` inside its own closure.
+    #[serde(default)]
+    pub(crate) nested: bool,
+    /// Hand the context to a task that enters the transaction's closure
+    /// and never leaves it, and return `Ok` meanwhile.
+    #[serde(default)]
+    pub(crate) kept_inside: bool,
 }
 
 /// `orders.place` result.
@@ -134,6 +141,40 @@ async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
             .map_err(|e| ToolError::failed("progress", e.to_string()))?;
     }
     let key = ctx.operation_key().to_owned();
+    if order.nested {
+        let inner = tokio::time::timeout(
+            Duration::from_secs(2),
+            ctx.transaction(async |_| {
+                Ok(ctx
+                    .transaction(async |tx| insert(tx, "nested", 1).await)
+                    .await)
+            }),
+        )
+        .await;
+        return match inner {
+            Ok(Ok(Err(e))) if e.to_string().contains("inside its own closure") => {
+                Err(ToolError::failed("nested_refused", e.to_string()))
+            }
+            other => Err(ToolError::failed(
+                "nested_not_refused",
+                format!("{other:?}"),
+            )),
+        };
+    }
+    if order.kept_inside {
+        let late = ctx.clone();
+        tokio::spawn(async move {
+            let _ = late
+                .transaction(async |tx| {
+                    insert(tx, "inside", 1).await?;
+                    std::future::pending::<()>().await;
+                    Ok(())
+                })
+                .await;
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        return Ok(Placed { order: key });
+    }
     if order.interrupted {
         let half_way = tokio::time::timeout(
             Duration::from_millis(200),
@@ -715,6 +756,89 @@ pub(crate) async fn an_interrupted_transaction_is_rolled_back(store_url: &str) -
         call.state.as_str() == "failed" && text.contains("transaction_rolled_back"),
         "the call ended {}: {text}",
         call.state.as_str()
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// `ctx.transaction` called inside its own closure is refused at once (it
+/// would wait for itself).
+pub(crate) async fn a_nested_transaction_is_refused_at_once(store_url: &str) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let run = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 2, "nested": true}),
+        )])
+        .await?;
+    let call = settled(&bench, &run).await?;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    let text = serde_json::to_string(&call)?;
+    ensure!(
+        text.contains("nested_refused"),
+        "the nested call was not refused: {text}"
+    );
+    ensure!(
+        orders(store_url, "nested").await? == 0,
+        "the nested write was stored"
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// A task that kept the handler's context and is still inside the
+/// transaction's closure when the handler returns is cut off: the call
+/// settles at once (`transaction_rolled_back`: its closure was interrupted,
+/// so nothing of the transaction commits), and the next call is not held
+/// up.
+pub(crate) async fn a_closure_still_running_when_the_handler_returns_is_cut_off(
+    store_url: &str,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let kept = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 3, "kept_inside": true}),
+        )])
+        .await?;
+    let kept_call = settled(&bench, &kept).await?;
+    let started = tokio::time::Instant::now();
+    let next = bench
+        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 5}))])
+        .await?;
+    let next_call = settled(&bench, &next).await?;
+    let took = started.elapsed();
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    let text = serde_json::to_string(&kept_call)?;
+    ensure!(
+        kept_call.state.as_str() == "failed" && text.contains("transaction_rolled_back"),
+        "the call ended {}: {text}",
+        kept_call.state.as_str()
+    );
+    ensure!(
+        orders(store_url, "inside").await? == 0,
+        "the cut-off write was stored"
+    );
+    ensure!(
+        next_call.state.as_str() == "completed",
+        "the next call ended {}",
+        next_call.state.as_str()
+    );
+    ensure!(
+        took < Duration::from_millis(2_500),
+        "the next call took {took:?}: the writer stalled"
     );
     bench.server.shutdown().await;
     Ok(())

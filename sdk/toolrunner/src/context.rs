@@ -127,6 +127,25 @@ pub struct CallContext {
     pub(crate) transaction: Arc<tokio::sync::Mutex<TransactionSlot>>,
     /// Whether that transaction is open on SQLite (it holds the write lock).
     sqlite_open: Arc<std::sync::atomic::AtomicBool>,
+    /// The handler attempt this context was handed to.
+    attempt: u64,
+    /// The attempt running now, and the token that ends it (and cuts off
+    /// a transaction closure still running for it).
+    attempts: Arc<std::sync::Mutex<Attempts>>,
+}
+
+/// The handler attempt of a call running now (see
+/// [`CallContext::end_attempt`]).
+#[derive(Default)]
+pub(crate) struct Attempts {
+    number: u64,
+    over: CancellationToken,
+}
+
+tokio::task_local! {
+    /// The call (run id, call id) whose transaction closure this task is
+    /// inside, to refuse a nested `ctx.transaction` at once.
+    static INSIDE: (String, String);
 }
 
 impl std::fmt::Debug for CallContext {
@@ -158,28 +177,51 @@ impl CallContext {
             cancel,
             transaction: Arc::default(),
             sqlite_open: Arc::default(),
+            attempt: 0,
+            attempts: Arc::default(),
         }
     }
 
-    /// Ends the call's transaction for the executor, which commits it with
-    /// the final receipt or rolls it back: waits for a
-    /// [`transaction`](Self::transaction) closure still running (a task
-    /// that kept a clone of this context), and from then on every
-    /// `transaction` of this call is refused. `Err` (the transaction, to
-    /// roll back) when a closure was interrupted (dropped or panicked)
-    /// half-way: what it wrote must not commit.
+    /// This context for the call's next handler attempt (after
+    /// [`end_attempt`](Self::end_attempt)): clones kept from an earlier
+    /// attempt reach no transaction any more.
+    pub(crate) fn next_attempt(&self) -> CallContext {
+        let mut attempts = self.attempts.lock().expect("not poisoned");
+        attempts.number += 1;
+        attempts.over = CancellationToken::new();
+        CallContext {
+            attempt: attempts.number,
+            ..self.clone()
+        }
+    }
+
+    /// Ends the handler attempt running now: a transaction closure still
+    /// running for it (in a task that kept a clone of this context) is cut
+    /// off, and the transaction taken for the executor, which commits it
+    /// with the final receipt or rolls it back. `Err` (the transaction, to
+    /// roll back) when a closure was interrupted half-way: what it wrote
+    /// must not commit.
+    pub(crate) async fn end_attempt(&self) -> Result<Option<StoreTransaction>, StoreTransaction> {
+        self.attempts.lock().expect("not poisoned").over.cancel();
+        let mut slot = self.transaction.lock().await;
+        self.sqlite_open
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let interrupted = std::mem::take(&mut slot.interrupted);
+        match slot.tx.take().map(|t| t.inner) {
+            Some(tx) if interrupted => Err(tx),
+            tx => Ok(tx),
+        }
+    }
+
+    /// Ends the call's last handler attempt (see
+    /// [`end_attempt`](Self::end_attempt)); from then on every
+    /// `transaction` of this call is refused.
     pub(crate) async fn end_transaction(
         &self,
     ) -> Result<Option<StoreTransaction>, StoreTransaction> {
-        let mut slot = self.transaction.lock().await;
-        slot.ended = true;
-        self.sqlite_open
-            .store(false, std::sync::atomic::Ordering::SeqCst);
-        let tx = slot.tx.take().map(|t| t.inner);
-        match tx {
-            Some(tx) if slot.interrupted => Err(tx),
-            tx => Ok(tx),
-        }
+        let ended = self.end_attempt().await;
+        self.transaction.lock().await.ended = true;
+        ended
     }
 
     /// The stable operation key: pass it downstream as the idempotency key
@@ -270,18 +312,6 @@ impl CallContext {
         .await
     }
 
-    /// Rolls back the transaction of a handler attempt that asked to be
-    /// retried (nothing of it is kept); the next attempt begins another.
-    pub(crate) async fn restart_transaction(&self) {
-        let mut slot = self.transaction.lock().await;
-        slot.interrupted = false;
-        self.sqlite_open
-            .store(false, std::sync::atomic::Ordering::SeqCst);
-        if let Some(tx) = slot.tx.take() {
-            tx.inner.rollback().await;
-        }
-    }
-
     /// Runs `writes` in the call's transaction in the store's own
     /// database, for the handler's business writes: the executor adds the
     /// call's `completed` receipt to that transaction and commits both at
@@ -341,12 +371,33 @@ impl CallContext {
         &self,
         writes: impl AsyncFnOnce(&mut Transaction) -> Result<T, ToolError>,
     ) -> Result<T, ToolError> {
-        let mut slot = self.transaction.lock().await;
-        if slot.ended {
-            return Err(ToolError::unknown(format!(
+        let ended = || {
+            ToolError::unknown(format!(
                 "call {}/{} has ended: its transaction was committed or rolled back with it; use ctx.transaction only before the handler returns",
                 self.key.run_id, self.key.call_id
-            )));
+            ))
+        };
+        let inside = INSIDE
+            .try_with(|(run, call)| *run == self.key.run_id && *call == self.key.call_id)
+            .unwrap_or(false);
+        if inside {
+            return Err(ToolError::unknown(
+                "ctx.transaction was called inside its own closure: do the call's writes in one closure (the transaction is the same)",
+            ));
+        }
+        let over = {
+            let attempts = self.attempts.lock().expect("not poisoned");
+            if attempts.number != self.attempt || attempts.over.is_cancelled() {
+                return Err(ended());
+            }
+            attempts.over.clone()
+        };
+        let mut slot = tokio::select! {
+            slot = self.transaction.lock() => slot,
+            () = over.cancelled() => return Err(ended()),
+        };
+        if slot.ended || over.is_cancelled() {
+            return Err(ended());
         }
         if slot.interrupted {
             return Err(ToolError::unknown(
@@ -380,7 +431,15 @@ impl CallContext {
         // half-way, the transaction is left marked.
         slot.interrupted = true;
         let tx = slot.tx.as_mut().expect("begun above");
-        let outcome = writes(tx).await;
+        let marker = (self.key.run_id.clone(), self.key.call_id.clone());
+        let outcome = tokio::select! {
+            outcome = INSIDE.scope(marker, writes(tx)) => outcome,
+            // The handler returned (or timed out) while a task that kept
+            // this context was still inside: cut off, left interrupted.
+            () = over.cancelled() => return Err(ToolError::unknown(
+                "the call's handler ended while this transaction closure ran: the transaction is rolled back",
+            )),
+        };
         slot.interrupted = false;
         outcome
     }

@@ -608,12 +608,16 @@ async fn run(
         Ok(t) => (outcome, t),
         Err(interrupted) => {
             interrupted.rollback().await;
-            (
-                Err(ToolError::unknown(
+            // Rolled back: the handler's own definite failure stands;
+            // anything else is unknown (a transactional tool's: nothing
+            // was written).
+            let outcome = match outcome {
+                Err(e @ (ToolError::Failed { .. } | ToolError::Cancelled { .. })) => Err(e),
+                _ => Err(ToolError::unknown(
                     "the call's transaction was interrupted half-way (a dropped or panicking ctx.transaction)",
                 )),
-                None,
-            )
+            };
+            (outcome, None)
         }
     };
     core.crash_point("after_handler")?;
@@ -813,6 +817,7 @@ async fn attempt_handler(
     asg: &Assignment,
 ) -> Result<Value, ToolError> {
     let mut attempt = 0;
+    let mut current = ctx.clone();
     loop {
         // A handler starts only on a live lease: whoever takes the identity
         // over waits the tool's commit window from its lapse.
@@ -821,7 +826,7 @@ async fn attempt_handler(
         }
         let result = tokio::time::timeout(
             core.cfg.handler_timeout,
-            guarded(tool, ctx, asg.arguments.clone()),
+            guarded(tool, &current, asg.arguments.clone()),
         )
         .await;
         let result = match result {
@@ -835,8 +840,12 @@ async fn attempt_handler(
             Err(ToolError::Retry { reason, .. }) if attempt + 1 < core.cfg.retry_attempts => {
                 tracing::info!(attempt, %reason, "handler asked to retry; nothing happened");
                 // Its transaction, if it opened one, is rolled back; the
-                // next attempt begins another.
-                ctx.restart_transaction().await;
+                // next attempt begins another, and clones kept from this
+                // one reach it no more.
+                if let Ok(Some(tx)) | Err(tx) = current.end_attempt().await {
+                    tx.rollback().await;
+                }
+                current = current.next_attempt();
                 tokio::time::sleep(super::pause(core, attempt)).await;
                 attempt += 1;
             }

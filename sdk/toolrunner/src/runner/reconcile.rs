@@ -69,7 +69,13 @@ pub(crate) async fn check(
     let key = CallKey::of(&call);
     let at = (key.run_id.as_str(), key.call_id.as_str());
     let ctx = CallContext::new(core, &call, &asg, cancel.clone());
-    let found = match super::unwind::catch(tool.reconcile(&ctx)).await {
+    let found = super::unwind::catch(tool.reconcile(&ctx)).await;
+    // A transaction the hook opened ends with its check, before anything
+    // is stored for the call.
+    if let Ok(Some(tx)) | Err(tx) = ctx.end_transaction().await {
+        tx.rollback().await;
+    }
+    let found = match found {
         Ok(found) => found,
         Err(panic) => {
             tracing::error!(%panic, "the reconcile hook panicked; the call waits for a human or the next check");
