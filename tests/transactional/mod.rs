@@ -668,6 +668,56 @@ where
     Ok(())
 }
 
+/// Runs one call with `arguments` on an executor of its own: the call as
+/// the platform ends it.
+async fn one_call(
+    bench: &Bench,
+    arguments: serde_json::Value,
+) -> Result<toolrunner::platform::RunCall> {
+    create_orders(&bench.store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let run = bench
+        .submit(vec![NewToolCall::new("orders.place", arguments)])
+        .await?;
+    let call = settled(bench, &run).await?;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    Ok(call)
+}
+
+/// Runs a call with `arguments`, then a plain one once it settled: both as
+/// the platform ends them, and how long the second took.
+async fn one_then_another(
+    bench: &Bench,
+    arguments: serde_json::Value,
+) -> Result<(
+    toolrunner::platform::RunCall,
+    toolrunner::platform::RunCall,
+    Duration,
+)> {
+    create_orders(&bench.store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let first = bench
+        .submit(vec![NewToolCall::new("orders.place", arguments)])
+        .await?;
+    let first = settled(bench, &first).await?;
+    let started = tokio::time::Instant::now();
+    let next = bench
+        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 5}))])
+        .await?;
+    let next = settled(bench, &next).await?;
+    let took = started.elapsed();
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    Ok((first, next, took))
+}
+
 /// A handler that hands its context to a task outliving it, which reaches
 /// for the call's transaction after the return: the task is refused (the
 /// call has ended, and nothing of its writes is stored), the call
@@ -675,27 +725,9 @@ where
 /// transaction ended with its call: the writer never stalls). On the API
 /// before this one a kept transaction handle stalled the writer.
 pub(crate) async fn a_kept_transaction_is_harmless(store_url: &str) -> Result<()> {
-    create_orders(store_url).await?;
     let bench = Bench::start(store_url).await?;
-    let running = bench.executor(None)?.start().await?;
-    let kept = bench
-        .submit(vec![NewToolCall::new(
-            "orders.place",
-            json!({"amount": 4, "kept": true}),
-        )])
-        .await?;
-    let kept_call = settled(&bench, &kept).await?;
-    let started = tokio::time::Instant::now();
-    let next = bench
-        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 5}))])
-        .await?;
-    let next_call = settled(&bench, &next).await?;
-    let took = started.elapsed();
-    running
-        .shutdown(Shutdown::Drain {
-            deadline: Duration::from_secs(10),
-        })
-        .await?;
+    let (kept_call, next_call, took) =
+        one_then_another(&bench, json!({"amount": 4, "kept": true})).await?;
     ensure!(
         kept_call.state.as_str() == "completed",
         "the call whose context was kept ended {}: {}",
@@ -736,21 +768,8 @@ pub(crate) async fn a_kept_transaction_is_harmless(store_url: &str) -> Result<()
 /// an insert) and returns `Ok` all the same: the part written is not
 /// committed with a `completed`; the call fails `transaction_rolled_back`.
 pub(crate) async fn an_interrupted_transaction_is_rolled_back(store_url: &str) -> Result<()> {
-    create_orders(store_url).await?;
     let bench = Bench::start(store_url).await?;
-    let running = bench.executor(None)?.start().await?;
-    let run = bench
-        .submit(vec![NewToolCall::new(
-            "orders.place",
-            json!({"amount": 6, "interrupted": true}),
-        )])
-        .await?;
-    let call = settled(&bench, &run).await?;
-    running
-        .shutdown(Shutdown::Drain {
-            deadline: Duration::from_secs(10),
-        })
-        .await?;
+    let call = one_call(&bench, json!({"amount": 6, "interrupted": true})).await?;
     let text = serde_json::to_string(&call)?;
     ensure!(
         call.state.as_str() == "failed" && text.contains("transaction_rolled_back"),
@@ -764,21 +783,8 @@ pub(crate) async fn an_interrupted_transaction_is_rolled_back(store_url: &str) -
 /// `ctx.transaction` called inside its own closure is refused at once (it
 /// would wait for itself).
 pub(crate) async fn a_nested_transaction_is_refused_at_once(store_url: &str) -> Result<()> {
-    create_orders(store_url).await?;
     let bench = Bench::start(store_url).await?;
-    let running = bench.executor(None)?.start().await?;
-    let run = bench
-        .submit(vec![NewToolCall::new(
-            "orders.place",
-            json!({"amount": 2, "nested": true}),
-        )])
-        .await?;
-    let call = settled(&bench, &run).await?;
-    running
-        .shutdown(Shutdown::Drain {
-            deadline: Duration::from_secs(10),
-        })
-        .await?;
+    let call = one_call(&bench, json!({"amount": 2, "nested": true})).await?;
     let text = serde_json::to_string(&call)?;
     ensure!(
         text.contains("nested_refused"),
@@ -800,27 +806,9 @@ pub(crate) async fn a_nested_transaction_is_refused_at_once(store_url: &str) -> 
 pub(crate) async fn a_closure_still_running_when_the_handler_returns_is_cut_off(
     store_url: &str,
 ) -> Result<()> {
-    create_orders(store_url).await?;
     let bench = Bench::start(store_url).await?;
-    let running = bench.executor(None)?.start().await?;
-    let kept = bench
-        .submit(vec![NewToolCall::new(
-            "orders.place",
-            json!({"amount": 3, "kept_inside": true}),
-        )])
-        .await?;
-    let kept_call = settled(&bench, &kept).await?;
-    let started = tokio::time::Instant::now();
-    let next = bench
-        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 5}))])
-        .await?;
-    let next_call = settled(&bench, &next).await?;
-    let took = started.elapsed();
-    running
-        .shutdown(Shutdown::Drain {
-            deadline: Duration::from_secs(10),
-        })
-        .await?;
+    let (kept_call, next_call, took) =
+        one_then_another(&bench, json!({"amount": 3, "kept_inside": true})).await?;
     let text = serde_json::to_string(&kept_call)?;
     ensure!(
         kept_call.state.as_str() == "failed" && text.contains("transaction_rolled_back"),

@@ -5,6 +5,25 @@
 //! SQL so that a second backend (PostgreSQL) can follow; [`SqliteStore`] is
 //! the one shipped.
 
+/// What makes a call prunable, the same on every backend (the cut-off and
+/// the limit, whose placeholders differ, follow it): settled for good,
+/// with nothing still to send or report, and nothing a person still needs
+/// (see [`Change::Prune`]).
+macro_rules! prunable_calls {
+    () => {
+        "SELECT run_id, call_id FROM calls
+    WHERE (state IN ('delivered', 'abandoned', 'released', 'compensated')
+           OR (state = 'orphaned'
+               AND (NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = calls.run_id
+                                AND e.call_id = calls.call_id AND e.what = 'orphaned_outcome_unknown')
+                    OR EXISTS (SELECT 1 FROM events e WHERE e.run_id = calls.run_id
+                               AND e.call_id = calls.call_id AND e.what = 'operator_closed'))))
+      AND report IS NULL
+      AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.run_id = calls.run_id
+                      AND r.call_id = calls.call_id AND r.status = 'pending')"
+    };
+}
+
 mod columns;
 #[cfg(feature = "postgres")]
 mod postgres;

@@ -276,17 +276,7 @@ pub(super) fn apply(
 
 /// The calls [`Change::Prune`] may delete (`?1`: settled before; `?2`: at
 /// most this many).
-pub(super) const PRUNABLE: &str = "SELECT run_id, call_id FROM calls
-    WHERE (state IN ('delivered', 'abandoned', 'released', 'compensated')
-           OR (state = 'orphaned'
-               AND (NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = calls.run_id
-                                AND e.call_id = calls.call_id AND e.what = 'orphaned_outcome_unknown')
-                    OR EXISTS (SELECT 1 FROM events e WHERE e.run_id = calls.run_id
-                               AND e.call_id = calls.call_id AND e.what = 'operator_closed'))))
-      AND updated_at < ?1 AND report IS NULL
-      AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.run_id = calls.run_id
-                      AND r.call_id = calls.call_id AND r.status = 'pending')
-    LIMIT ?2";
+pub(super) const PRUNABLE: &str = concat!(prunable_calls!(), " AND updated_at < ?1 LIMIT ?2");
 
 /// Deletes up to `limit` calls settled for good before `settled_before`,
 /// with everything kept for them.
