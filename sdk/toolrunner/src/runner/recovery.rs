@@ -77,17 +77,7 @@ pub(crate) async fn resume(
                 // The platform released the claim while we were away (a
                 // lapsed lease): claim again with the same key; the claim's
                 // answer decides about the saved `accepted`.
-                let lapsed = core
-                    .advance(&key, Reads::Row, |s| {
-                        s.call
-                            .as_ref()
-                            .filter(|now| {
-                                now.state == LocalState::Assigned && now.version == c.version
-                            })
-                            .map(|_| Event::ClaimLapsed)
-                    })
-                    .await;
-                if let Err(e) = lapsed {
+                if let Err(e) = on_listed_row(core, &c, Event::ClaimLapsed).await {
                     tracing::error!(error = %e, "cannot record a released claim");
                     continue;
                 }
@@ -104,17 +94,7 @@ pub(crate) async fn resume(
                 // there (its run cancelled or ended): a transactional one,
                 // none of whose writes committed, is not run again.
                 tracing::warn!(run_id = %key.run_id, call_id = %key.call_id, "a transactional call the platform ended while this process was away: not run again");
-                let ended = core
-                    .advance(&key, Reads::Row, |s| {
-                        s.call
-                            .as_ref()
-                            .filter(|now| {
-                                now.state == LocalState::Running && now.version == c.version
-                            })
-                            .map(|_| Event::TransactionalEnded)
-                    })
-                    .await;
-                if let Err(e) = ended {
+                if let Err(e) = on_listed_row(core, &c, Event::TransactionalEnded).await {
                     tracing::error!(error = %e, "cannot record a transactional call the platform ended");
                 }
                 continue;
@@ -124,4 +104,22 @@ pub(crate) async fn resume(
         }
     }
     outbox::spawn_flush_reports(core.clone());
+}
+
+/// Applies `event` to the call only while its row is still as recovery
+/// listed it (same state, same version): a newer row is left alone.
+async fn on_listed_row(
+    core: &Arc<Core>,
+    listed: &crate::store::LocalCall,
+    event: Event,
+) -> Result<(), String> {
+    core.advance(&CallKey::of(listed), Reads::Row, |s| {
+        s.call
+            .as_ref()
+            .filter(|now| now.state == listed.state && now.version == listed.version)
+            .map(|_| event.clone())
+    })
+    .await
+    .map(drop)
+    .map_err(|e| e.to_string())
 }
