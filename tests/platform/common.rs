@@ -222,6 +222,15 @@ impl Srv {
         }
     }
 
+    /// Forgets a run as a platform whose own retention deleted it.
+    pub async fn forget_run(&self, run_id: &str) -> Result<(), toolrunner_devserver::Error> {
+        self.server
+            .as_ref()
+            .expect("the server is running")
+            .forget_run(run_id)
+            .await
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}/v1{}", self.base, path)
     }

@@ -253,3 +253,43 @@ async fn in_memory_restart_loses_state_but_never_reuses_ids() {
         assert!(!old.contains(id), "id {id} reused by a fresh platform");
     }
 }
+
+/// A forgotten run (`DevServer::forget_run`, a platform's own retention)
+/// answers `404` wherever a path names it, a final receipt for it included
+/// (the executor's call then goes `orphaned`), it leaves the heartbeat's
+/// bound calls, and it stays forgotten after a restart; other runs are
+/// untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_run_is_gone_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Opts {
+        db_path: Some(dir.path().join("platform.db")),
+        ..Opts::default()
+    };
+    let mut fx = Fixture::with(opts.clone()).await;
+    let (kept, kept_call) = fx.run1(READ, json!({})).await;
+    let (gone, gone_call) = fx.run1(CHARGE, charge_args()).await;
+    let c = fx.connect("exe_forget").await;
+    let asg = fx.running(&c, &gone, &gone_call).await;
+    fx.srv.forget_run(&gone).await.expect("forgotten");
+    fx.get_run_resp(&gone).await.err(404, "unknown_run");
+    fx.receipt(&asg, completed(&asg, 1, charge_result()))
+        .await
+        .err(404, "unknown_run");
+    let beat = fx.heartbeat(&c, json!([])).await;
+    assert!(
+        !beat.ok().to_string().contains(&gone_call),
+        "the heartbeat still names a call of the forgotten run: {beat:?}"
+    );
+    let again = fx.srv.forget_run(&gone).await;
+    assert!(again.is_err(), "forgetting an unknown run succeeded");
+    assert_eq!(fx.state(&kept, &kept_call).await, "pending");
+
+    fx.srv.stop().await;
+    let fx = Fixture::on(Srv::start_with(opts).await).await;
+    fx.get_run_resp(&gone).await.err(404, "unknown_run");
+    assert_eq!(
+        fx.get_run(&kept).await["tool_calls"][0]["call_id"],
+        kept_call.as_str()
+    );
+}

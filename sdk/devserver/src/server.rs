@@ -19,7 +19,7 @@ use crate::http::auth::{Grants, parse_token_spec};
 use crate::http::shared::{Engine, Shared};
 use crate::store::Store;
 
-/// Why the platform could not start.
+/// Why the platform could not start, or could not do what a test asked.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -37,6 +37,10 @@ pub enum Error {
     /// The database could not be opened, migrated or read.
     #[error("cannot open the platform database: {0}")]
     Store(String),
+    /// [`DevServer::forget_run`] failed: the run is unknown, or the change
+    /// could not be stored.
+    #[error("cannot forget the run: {0}")]
+    Forget(String),
 }
 
 /// Builds a [`DevServer`]. Every setting has the default of
@@ -263,6 +267,20 @@ impl DevServer {
         self.shared
             .clock_offset_ms
             .fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Forgets run `run_id`, its calls and their assignments, as a platform
+    /// whose own retention deleted them: from then on every path that names
+    /// the run answers `404` (tests: "the platform no longer knows the
+    /// run", which leaves an executor's call `orphaned`).
+    ///
+    /// # Errors
+    /// The run is unknown, or the change could not be stored.
+    pub async fn forget_run(&self, run_id: &str) -> Result<(), Error> {
+        self.shared
+            .apply(|s, _| s.forget_run(run_id))
+            .await
+            .map_err(|e| Error::Forget(e.to_string()))
     }
 
     /// Every receipt request that reached the platform, in arrival order,

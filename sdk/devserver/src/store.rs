@@ -76,6 +76,12 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         for (table, id) in dirty {
             let Some(doc) = state.record_json(table, &id) else {
+                // Changed and gone: a forgotten run's records.
+                let sql = format!("DELETE FROM {} WHERE id = ?1", table.name());
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(&id)
+                    .execute(&mut *tx)
+                    .await?;
                 continue;
             };
             self.seq += 1;

@@ -160,6 +160,33 @@ impl State {
         })
     }
 
+    /// Forgets a run as a platform whose own retention deleted it: the
+    /// run, its calls and their assignments are gone, and every path that
+    /// names the run answers `404` (a final receipt for it then leaves the
+    /// executor's call `orphaned`). Development only: no wire path does
+    /// this.
+    pub(crate) fn forget_run(&mut self, run_id: &str) -> Result<(), ApiError> {
+        self.run_in_path(run_id)?;
+        let run = self.runs.remove(run_id).expect("looked up above");
+        self.touch(Table::Runs, run_id);
+        for id in &run.call_ids {
+            self.calls.remove(id);
+            self.touch(Table::Calls, id);
+        }
+        let assignments: Vec<String> = self
+            .assignments
+            .values()
+            .filter(|a| a.run_id == run_id)
+            .map(|a| a.assignment_id.clone())
+            .collect();
+        for id in assignments {
+            self.assignments.remove(&id);
+            self.touch(Table::Assignments, &id);
+        }
+        self.reindex();
+        Ok(())
+    }
+
     pub(crate) fn cancel_run(&mut self, run_id: &str, now: i64) -> Result<Run, ApiError> {
         match self.run_in_path(run_id)?.status {
             RunStatus::Active => self.end_run(run_id, RunStatus::Cancelled, now),
