@@ -55,7 +55,7 @@ use toolrunner::testing::ProcessFaults;
 const PG_URL_VAR: &str = "TOOLRUNNER_SIM_PG_URL";
 use toolrunner::{
     CallContext, Effect, Evidence, Executor, Outcome, Reconciled, Reconciler, RunningExecutor,
-    Shutdown, Tool, ToolError, async_trait,
+    Shutdown, Tool, ToolError, Transaction, async_trait, sqlx,
 };
 use toolrunner_devserver::DevServer;
 
@@ -115,8 +115,38 @@ fn behaviour(i: usize) -> &'static str {
         .unwrap_or("ok")
 }
 
+/// A transactional call also: a task that keeps the context and reaches
+/// for the call's transaction after the handler returned (`kept`), or one
+/// still inside its transaction's closure when the handler returns
+/// (`kept_inside`).
+const BEHAVIOURS_TRANSACT_ONLY: [&str; 2] = ["kept", "kept_inside"];
+
 const HOOKS: [&str; 4] = ["truthful", "truthful", "unknown", "panic"];
+/// The tools the schedule's first draw picks from (see [`add_new_paths`]).
 const TOOLS: [&str; 3] = ["sim.write", "sim.write_rerun", "sim.read"];
+/// The transactional tool: its only effect is a row of `sim_rows` in the
+/// store's database, committed with its `completed` receipt.
+const TRANSACT: &str = "sim.transact";
+/// Every tool the executors serve.
+const ALL_TOOLS: [&str; 4] = ["sim.write", "sim.write_rerun", "sim.read", TRANSACT];
+/// The transactional tool's business table, in every store's database.
+const CREATE_ROWS: &str = "CREATE TABLE IF NOT EXISTS sim_rows (call_id TEXT NOT NULL, operation_key TEXT NOT NULL, late BIGINT NOT NULL)";
+const INSERT_ROW: &str = "INSERT INTO sim_rows (call_id, operation_key, late) VALUES ($1, $2, $3)";
+/// A store's write lock (SQLite) or a transaction left idle (PostgreSQL)
+/// held this long is a stalled writer: above every handler's time in its
+/// transaction (the handler timeout, 2 s) and every pause.
+const STALL: Duration = Duration::from_secs(8);
+/// How far the clock moves on for a retention pass: past the default
+/// retention (7 days) of everything stored.
+const RETENTION_CLOCK: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// One tool call of a run.
+#[derive(Debug, Clone)]
+struct SimCall {
+    tool: &'static str,
+    behaviour: &'static str,
+    hook: &'static str,
+}
 
 // ------------------------------------------------------------ the schedule
 
@@ -142,8 +172,8 @@ enum Action {
     Faults { error_rate: f64, drop_rate: f64 },
     /// A platform cancel of run `run` (by index).
     CancelRun { run: usize },
-    /// A new run with these `(tool, behaviour, hook)` calls.
-    NewRun { calls: Vec<(usize, usize, usize)> },
+    /// A new run with these calls.
+    NewRun { calls: Vec<SimCall> },
     /// An operator on `slot`'s store: resolve or compensate one call,
     /// redeliver the outbox.
     Operator { slot: usize, pick: u32 },
@@ -158,6 +188,15 @@ enum Action {
     /// (PostgreSQL) The platform cannot be reached for `ms`; the store
     /// answers.
     CutPlatform { slot: usize, ms: u64 },
+    /// Executor `slot`'s process is lost, run `run` is cancelled while it
+    /// is down, and it starts again.
+    CancelWhileDown { slot: usize, run: usize },
+    /// A retention pass over `slot`'s store with the clock moved on past
+    /// every retention period ([`RETENTION_CLOCK`]).
+    Retention { slot: usize },
+    /// The platform forgets run `run` (its own retention): what executors
+    /// still hold of it ends `orphaned`.
+    ForgetRun { run: usize },
 }
 
 #[derive(Debug, Clone)]
@@ -166,27 +205,70 @@ struct Schedule {
     actions: Vec<Action>,
 }
 
-fn draw_calls(rng: &mut StdRng, pg: bool) -> Vec<(usize, usize, usize)> {
+fn draw_calls(rng: &mut StdRng, pg: bool) -> Vec<SimCall> {
     let behaviours = if pg {
         BEHAVIOURS.len() + BEHAVIOURS_PG_ONLY.len()
     } else {
         BEHAVIOURS.len()
     };
     (0..rng.random_range(1..=3))
-        .map(|_| {
-            (
-                rng.random_range(0..TOOLS.len()),
-                rng.random_range(0..behaviours),
-                rng.random_range(0..HOOKS.len()),
-            )
+        .map(|_| SimCall {
+            tool: TOOLS[rng.random_range(0..TOOLS.len())],
+            behaviour: behaviour(rng.random_range(0..behaviours)),
+            hook: HOOKS[rng.random_range(0..HOOKS.len())],
         })
         .collect()
 }
 
 /// The schedule of a seed. On PostgreSQL (`pg`) it has two or three
-/// executors that adopt each other, and pauses and outages; on SQLite it
-/// is drawn as it always was, so a seed replays the same schedule.
+/// executors that adopt each other, and pauses and outages; on SQLite its
+/// first draw is what it always was. Then [`add_new_paths`].
 fn draw(seed: u64, pg: bool) -> Schedule {
+    let mut schedule = first_draw(seed, pg);
+    add_new_paths(&mut schedule, seed);
+    schedule
+}
+
+/// Transactional calls, runs cancelled while an executor is down,
+/// retention passes and forgotten runs, drawn from a generator of their
+/// own, so that the first draw of every seed stays what it was: some
+/// calls become transactional, and up to four of the new actions are
+/// inserted.
+fn add_new_paths(schedule: &mut Schedule, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x7472_616e_7361_6374);
+    for action in &mut schedule.actions {
+        if let Action::NewRun { calls } = action {
+            for c in calls.iter_mut() {
+                if !rng.random_bool(0.3) {
+                    continue;
+                }
+                c.tool = TRANSACT;
+                if rng.random_bool(0.3) {
+                    c.behaviour = BEHAVIOURS_TRANSACT_ONLY
+                        [rng.random_range(0..BEHAVIOURS_TRANSACT_ONLY.len())];
+                }
+            }
+        }
+    }
+    for _ in 0..rng.random_range(0..=4) {
+        let slot = rng.random_range(0..schedule.executors);
+        let action = match rng.random_range(0..100) {
+            0..=34 => Action::CancelWhileDown {
+                slot,
+                run: rng.random_range(0..4),
+            },
+            35..=74 => Action::Retention { slot },
+            _ => Action::ForgetRun {
+                run: rng.random_range(0..4),
+            },
+        };
+        let at = rng.random_range(1..=schedule.actions.len());
+        schedule.actions.insert(at, action);
+    }
+}
+
+/// The schedule's first draw.
+fn first_draw(seed: u64, pg: bool) -> Schedule {
     let mut rng = StdRng::seed_from_u64(seed);
     let executors = if pg {
         rng.random_range(2..=3)
@@ -277,6 +359,9 @@ struct Business {
     starts: Vec<(String, String)>,
     /// Operation keys whose `retry` behaviour already asked to retry.
     retried: Vec<String>,
+    /// When each run ended on the platform (cancelled or forgotten), as
+    /// the schedule saw the answer.
+    ended: HashMap<String, Instant>,
     violations: Vec<String>,
 }
 
@@ -309,6 +394,8 @@ struct SimTool {
     /// The faults of the process this tool runs in (PostgreSQL seeds): a
     /// frozen process makes no effect until it is thawed.
     faults: Option<ProcessFaults>,
+    /// When the process this tool runs in started.
+    process_started: Instant,
 }
 
 impl SimTool {
@@ -318,6 +405,150 @@ impl SimTool {
             f.stand_still().await;
         }
     }
+}
+
+impl SimTool {
+    /// The transactional tool: its row is written in the call's
+    /// transaction, and committed with the `completed` receipt or not at
+    /// all. `late`: the process started after the run had ended.
+    async fn transact(
+        &self,
+        ctx: &CallContext,
+        input: &SimInput,
+        late: bool,
+    ) -> Result<SimOutput, ToolError> {
+        let call_id = ctx.call_id().to_owned();
+        let key = ctx.operation_key().to_owned();
+        let write = async |tx: &mut Transaction| insert_row(tx, &call_id, &key, late).await;
+        let out = SimOutput { n: input.n };
+        match input.behaviour.as_str() {
+            "fail" => {
+                ctx.transaction(write).await?;
+                Err(ToolError::failed("declined", "the bank declined"))
+            }
+            "unknown_before" => Err(ToolError::unknown("timed out before the write")),
+            "unknown_after" => {
+                ctx.transaction(write).await?;
+                Err(ToolError::unknown("timed out after the write"))
+            }
+            "panic_before" => panic!("simulated handler panic before the write"),
+            "panic_after" => {
+                ctx.transaction(write).await?;
+                panic!("simulated handler panic after the write")
+            }
+            "slow" => {
+                tokio::select! {
+                    _ = ctx.cancelled() => {
+                        return Err(ToolError::cancelled("the customer cancelled"));
+                    }
+                    _ = tokio::time::sleep(Duration::from_millis(40 + input.n % 5 * 30)) => {}
+                }
+                self.stand_still().await;
+                ctx.transaction(write).await?;
+                Ok(out)
+            }
+            "progress" => {
+                let _ = ctx.progress("half way").await;
+                ctx.transaction(write).await?;
+                Ok(out)
+            }
+            "retry" => {
+                let first = self.world.with(|b| {
+                    let first = !b.retried.contains(&key);
+                    b.retried.push(key.clone());
+                    first
+                });
+                ctx.transaction(write).await?;
+                if first {
+                    // Rolled back: the next attempt writes again.
+                    return Err(ToolError::retry("the bank asked to try again"));
+                }
+                Ok(out)
+            }
+            "long" => {
+                // A transaction longer than the lease.
+                ctx.transaction(async |tx| {
+                    insert_row(tx, &call_id, &key, late).await?;
+                    tokio::time::sleep(PG_LEASE_TTL + Duration::from_millis(400)).await;
+                    Ok(())
+                })
+                .await?;
+                Ok(out)
+            }
+            "kept" => {
+                ctx.transaction(write).await?;
+                // A task that outlives the handler reaches for the call's
+                // transaction after the return: it must be refused.
+                let (kept, world) = (ctx.clone(), self.world.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let (call_id, key) = (kept.call_id().to_owned(), kept.operation_key().to_owned());
+                    let reached = kept
+                        .transaction(async |tx| insert_row(tx, &call_id, &key, late).await)
+                        .await;
+                    if reached.is_ok() {
+                        world.with(|b| {
+                            b.violations.push(format!(
+                                "a task that kept the context of {call_id} wrote in its transaction after the handler returned"
+                            ))
+                        });
+                    }
+                });
+                Ok(out)
+            }
+            "kept_inside" => {
+                // A task still inside the transaction's closure when the
+                // handler returns: cut off, its write rolled back.
+                let kept = ctx.clone();
+                tokio::spawn(async move {
+                    let (call_id, key) = (kept.call_id().to_owned(), kept.operation_key().to_owned());
+                    let _ = kept
+                        .transaction(async |tx| {
+                            insert_row(tx, &call_id, &key, late).await?;
+                            tokio::time::sleep(Duration::from_secs(10)).await;
+                            Ok(())
+                        })
+                        .await;
+                });
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(out)
+            }
+            _ => {
+                ctx.transaction(write).await?;
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Writes the transactional tool's row in the call's transaction,
+/// whichever store it is.
+async fn insert_row(
+    tx: &mut Transaction,
+    call_id: &str,
+    key: &str,
+    late: bool,
+) -> Result<(), ToolError> {
+    let failed = |e: sqlx::Error| ToolError::failed("row_refused", e.to_string());
+    #[cfg(feature = "postgres")]
+    if let Ok(conn) = tx.postgres() {
+        sqlx::query(INSERT_ROW)
+            .bind(call_id)
+            .bind(key)
+            .bind(i64::from(late))
+            .execute(conn)
+            .await
+            .map_err(failed)?;
+        return Ok(());
+    }
+    sqlx::query(INSERT_ROW)
+        .bind(call_id)
+        .bind(key)
+        .bind(i64::from(late))
+        .execute(tx.sqlite()?)
+        .await
+        .map_err(failed)?;
+    Ok(())
 }
 
 #[async_trait]
@@ -334,10 +565,10 @@ impl Tool for SimTool {
     }
 
     fn effect(&self) -> Effect {
-        if self.name == "sim.read" {
-            Effect::Read
-        } else {
-            Effect::Write
+        match self.name {
+            "sim.read" => Effect::Read,
+            TRANSACT => Effect::Transactional,
+            _ => Effect::Write,
         }
     }
 
@@ -371,6 +602,26 @@ impl Tool for SimTool {
                     "the handler of {call_id} started under {asg} before the platform held its accepted"
                 ))
             });
+        }
+        // A process started after the platform ended the run never runs a
+        // handler with effects for it: no claim succeeds, and a call it
+        // finds `running` is not in the connect answer's `outstanding`.
+        let late = self.world.with(|b| {
+            b.ended
+                .get(ctx.run_id())
+                .is_some_and(|ended| *ended < self.process_started)
+        });
+        if late && self.name != "sim.read" {
+            self.world.with(|b| {
+                b.violations.push(format!(
+                    "the handler of {} {call_id} started under {asg} in a process started after its run had ended on the platform",
+                    self.name
+                ))
+            });
+        }
+        if self.name == TRANSACT {
+            self.stand_still().await;
+            return self.transact(ctx, &input, late).await;
         }
         let write = self.name != "sim.read";
         // Every effect is made by a process that is not frozen.
@@ -458,6 +709,16 @@ impl Tool for SimTool {
     }
 
     async fn reconcile(&self, ctx: &CallContext) -> Reconciled<SimOutput> {
+        if self.name == TRANSACT {
+            // Its outcome is never unknown: nothing to look up.
+            self.world.with(|b| {
+                b.violations.push(format!(
+                    "the reconcile hook of transactional call {} was asked",
+                    ctx.call_id()
+                ))
+            });
+            return Reconciled::Unknown;
+        }
         let Ok(input) = serde_json::from_value::<SimInput>(
             self.world
                 .get(&format!("/runs/{}", ctx.run_id()))
@@ -523,6 +784,42 @@ struct Stats {
     crashes: u64,
     effects: u64,
     reconciliation_required: u64,
+    /// Transactional rows committed.
+    rows: u64,
+    /// Calls retention pruned.
+    pruned: u64,
+    /// Orphaned calls an operator closed.
+    closed: u64,
+    /// Runs the platform forgot.
+    forgotten: u64,
+}
+
+impl Stats {
+    fn add(&mut self, s: &Stats) {
+        self.calls += s.calls;
+        self.starts += s.starts;
+        self.crashes += s.crashes;
+        self.effects += s.effects;
+        self.reconciliation_required += s.reconciliation_required;
+        self.rows += s.rows;
+        self.pruned += s.pruned;
+        self.closed += s.closed;
+        self.forgotten += s.forgotten;
+    }
+}
+
+/// What retention must leave for a person, and what it took.
+#[derive(Default)]
+struct Retained {
+    /// `(slot, call_id)` of every call seen `rejected`, or `orphaned` with
+    /// an unknown outcome, before a retention pass: only an operator moves
+    /// them, so each must still be there at the end unless an operator
+    /// acted on it.
+    must_keep: BTreeMap<(usize, String), LocalState>,
+    /// Calls pruned.
+    calls: std::collections::HashSet<String>,
+    /// The receipts of pruned calls: id → canonical body.
+    receipts: HashMap<String, String>,
 }
 
 struct Seed {
@@ -541,6 +838,11 @@ struct Seed {
     binding_id: String,
     slots: Vec<Slot>,
     runs: Vec<String>,
+    /// Runs the platform forgot, with their call ids.
+    forgotten: BTreeMap<String, Vec<String>>,
+    retained: Retained,
+    /// Watches every store's writer (see [`watch_writers`]).
+    watcher: Option<tokio::task::JoinHandle<()>>,
     calls: u64,
     stats: Stats,
     _dir: tempfile::TempDir,
@@ -621,6 +923,9 @@ impl Seed {
             binding_id: String::new(),
             slots,
             runs: Vec::new(),
+            forgotten: BTreeMap::new(),
+            retained: Retained::default(),
+            watcher: None,
             calls: 0,
             stats: Stats::default(),
             _dir: dir,
@@ -630,7 +935,7 @@ impl Seed {
         let binding = s
             .post(
                 "/executor-bindings",
-                json!({"agent_id": agent_id, "name": "sim", "tool_names": TOOLS}),
+                json!({"agent_id": agent_id, "name": "sim", "tool_names": ALL_TOOLS}),
             )
             .await?;
         s.binding_id = binding["binding_id"]
@@ -651,6 +956,18 @@ impl Seed {
             .as_str()
             .unwrap_or_default()
             .to_owned();
+        // Every store exists from the start, with the transactional tool's
+        // table in its database.
+        let urls: Vec<String> = s.slots.iter().map(|s| s.store_url.clone()).collect();
+        for url in &urls {
+            s.reader(url).await?;
+            execute_on(url, CREATE_ROWS).await?;
+        }
+        s.watcher = Some(tokio::spawn(watch_writers(
+            urls,
+            s.pg.clone(),
+            s.world.clone(),
+        )));
         Ok(s)
     }
 
@@ -717,11 +1034,13 @@ impl Seed {
                 .takeover_grace(PG_GRACE)
                 .process_faults(f);
         }
-        for name in TOOLS {
+        let process_started = Instant::now();
+        for name in ALL_TOOLS {
             b = b.tool(SimTool {
                 name,
                 world: self.world.clone(),
                 faults: faults.clone(),
+                process_started,
             });
         }
         if let Some((step, nth)) = crash {
@@ -940,20 +1259,26 @@ impl Seed {
                     .await
                     .map_err(|e| format!("faults: {e}"))?;
             }
-            Action::CancelRun { run } => {
-                if let Some(run_id) = self.runs.get(run) {
-                    let _ = self
-                        .post(&format!("/runs/{run_id}/cancel"), json!({}))
-                        .await;
-                }
+            Action::CancelRun { run } => self.cancel_run(run).await,
+            Action::CancelWhileDown { slot, run } => {
+                self.slots[slot].running.take();
+                self.cancel_run(run).await;
+                self.new_process(slot);
+                let exec = self
+                    .builder(slot, None, 4, true)
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                self.start_process(slot, exec).await?;
             }
+            Action::Retention { slot } => self.retention(slot).await?,
+            Action::ForgetRun { run } => self.forget_run(run).await?,
             Action::NewRun { calls } => {
                 let calls: Vec<Value> = calls
                     .into_iter()
-                    .map(|(t, b, h)| {
+                    .map(|c| {
                         self.calls += 1;
-                        json!({"tool_name": TOOLS[t], "arguments": {
-                            "n": self.calls, "behaviour": behaviour(b), "hook": HOOKS[h]}})
+                        json!({"tool_name": c.tool, "arguments": {
+                            "n": self.calls, "behaviour": c.behaviour, "hook": c.hook}})
                     })
                     .collect();
                 let run = self
@@ -975,21 +1300,188 @@ impl Seed {
         Ok(())
     }
 
+    /// A platform cancel of run `run` (by index); a cancel the platform
+    /// took is remembered with its time.
+    async fn cancel_run(&mut self, run: usize) {
+        let Some(run_id) = self.runs.get(run).cloned() else {
+            return;
+        };
+        if self
+            .post(&format!("/runs/{run_id}/cancel"), json!({}))
+            .await
+            .is_ok()
+        {
+            self.world.with(|b| {
+                b.ended.entry(run_id).or_insert_with(Instant::now);
+            });
+        }
+    }
+
+    /// The platform forgets run `run` (by index), as its own retention
+    /// would.
+    async fn forget_run(&mut self, run: usize) -> Result<(), String> {
+        let Some(run_id) = self.runs.get(run).cloned() else {
+            return Ok(());
+        };
+        if self.forgotten.contains_key(&run_id) {
+            return Ok(());
+        }
+        let calls: Vec<String> = self
+            .world
+            .get(&format!("/runs/{run_id}"))
+            .await
+            .and_then(|r| r["tool_calls"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| c["call_id"].as_str().map(str::to_owned))
+            .collect();
+        self.server
+            .forget_run(&run_id)
+            .await
+            .map_err(|e| format!("forget {run_id}: {e}"))?;
+        self.world.with(|b| {
+            b.ended.entry(run_id.clone()).or_insert_with(Instant::now);
+        });
+        self.forgotten.insert(run_id, calls);
+        self.stats.forgotten += 1;
+        Ok(())
+    }
+
+    /// A retention pass over `slot`'s store with the clock moved on past
+    /// every retention period. What only an operator moves (`rejected`, an
+    /// unknown-outcome `orphaned`) is remembered and must still be there
+    /// at the end; when nothing else can touch the store meanwhile (its
+    /// process is down; on PostgreSQL, every process), each call it took
+    /// must have been settled for good.
+    async fn retention(&mut self, slot: usize) -> Result<(), String> {
+        let url = self.slots[slot].store_url.clone();
+        let store = self.reader(&url).await?;
+        let quiet = if self.pg.is_some() {
+            self.slots.iter().all(|s| s.running.is_none())
+        } else {
+            self.slots[slot].running.is_none()
+        };
+        let err = |e: toolrunner::store::StoreError| format!("retention on {url}: {e}");
+        let mut before = Vec::new();
+        for c in store.calls(&CallFilter::default()).await.map_err(err)? {
+            let receipts = store.receipts(&c.run_id, &c.call_id).await.map_err(err)?;
+            let events = store.events(&c.run_id, &c.call_id).await.map_err(err)?;
+            let noted = |what: &str| events.iter().any(|e| e.what == what);
+            let unknown_orphan = c.state == LocalState::Orphaned
+                && noted("orphaned_outcome_unknown")
+                && !noted("operator_closed");
+            if c.state == LocalState::Rejected || unknown_orphan {
+                self.retained
+                    .must_keep
+                    .insert((slot, c.call_id.clone()), c.state);
+            }
+            let for_good = matches!(
+                c.state,
+                LocalState::Delivered
+                    | LocalState::Abandoned
+                    | LocalState::Released
+                    | LocalState::Compensated
+                    | LocalState::Orphaned
+            ) && !unknown_orphan
+                && c.report.is_none()
+                && !receipts.iter().any(|r| r.status == ReceiptStatus::Pending);
+            before.push((c, receipts, for_good));
+        }
+        let now = std::time::SystemTime::now() + RETENTION_CLOCK;
+        let pruned = store
+            .prune(toolrunner::store::Timestamp::from(now), 10_000)
+            .await
+            .map_err(err)?;
+        let after: std::collections::HashSet<(String, String)> = store
+            .calls(&CallFilter::default())
+            .await
+            .map_err(err)?
+            .into_iter()
+            .map(|c| (c.run_id, c.call_id))
+            .collect();
+        let mut problems = Vec::new();
+        for (c, receipts, for_good) in before {
+            if after.contains(&(c.run_id.clone(), c.call_id.clone())) {
+                continue;
+            }
+            self.stats.pruned += 1;
+            for r in &receipts {
+                let body = parse_strict(r.body.as_bytes()).map_err(|e| e.to_string())?;
+                self.retained
+                    .receipts
+                    .insert(r.receipt_id.clone(), canonical(&body));
+            }
+            self.retained.calls.insert(c.call_id.clone());
+            if quiet && !for_good {
+                problems.push(format!(
+                    "retention pruned {} {} of {} though it was not settled for good (report {:?}, receipts {:?})",
+                    c.tool_name,
+                    c.call_id,
+                    c.state.as_str(),
+                    c.report,
+                    receipts
+                        .iter()
+                        .map(|r| (r.kind.as_str(), r.status))
+                        .collect::<Vec<_>>()
+                ));
+            }
+        }
+        log(self.verbose, || {
+            format!("retention on {}: {pruned} pruned (quiet: {quiet})", self.slots[slot].id)
+        });
+        self.world.with(|b| b.violations.extend(problems));
+        Ok(())
+    }
+
+    /// Whether the effect of call `c` happened, as the business records
+    /// say: an effect with its operation key, or a transactional row.
+    async fn happened(&self, tool: &str, call_id: &str, key: &str) -> Result<bool, String> {
+        if tool != TRANSACT {
+            return Ok(self.world.with(|b| b.effects.iter().any(|(_, k)| k == key)));
+        }
+        for s in &self.slots {
+            if rows_in(&s.store_url).await?.iter().any(|r| r.0 == call_id) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// An operator settles one call of `slot`'s store the way the business
-    /// records say, records a compensation, and redelivers the outbox.
-    async fn operator(&self, slot: usize, pick: u32) -> Result<(), String> {
-        let url = &self.slots[slot].store_url;
-        let Ok(reconciler) = Reconciler::open(url).await else {
+    /// records say, records a compensation, or closes an orphaned call
+    /// whose outcome was unknown; and redelivers the outbox.
+    async fn operator(&mut self, slot: usize, pick: u32) -> Result<(), String> {
+        let url = self.slots[slot].store_url.clone();
+        let Ok(reconciler) = Reconciler::open(&url).await else {
             return Ok(()); // nothing stored yet
         };
         let reconciler = reconciler
             .with_platform(&self.world.base, EXEC)
             .map_err(|e| e.to_string())?;
         let filter = CallFilter {
-            states: vec![LocalState::ReconciliationRequired, LocalState::Rejected],
+            states: vec![
+                LocalState::ReconciliationRequired,
+                LocalState::Rejected,
+                LocalState::Orphaned,
+            ],
             ..CallFilter::default()
         };
-        let calls = reconciler.list(&filter).await.map_err(|e| e.to_string())?;
+        let mut calls = Vec::new();
+        for c in reconciler.list(&filter).await.map_err(|e| e.to_string())? {
+            if c.state == LocalState::Orphaned {
+                // Only an orphaned call whose outcome was unknown, not yet
+                // closed, needs a person.
+                let t = reconciler
+                    .show(&c.run_id, &c.call_id)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let noted = |what: &str| t.events.iter().any(|e| e.what == what);
+                if !noted("orphaned_outcome_unknown") || noted("operator_closed") {
+                    continue;
+                }
+            }
+            calls.push(c);
+        }
         let evidence = Evidence {
             who: "sim-operator".into(),
             why: "looked it up".into(),
@@ -998,9 +1490,15 @@ impl Seed {
         if !calls.is_empty() {
             let c = &calls[pick as usize % calls.len()];
             let happened = self
-                .world
-                .with(|b| b.effects.iter().any(|(_, k)| *k == c.operation_key));
-            let result = if c.state == LocalState::Rejected && pick.is_multiple_of(2) {
+                .happened(&c.tool_name, &c.call_id, &c.operation_key)
+                .await?;
+            let result = if c.state == LocalState::Orphaned {
+                let closed = reconciler.close(&c.run_id, &c.call_id, &evidence).await;
+                if closed.is_ok() {
+                    self.stats.closed += 1;
+                }
+                closed
+            } else if c.state == LocalState::Rejected && pick.is_multiple_of(2) {
                 reconciler
                     .compensated(&c.run_id, &c.call_id, &evidence)
                     .await
@@ -1022,6 +1520,9 @@ impl Seed {
             log(self.verbose, || {
                 format!("operator on {}: {result:?}", c.call_id)
             });
+            if result.is_ok() {
+                self.retained.must_keep.remove(&(slot, c.call_id.clone()));
+            }
         }
         let redelivered = reconciler.redeliver(None).await;
         log(self.verbose, || {
@@ -1226,6 +1727,8 @@ impl Seed {
             }
         }
         // The stores.
+        let forgotten_calls: std::collections::HashSet<String> =
+            self.forgotten.values().flatten().cloned().collect();
         let mut local: HashMap<String, Vec<(usize, toolrunner::store::LocalCall)>> = HashMap::new();
         let mut local_receipts: HashMap<String, (usize, String, ReceiptStatus)> = HashMap::new();
         for (i, s) in self.slots.iter().enumerate() {
@@ -1267,10 +1770,16 @@ impl Seed {
                     let v = parse_strict(r.body.as_bytes()).map_err(|e| e.to_string())?;
                     local_receipts.insert(r.receipt_id.clone(), (i, canonical(&v), r.status));
                 }
-                if c.state == LocalState::Orphaned {
+                if c.state == LocalState::Orphaned && !forgotten_calls.contains(&c.call_id) {
                     problems.push(format!(
-                        "{} orphaned {} though the platform never forgets",
+                        "{} orphaned {} though the platform still knows its run",
                         s.id, c.call_id
+                    ));
+                }
+                if c.tool_name == TRANSACT && c.state == LocalState::ReconciliationRequired {
+                    problems.push(format!(
+                        "{} holds transactional call {} in reconciliation_required ({:?}): its outcome is never unknown",
+                        s.id, c.call_id, c.reason
                     ));
                 }
                 local.entry(c.call_id.clone()).or_default().push((i, c));
@@ -1284,7 +1793,48 @@ impl Seed {
             }
             m
         });
+        for (call, n) in &effects {
+            if *n > 1 {
+                problems.push(format!("{call}: the effect happened {n} times"));
+            }
+        }
+        // The transactional rows: at most one per call; none written by a
+        // process started after the platform ended the call's run.
+        let mut rows: BTreeMap<String, usize> = BTreeMap::new();
+        for s in &self.slots {
+            for (call_id, _key, late) in rows_in(&s.store_url).await? {
+                *rows.entry(call_id.clone()).or_insert(0) += 1;
+                if late != 0 {
+                    problems.push(format!(
+                        "{} holds a transactional row of {call_id} written after the platform ended the call",
+                        s.id
+                    ));
+                }
+            }
+        }
+        self.stats.rows = rows.values().map(|n| *n as u64).sum();
+        for (call_id, n) in &rows {
+            if *n > 1 {
+                problems.push(format!("transactional call {call_id} has {n} rows"));
+            }
+        }
+        // Retention left everything only an operator moves.
+        for ((slot, call_id), state) in &self.retained.must_keep {
+            let kept = local
+                .get(call_id)
+                .is_some_and(|h| h.iter().any(|(i, _)| i == slot));
+            if !kept {
+                problems.push(format!(
+                    "retention pruned {call_id} from {}, which was {} and needed a person",
+                    self.slots[*slot].id,
+                    state.as_str()
+                ));
+            }
+        }
         for run_id in &self.runs {
+            if self.forgotten.contains_key(run_id) {
+                continue;
+            }
             let Some(run) = self.world.get(&format!("/runs/{run_id}")).await else {
                 return Err(format!("run {run_id} cannot be read"));
             };
@@ -1297,10 +1847,31 @@ impl Seed {
                     self.stats.reconciliation_required += 1;
                 }
                 let n = effects.get(&call_id).copied().unwrap_or(0);
-                if n > 1 {
-                    problems.push(format!("{tool} {call_id}: the effect happened {n} times"));
-                }
-                if tool != "sim.read" {
+                if tool == TRANSACT {
+                    let n = rows.get(&call_id).copied().unwrap_or(0);
+                    // A row with a refused final (`rejected`, then perhaps
+                    // compensated) is the compensation case: the platform
+                    // ended the call while its handler ran.
+                    let refused = local.get(&call_id).is_some_and(|h| {
+                        h.iter().any(|(_, c)| {
+                            matches!(c.state, LocalState::Rejected | LocalState::Compensated)
+                        })
+                    });
+                    match state.as_str() {
+                        "completed" if n != 1 => problems
+                            .push(format!("{tool} {call_id} is completed with {n} rows")),
+                        "completed" => {}
+                        _ if n != 0 && !refused => problems.push(format!(
+                            "{tool} {call_id} is {state} on the platform, yet its row was committed"
+                        )),
+                        _ => {}
+                    }
+                    if state == "reconciliation_required" {
+                        problems.push(format!(
+                            "{tool} {call_id} is reconciliation_required on the platform: its outcome is never unknown"
+                        ));
+                    }
+                } else if tool != "sim.read" {
                     match state.as_str() {
                         "completed" if n != 1 => {
                             problems.push(format!("{tool} {call_id} is completed with {n} effects"))
@@ -1314,6 +1885,8 @@ impl Seed {
                 for r in p["receipts"].as_array().cloned().unwrap_or_default() {
                     let id = r["receipt_id"].as_str().unwrap_or_default();
                     match local_receipts.get(id) {
+                        None if self.retained.receipts.get(id)
+                            == Some(&canonical(&r["body"])) => {}
                         None => problems
                             .push(format!("platform receipt {id} of {call_id} is in no store")),
                         Some((_, body, _)) if *body != canonical(&r["body"]) => problems
@@ -1401,6 +1974,9 @@ impl Seed {
     }
 
     async fn finish(mut self) {
+        if let Some(w) = self.watcher.take() {
+            w.abort();
+        }
         self.end_interference().await;
         for s in &mut self.slots {
             s.running.take();
@@ -1471,6 +2047,108 @@ async fn open_store(url: &str) -> Result<Arc<dyn Store>, String> {
     }
     let store = SqliteStore::open(url).await.map_err(|e| e.to_string())?;
     Ok(Arc::new(store))
+}
+
+/// Runs one statement on the database of the store at `url`.
+async fn execute_on(url: &str, sql: &'static str) -> Result<(), String> {
+    use sqlx::Connection;
+    let err = |e: sqlx::Error| format!("{sql} on {url}: {e}");
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(url).await.map_err(err)?;
+        sqlx::query(sql).execute(&mut conn).await.map_err(err)?;
+        let _ = conn.close().await;
+        return Ok(());
+    }
+    let mut conn = sqlx::SqliteConnection::connect(url).await.map_err(err)?;
+    sqlx::query(sql).execute(&mut conn).await.map_err(err)?;
+    let _ = conn.close().await;
+    Ok(())
+}
+
+/// The transactional tool's rows in the store at `url`: `(call_id,
+/// operation_key, late)`.
+async fn rows_in(url: &str) -> Result<Vec<(String, String, i64)>, String> {
+    use sqlx::Connection;
+    const SELECT: &str = "SELECT call_id, operation_key, late FROM sim_rows ORDER BY call_id";
+    let err = |e: sqlx::Error| format!("the rows of {url}: {e}");
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(url).await.map_err(err)?;
+        let rows = sqlx::query_as(SELECT)
+            .fetch_all(&mut conn)
+            .await
+            .map_err(err)?;
+        let _ = conn.close().await;
+        return Ok(rows);
+    }
+    let mut conn = sqlx::SqliteConnection::connect(url).await.map_err(err)?;
+    let rows = sqlx::query_as(SELECT)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(err)?;
+    let _ = conn.close().await;
+    Ok(rows)
+}
+
+/// Watches that no store's writer stalls: every SQLite store's write
+/// lock can be taken within [`STALL`], and on PostgreSQL no transaction
+/// sits idle for longer (the whole database: seeds run side by side). A
+/// stall is a violation of the seed.
+async fn watch_writers(urls: Vec<String>, pg: Option<String>, world: World) {
+    use sqlx::Connection;
+    use std::str::FromStr;
+    let stalled = |what: String| world.with(|b| b.violations.push(what));
+    let mut sqlite = Vec::new();
+    for url in urls.iter().filter(|u| u.starts_with("sqlite")) {
+        let Ok(options) = sqlx::sqlite::SqliteConnectOptions::from_str(url) else {
+            continue;
+        };
+        if let Ok(conn) = sqlx::SqliteConnection::connect_with(&options.busy_timeout(STALL)).await
+        {
+            sqlite.push((url.clone(), conn));
+        }
+    }
+    #[cfg(feature = "postgres")]
+    let mut pg = match pg {
+        Some(url) => sqlx::PgConnection::connect(&url).await.ok(),
+        None => None,
+    };
+    #[cfg(not(feature = "postgres"))]
+    let _ = pg;
+    loop {
+        for (url, conn) in &mut sqlite {
+            let asked = Instant::now();
+            match sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
+                Ok(_) => {
+                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                }
+                Err(e) => stalled(format!(
+                    "the writer of {url} stalled: its write lock was not free within {:?} ({e})",
+                    asked.elapsed()
+                )),
+            }
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(conn) = &mut pg {
+            let idle: Result<Vec<(i32, String)>, _> = sqlx::query_as(
+                "SELECT pid, coalesce(query, '') FROM pg_stat_activity
+                  WHERE datname = current_database() AND state LIKE 'idle in transaction%'
+                    AND now() - state_change > make_interval(secs => $1)",
+            )
+            .bind(STALL.as_secs_f64())
+            .fetch_all(&mut *conn)
+            .await;
+            if let Ok(idle) = idle
+                && !idle.is_empty()
+            {
+                stalled(format!(
+                    "a transaction of the database sat idle for more than {STALL:?} (pid, last statement): {idle:?}"
+                ));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Creates (and migrates) the schema `schema` in the database at `pg`; the
@@ -1648,14 +2326,7 @@ fn simulation() {
                     .unwrap_or_else(|_| Ok(Err("the seed hung for 90 s".into())))
                     .unwrap_or_else(|_| Err("the simulation panicked".into()));
                 match outcome {
-                    Ok(s) => {
-                        let mut t = totals.lock().expect("lock");
-                        t.calls += s.calls;
-                        t.starts += s.starts;
-                        t.crashes += s.crashes;
-                        t.effects += s.effects;
-                        t.reconciliation_required += s.reconciliation_required;
-                    }
+                    Ok(s) => totals.lock().expect("lock").add(&s),
                     Err(e) => failures.lock().expect("lock").push((seed, e)),
                 }
                 let n = done.fetch_add(1, Ordering::SeqCst) + 1;
@@ -1672,7 +2343,7 @@ fn simulation() {
     let t = *totals.lock().expect("lock");
     let failures = failures.lock().expect("lock").clone();
     eprintln!(
-        "simulation: {played} seeds in {:.1} s ({:.1} seeds/s), {} failed; {} calls, {} executor starts, {} crashes at fail points, {} effects, {} calls left in reconciliation_required",
+        "simulation: {played} seeds in {:.1} s ({:.1} seeds/s), {} failed; {} calls, {} executor starts, {} crashes at fail points, {} effects, {} transactional rows, {} calls left in reconciliation_required, {} runs forgotten, {} orphaned calls closed, {} calls pruned",
         elapsed.as_secs_f64(),
         played as f64 / elapsed.as_secs_f64(),
         failures.len(),
@@ -1680,7 +2351,11 @@ fn simulation() {
         t.starts,
         t.crashes,
         t.effects,
+        t.rows,
         t.reconciliation_required,
+        t.forgotten,
+        t.closed,
+        t.pruned,
     );
     if let Some((seed, why)) = failures.iter().min_by_key(|(s, _)| *s) {
         eprintln!("simulation: seed {seed} failed:\n{why}");
