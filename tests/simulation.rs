@@ -188,9 +188,14 @@ enum Action {
     /// (PostgreSQL) The platform cannot be reached for `ms`; the store
     /// answers.
     CutPlatform { slot: usize, ms: u64 },
-    /// Executor `slot`'s process is lost, run `run` is cancelled while it
-    /// is down, and it starts again.
+    /// Executor `slot`'s process stops right after a call's `accepted` was
+    /// confirmed (or within a second, if it has nothing to claim), the run
+    /// of a call it left `running` (else run `run`, counted from the
+    /// latest) is cancelled while it is down, and it starts again.
     CancelWhileDown { slot: usize, run: usize },
+    /// The same, but the platform forgets the run (a `running` call of it
+    /// that needs a report ends `orphaned` with its outcome unknown).
+    ForgetWhileDown { slot: usize, run: usize },
     /// A retention pass over `slot`'s store with the clock moved on past
     /// every retention period ([`RETENTION_CLOCK`]).
     Retention { slot: usize },
@@ -253,11 +258,15 @@ fn add_new_paths(schedule: &mut Schedule, seed: u64) {
     for _ in 0..rng.random_range(0..=4) {
         let slot = rng.random_range(0..schedule.executors);
         let action = match rng.random_range(0..100) {
-            0..=34 => Action::CancelWhileDown {
+            0..=29 => Action::CancelWhileDown {
                 slot,
-                run: rng.random_range(0..4),
+                run: rng.random_range(0..2),
             },
-            35..=74 => Action::Retention { slot },
+            30..=44 => Action::ForgetWhileDown {
+                slot,
+                run: rng.random_range(0..2),
+            },
+            45..=89 => Action::Retention { slot },
             _ => Action::ForgetRun {
                 run: rng.random_range(0..4),
             },
@@ -790,6 +799,9 @@ struct Stats {
     pruned: u64,
     /// Orphaned calls an operator closed.
     closed: u64,
+    /// Calls kept for a person at the end (`rejected`, or `orphaned` with
+    /// an unknown outcome).
+    kept: u64,
     /// Runs the platform forgot.
     forgotten: u64,
 }
@@ -804,6 +816,7 @@ impl Stats {
         self.rows += s.rows;
         self.pruned += s.pruned;
         self.closed += s.closed;
+        self.kept += s.kept;
         self.forgotten += s.forgotten;
     }
 }
@@ -1260,9 +1273,18 @@ impl Seed {
                     .map_err(|e| format!("faults: {e}"))?;
             }
             Action::CancelRun { run } => self.cancel_run(run).await,
-            Action::CancelWhileDown { slot, run } => {
-                self.slots[slot].running.take();
-                self.cancel_run(run).await;
+            Action::CancelWhileDown { slot, run } | Action::ForgetWhileDown { slot, run } => {
+                // The run of the call it stopped in, or one counted from the
+                // latest.
+                let run = match self.crash_mid_call(slot).await? {
+                    Some(r) => self.runs.iter().position(|id| *id == r).unwrap_or(0),
+                    None => self.runs.len().saturating_sub(1 + run),
+                };
+                if matches!(action, Action::CancelWhileDown { .. }) {
+                    self.cancel_run(run).await;
+                } else {
+                    self.forget_run(run).await?;
+                }
                 self.new_process(slot);
                 let exec = self
                     .builder(slot, None, 4, true)
@@ -1295,6 +1317,77 @@ impl Seed {
             Action::Sleep { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
             Action::Pause { .. } | Action::CutStore { .. } | Action::CutPlatform { .. } => {
                 self.interfere(action).await
+            }
+        }
+        Ok(())
+    }
+
+    /// Restarts `slot`'s process so that it stops right after a call's
+    /// `accepted` is confirmed (the call `running` in its store), or after
+    /// a second if it has nothing to claim; either way it is down then.
+    async fn crash_mid_call(&mut self, slot: usize) -> Result<Option<String>, String> {
+        self.slots[slot].running.take();
+        self.slots[slot].crashed.store(false, Ordering::SeqCst);
+        self.new_process(slot);
+        let exec = self
+            .builder(slot, Some(("after_accepted_confirmed", 1)), 4, true)
+            .build()
+            .map_err(|e| e.to_string())?;
+        self.start_process(slot, exec).await?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline && !self.slots[slot].crashed.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.reap();
+        self.slots[slot].running.take();
+        let store = self.reader(&self.slots[slot].store_url.clone()).await?;
+        let running = CallFilter {
+            states: vec![LocalState::Running],
+            ..CallFilter::default()
+        };
+        Ok(store
+            .calls(&running)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .next()
+            .map(|c| c.run_id))
+    }
+
+    /// An operator closes every other orphaned call whose outcome was
+    /// unknown (by call id), with evidence; the others stay for a person.
+    async fn close_orphans(&mut self) -> Result<(), String> {
+        for slot in 0..self.slots.len() {
+            let url = self.slots[slot].store_url.clone();
+            let reconciler = Reconciler::open(&url).await.map_err(|e| e.to_string())?;
+            let filter = CallFilter {
+                states: vec![LocalState::Orphaned],
+                ..CallFilter::default()
+            };
+            let mut unknown = Vec::new();
+            for c in reconciler.list(&filter).await.map_err(|e| e.to_string())? {
+                let t = reconciler
+                    .show(&c.run_id, &c.call_id)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let noted = |what: &str| t.events.iter().any(|e| e.what == what);
+                if noted("orphaned_outcome_unknown") && !noted("operator_closed") {
+                    unknown.push(c);
+                }
+            }
+            unknown.sort_by(|a, b| a.call_id.cmp(&b.call_id));
+            for c in unknown.iter().step_by(2) {
+                let evidence = Evidence {
+                    who: "sim-operator".into(),
+                    why: "the ledger has no such payment".into(),
+                    reference: Some(c.operation_key.clone()),
+                };
+                reconciler
+                    .close(&c.run_id, &c.call_id, &evidence)
+                    .await
+                    .map_err(|e| format!("closing orphaned {}: {e}", c.call_id))?;
+                self.stats.closed += 1;
+                self.retained.must_keep.remove(&(slot, c.call_id.clone()));
             }
         }
         Ok(())
@@ -1729,6 +1822,8 @@ impl Seed {
         // The stores.
         let forgotten_calls: std::collections::HashSet<String> =
             self.forgotten.values().flatten().cloned().collect();
+        self.stats.calls = forgotten_calls.len() as u64;
+        self.stats.reconciliation_required = 0;
         let mut local: HashMap<String, Vec<(usize, toolrunner::store::LocalCall)>> = HashMap::new();
         let mut local_receipts: HashMap<String, (usize, String, ReceiptStatus)> = HashMap::new();
         for (i, s) in self.slots.iter().enumerate() {
@@ -2218,6 +2313,29 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<Stats, String> {
         result = s.check().await;
     }
     let stats = s.stats;
+    if result.is_ok() {
+        // Every process down, a retention pass over every store with the
+        // clock moved on, and every check again: what retention took was
+        // settled for good, and nothing anyone needs is gone.
+        for slot in &mut s.slots {
+            slot.running.take();
+        }
+        result = s.close_orphans().await;
+        for slot in 0..s.slots.len() {
+            if let Err(e) = s.retention(slot).await {
+                result = Err(e);
+            }
+        }
+        if result.is_ok() {
+            result = s.check().await.map_err(|e| format!("after the last retention pass: {e}"));
+        }
+    }
+    let stats = Stats {
+        pruned: s.stats.pruned,
+        closed: s.stats.closed,
+        kept: s.retained.must_keep.len() as u64,
+        ..stats
+    };
     s.finish().await;
     result
         .map(|()| stats)
@@ -2343,7 +2461,7 @@ fn simulation() {
     let t = *totals.lock().expect("lock");
     let failures = failures.lock().expect("lock").clone();
     eprintln!(
-        "simulation: {played} seeds in {:.1} s ({:.1} seeds/s), {} failed; {} calls, {} executor starts, {} crashes at fail points, {} effects, {} transactional rows, {} calls left in reconciliation_required, {} runs forgotten, {} orphaned calls closed, {} calls pruned",
+        "simulation: {played} seeds in {:.1} s ({:.1} seeds/s), {} failed; {} calls, {} executor starts, {} crashes at fail points, {} effects, {} transactional rows, {} calls left in reconciliation_required, {} runs forgotten, {} orphaned calls closed, {} calls pruned, {} kept for a person",
         elapsed.as_secs_f64(),
         played as f64 / elapsed.as_secs_f64(),
         failures.len(),
@@ -2356,6 +2474,7 @@ fn simulation() {
         t.forgotten,
         t.closed,
         t.pruned,
+        t.kept,
     );
     if let Some((seed, why)) = failures.iter().min_by_key(|(s, _)| *s) {
         eprintln!("simulation: seed {seed} failed:\n{why}");
