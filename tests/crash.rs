@@ -1359,3 +1359,17 @@ fn transactional_handler_closure_still_running_is_cut_off() {
             .expect("cut off");
     });
 }
+
+/// An executor stopped while a kept task is inside a call's transaction
+/// closure leaves no transaction open: the next executor on the store
+/// works at once.
+#[test]
+fn transactional_executor_stopped_mid_transaction_holds_nothing() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        transactional::an_executor_stopped_mid_transaction_holds_nothing(&url)
+            .await
+            .expect("nothing held");
+    });
+}

@@ -187,6 +187,15 @@ mod suite {
                     })
                 },
             ),
+            (
+                "transactional::an_executor_stopped_mid_transaction_holds_nothing",
+                |_, u| {
+                    Box::pin(async move {
+                        super::transactional::an_executor_stopped_mid_transaction_holds_nothing(&u)
+                            .await
+                    })
+                },
+            ),
             ("transactional::a_kept_transaction_is_harmless", |_, u| {
                 Box::pin(
                     async move { super::transactional::a_kept_transaction_is_harmless(&u).await },

@@ -491,7 +491,8 @@ impl SimTool {
                 let (kept, world) = (ctx.clone(), self.world.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    let (call_id, key) = (kept.call_id().to_owned(), kept.operation_key().to_owned());
+                    let (call_id, key) =
+                        (kept.call_id().to_owned(), kept.operation_key().to_owned());
                     let reached = kept
                         .transaction(async |tx| insert_row(tx, &call_id, &key, late).await)
                         .await;
@@ -510,7 +511,8 @@ impl SimTool {
                 // handler returns: cut off, its write rolled back.
                 let kept = ctx.clone();
                 tokio::spawn(async move {
-                    let (call_id, key) = (kept.call_id().to_owned(), kept.operation_key().to_owned());
+                    let (call_id, key) =
+                        (kept.call_id().to_owned(), kept.operation_key().to_owned());
                     let _ = kept
                         .transaction(async |tx| {
                             insert_row(tx, &call_id, &key, late).await?;
@@ -1520,7 +1522,10 @@ impl Seed {
             }
         }
         log(self.verbose, || {
-            format!("retention on {}: {pruned} pruned (quiet: {quiet})", self.slots[slot].id)
+            format!(
+                "retention on {}: {pruned} pruned (quiet: {quiet})",
+                self.slots[slot].id
+            )
         });
         self.world.with(|b| b.violations.extend(problems));
         Ok(())
@@ -1953,8 +1958,9 @@ impl Seed {
                         })
                     });
                     match state.as_str() {
-                        "completed" if n != 1 => problems
-                            .push(format!("{tool} {call_id} is completed with {n} rows")),
+                        "completed" if n != 1 => {
+                            problems.push(format!("{tool} {call_id} is completed with {n} rows"))
+                        }
                         "completed" => {}
                         _ if n != 0 && !refused => problems.push(format!(
                             "{tool} {call_id} is {state} on the platform, yet its row was committed"
@@ -1980,8 +1986,7 @@ impl Seed {
                 for r in p["receipts"].as_array().cloned().unwrap_or_default() {
                     let id = r["receipt_id"].as_str().unwrap_or_default();
                     match local_receipts.get(id) {
-                        None if self.retained.receipts.get(id)
-                            == Some(&canonical(&r["body"])) => {}
+                        None if self.retained.receipts.get(id) == Some(&canonical(&r["body"])) => {}
                         None => problems
                             .push(format!("platform receipt {id} of {call_id} is in no store")),
                         Some((_, body, _)) if *body != canonical(&r["body"]) => problems
@@ -2199,8 +2204,7 @@ async fn watch_writers(urls: Vec<String>, pg: Option<String>, world: World) {
         let Ok(options) = sqlx::sqlite::SqliteConnectOptions::from_str(url) else {
             continue;
         };
-        if let Ok(conn) = sqlx::SqliteConnection::connect_with(&options.busy_timeout(STALL)).await
-        {
+        if let Ok(conn) = sqlx::SqliteConnection::connect_with(&options.busy_timeout(STALL)).await {
             sqlite.push((url.clone(), conn));
         }
     }
@@ -2327,7 +2331,10 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<Stats, String> {
             }
         }
         if result.is_ok() {
-            result = s.check().await.map_err(|e| format!("after the last retention pass: {e}"));
+            result = s
+                .check()
+                .await
+                .map_err(|e| format!("after the last retention pass: {e}"));
         }
     }
     let stats = Stats {
@@ -2409,6 +2416,8 @@ fn simulation() {
         "RUSTFLAGS='--cfg toolrunner_planted=\"rerun\"' "
     } else if cfg!(toolrunner_planted = "zombie") {
         "RUSTFLAGS='--cfg toolrunner_planted=\"zombie\"' "
+    } else if cfg!(toolrunner_planted = "resume") {
+        "RUSTFLAGS='--cfg toolrunner_planted=\"resume\"' "
     } else {
         ""
     };

@@ -65,6 +65,12 @@ pub(crate) struct Order {
     /// and never leaves it, and return `Ok` meanwhile.
     #[serde(default)]
     pub(crate) kept_inside: bool,
+    /// The first time: hand the context to a task that enters the
+    /// transaction's closure and stays there for a minute, and do not
+    /// return meanwhile (the test stops the executor); afterwards, place
+    /// the order as usual.
+    #[serde(default)]
+    pub(crate) held_when_stopped: bool,
 }
 
 /// `orders.place` result.
@@ -82,6 +88,9 @@ static RUNS: AtomicUsize = AtomicUsize::new(0);
 /// What a task that kept a handler's context was told when it reached for
 /// the call's transaction after the handler returned.
 static LATE_REFUSALS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The operation keys whose held task is inside its closure.
+static HELD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 /// The operation key of every handler start (tests share the process).
 static STARTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
@@ -161,6 +170,22 @@ async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
             )),
         };
     }
+    if order.held_when_stopped && starts_of(&key) == 1 {
+        let held = ctx.clone();
+        tokio::spawn(async move {
+            let _ = held
+                .transaction(async |tx| {
+                    insert(tx, "held", 1).await?;
+                    HELD.lock()
+                        .expect("lock")
+                        .push(held.operation_key().to_owned());
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok(())
+                })
+                .await;
+        });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
     if order.kept_inside {
         let late = ctx.clone();
         tokio::spawn(async move {
@@ -215,6 +240,70 @@ async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
     Ok(Placed {
         order: ctx.operation_key().to_owned(),
     })
+}
+
+/// An executor stopped (dropped, as when its process's executor is lost)
+/// while a task that kept a call's context is inside the transaction's
+/// closure holds nothing: the transaction is rolled back at once, so the
+/// next executor on the store starts, the call runs again and completes
+/// with one order, and a new call completes too, long before the task's
+/// closure would have ended.
+pub(crate) async fn an_executor_stopped_mid_transaction_holds_nothing(
+    store_url: &str,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let held_run = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 4, "held_when_stopped": true}),
+        )])
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let key = loop {
+        let mut held = HELD.lock().expect("lock").clone();
+        if let Some(k) = held.pop() {
+            break k;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the task never entered its transaction"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    drop(running);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let within = Duration::from_secs(15);
+    let next = bench.executor(None)?;
+    let running = tokio::time::timeout(within, next.start())
+        .await
+        .map_err(|_| anyhow::anyhow!("the next executor did not start within {within:?}"))??;
+    let next_run = bench
+        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 2}))])
+        .await?;
+    for run_id in [&held_run, &next_run] {
+        let run = bench.admin.wait_settled(run_id, within).await.with_context(|| {
+            format!("run {run_id} did not settle within {within:?}: the stopped executor's transaction still held the store")
+        })?;
+        let call = run.tool_calls.first().context("the run's call")?;
+        ensure!(
+            call.state.as_str() == "completed",
+            "the call ended {}",
+            call.state.as_str()
+        );
+    }
+    ensure!(
+        orders(store_url, &key).await? == 1 && orders(store_url, "held").await? == 0,
+        "the orders stored are not the one call's"
+    );
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    bench.server.shutdown().await;
+    Ok(())
 }
 
 /// The platform with `orders.place` published.

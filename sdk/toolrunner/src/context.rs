@@ -140,6 +140,38 @@ pub struct CallContext {
 pub(crate) struct Attempts {
     number: u64,
     over: CancellationToken,
+    /// The executor's task that runs the call is gone (the executor
+    /// stopped, or was dropped, before it ended the call's transaction):
+    /// nobody will commit or roll back what a closure leaves.
+    gone: bool,
+}
+
+/// Ends the call's transaction when the executor's task that runs the call
+/// is dropped without ending it (the executor stopped or was lost): the
+/// attempt is over, a closure still running in a task that kept the
+/// context is cut off, and the transaction is rolled back (by whoever
+/// holds it last), so no kept task holds the store.
+pub(crate) struct EndsWithTask {
+    attempts: Arc<std::sync::Mutex<Attempts>>,
+    transaction: Arc<tokio::sync::Mutex<TransactionSlot>>,
+}
+
+impl Drop for EndsWithTask {
+    fn drop(&mut self) {
+        {
+            let mut attempts = self
+                .attempts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            attempts.gone = true;
+            attempts.over.cancel();
+        }
+        // A task inside a closure holds the slot: it rolls the
+        // transaction back itself as it is cut off.
+        if let Ok(mut slot) = self.transaction.try_lock() {
+            slot.abandon();
+        }
+    }
 }
 
 tokio::task_local! {
@@ -180,6 +212,23 @@ impl CallContext {
             attempt: 0,
             attempts: Arc::default(),
         }
+    }
+
+    /// Ties the call's transaction to the executor's task that runs the
+    /// call: dropped, the guard ends it (see [`EndsWithTask`]).
+    pub(crate) fn ends_with_task(&self) -> EndsWithTask {
+        EndsWithTask {
+            attempts: self.attempts.clone(),
+            transaction: self.transaction.clone(),
+        }
+    }
+
+    /// Whether the executor's task that runs the call is gone.
+    fn gone(&self) -> bool {
+        self.attempts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .gone
     }
 
     /// This context for the call's next handler attempt (after
@@ -397,6 +446,9 @@ impl CallContext {
             () = over.cancelled() => return Err(ended()),
         };
         if slot.ended || over.is_cancelled() {
+            if self.gone() {
+                slot.abandon();
+            }
             return Err(ended());
         }
         if slot.interrupted {
@@ -433,12 +485,19 @@ impl CallContext {
         let tx = slot.tx.as_mut().expect("begun above");
         let marker = (self.key.run_id.clone(), self.key.call_id.clone());
         let outcome = tokio::select! {
-            outcome = INSIDE.scope(marker, writes(tx)) => outcome,
+            outcome = INSIDE.scope(marker, writes(tx)) => Some(outcome),
             // The handler returned (or timed out) while a task that kept
             // this context was still inside: cut off, left interrupted.
-            () = over.cancelled() => return Err(ToolError::unknown(
+            () = over.cancelled() => None,
+        };
+        let Some(outcome) = outcome else {
+            if self.gone() {
+                // Nobody else will end it.
+                slot.abandon();
+            }
+            return Err(ToolError::unknown(
                 "the call's handler ended while this transaction closure ran: the transaction is rolled back",
-            )),
+            ));
         };
         slot.interrupted = false;
         outcome
@@ -509,6 +568,16 @@ pub(crate) struct TransactionSlot {
     ended: bool,
     /// A closure was interrupted half-way: it must not commit.
     interrupted: bool,
+}
+
+impl TransactionSlot {
+    /// Ends the transaction for good when nobody will commit it: dropped,
+    /// it rolls back as its connection goes back to its pool.
+    fn abandon(&mut self) {
+        self.ended = true;
+        self.interrupted = false;
+        drop(self.tx.take());
+    }
 }
 
 impl std::fmt::Debug for Transaction {

@@ -584,7 +584,8 @@ async fn run(
             if super::connection::lease_check(core).await.is_err() {
                 return Err("a transactional call to run again waits for a live lease".into());
             }
-            (cancel.is_cancelled() || core.was_cancelled(&key)).then_some(Event::TransactionalEnded)
+            let cancelled = cancel.is_cancelled() || core.was_cancelled(&key);
+            (cancelled && !super::recovery::PLANTED_RESUME).then_some(Event::TransactionalEnded)
         }
         Some(_) => None,
     };
@@ -600,6 +601,9 @@ async fn run(
         return Err(super::CRASH.into());
     }
     let ctx = CallContext::new(core, &call, asg, cancel.clone());
+    // Dropped before the transaction is ended below (the executor stopped
+    // or was lost): no kept task holds the call's transaction open.
+    let _ends = ctx.ends_with_task();
     let outcome = attempt_handler(core, tool.as_ref(), &ctx, asg).await;
     // The transaction the handler opened, if it did: committed below with
     // a `completed` receipt, rolled back otherwise (before the call's
@@ -767,12 +771,19 @@ fn outcome_event(
     transactional: bool,
 ) -> Event {
     match outcome_event_of(asg, outcome) {
-        Event::OutcomeUnknown { why, .. } if transactional => Event::HandlerFinished {
-            outcome: FinalReceipt::failed(
-                "transaction_rolled_back",
-                &format!("{why}; the tool's transaction was rolled back: nothing was written"),
-            ),
-        },
+        Event::OutcomeUnknown { why, .. } if transactional => {
+            tracing::warn!(error = %why, "the call's transaction was rolled back: the call fails (transaction_rolled_back)");
+            Event::HandlerFinished {
+                outcome: FinalReceipt::failed(
+                    "transaction_rolled_back",
+                    &format!("{why}; the tool's transaction was rolled back: nothing was written"),
+                ),
+            }
+        }
+        Event::OutcomeUnknown { why, evidence } => {
+            tracing::warn!(error = %why, "the outcome is unknown: reconciliation required");
+            Event::OutcomeUnknown { why, evidence }
+        }
         event => event,
     }
 }
@@ -801,7 +812,6 @@ fn outcome_event_of(asg: &Assignment, outcome: Result<Value, ToolError>) -> Even
             },
         },
         Err(ToolError::Retry { reason, .. } | ToolError::Unknown { error: reason, .. }) => {
-            tracing::warn!(error = %reason, "the outcome is unknown: reconciliation required");
             Event::OutcomeUnknown {
                 why: reason,
                 evidence: None,

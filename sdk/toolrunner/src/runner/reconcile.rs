@@ -69,6 +69,7 @@ pub(crate) async fn check(
     let key = CallKey::of(&call);
     let at = (key.run_id.as_str(), key.call_id.as_str());
     let ctx = CallContext::new(core, &call, &asg, cancel.clone());
+    let _ends = ctx.ends_with_task();
     let found = super::unwind::catch(tool.reconcile(&ctx)).await;
     // A transaction the hook opened ends with its check, before anything
     // is stored for the call.

@@ -83,6 +83,7 @@ pub(crate) async fn resume(
                 }
             }
             if c.state == LocalState::Running
+                && !PLANTED_RESUME
                 && !bound.contains(&key)
                 && c.updated_at < asked_at
                 && core
@@ -105,6 +106,12 @@ pub(crate) async fn resume(
     }
     outbox::spawn_flush_reports(core.clone());
 }
+
+/// Whether this build runs a transactional call again after the platform
+/// ended it while the process was away: a deliberate bug, compiled only
+/// with `RUSTFLAGS='--cfg toolrunner_planted="resume"'`, which the
+/// simulation must catch (`docs/simulation.md`).
+pub(crate) const PLANTED_RESUME: bool = cfg!(toolrunner_planted = "resume");
 
 /// Applies `event` to the call only while its row is still as recovery
 /// listed it (same state, same version): a newer row is left alone.
