@@ -766,6 +766,82 @@ fn finding_b_no_rerun_when_the_lease_check_carries_a_cancel() {
     });
 }
 
+/// 3b again, with the run cancelled while the executor was down, and the
+/// cancel notice taken by a process lost before it acted: the next process
+/// hears no cancel (only the platform's `outstanding` no longer lists the
+/// call), so it must not take the hook's `DidNotHappen` as leave to run the
+/// handler again; the call ends `abandoned` (it did not happen, and the run
+/// ended). Found by the simulation (seed 1429).
+#[test]
+fn finding_b_no_rerun_after_a_cancel_while_down() {
+    with_failpoints(async {
+        let world = World::new(30_000, 10_000, false).await;
+        world.shared.with(|b| {
+            b.rerun = true;
+            b.default_mode = Some(Mode::UnknownBefore);
+            b.default_hook = Some(Hook::Unknown);
+        });
+        let a = world.start("exe-a", "a.db").await;
+        let (run_id, calls) = world.run(1).await;
+        let call_id = calls[0].clone();
+        let store = world.store("a.db").await;
+        wait_local(
+            &store,
+            &run_id,
+            &call_id,
+            &[LocalState::ReconciliationRequired],
+        )
+        .await;
+        // Lost, as a crashed process.
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        world
+            .post(&format!("/runs/{run_id}/cancel"), json!({}))
+            .await;
+        // A process that heard the cancel in its first heartbeat, and was
+        // lost before it acted on it (or whose heartbeat's answer was
+        // lost): the next one hears nothing.
+        let connect = world
+            .request(reqwest::Method::POST, "/executors/connect", EXEC_TOKEN)
+            .json(
+                &json!({"executor_id": "exe-a", "binding_id": world.binding_id,
+                          "tools": [TOOL], "capacity": 1}),
+            );
+        let (status, conn) = world.send(connect).await;
+        assert_eq!(status, 200, "connect: {conn}");
+        let beat = world
+            .request(
+                reqwest::Method::POST,
+                "/executors/exe-a/heartbeat",
+                EXEC_TOKEN,
+            )
+            .json(&json!({"connection_id": conn["connection_id"], "in_flight": []}));
+        let (status, beat) = world.send(beat).await;
+        assert_eq!(status, 200, "heartbeat: {beat}");
+        assert!(
+            beat["cancel_requested"].to_string().contains(&call_id),
+            "the heartbeat did not carry the cancel: {beat}"
+        );
+        world.shared.with(|b| b.default_hook = Some(Hook::Truthful));
+        let c = world.start("exe-a", "a.db").await;
+        let row = wait_local(
+            &store,
+            &run_id,
+            &call_id,
+            &[LocalState::Abandoned, LocalState::Running],
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            world.shared.starts_of(&call_id),
+            1,
+            "the handler ran again after the run was cancelled: {row:?}"
+        );
+        assert_eq!(row.state, LocalState::Abandoned, "{row:?}");
+        drop(c);
+    });
+}
+
 /// Loses the claim's answer at the fail point `after_claim_answer`, then,
 /// as the same executor id from outside, replays the claim and sends
 /// `accepted` itself: the platform holds the call `running` under an

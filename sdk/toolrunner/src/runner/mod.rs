@@ -102,8 +102,8 @@ pub(crate) struct Core {
     /// Calls this process is driving, with their cancellation tokens.
     pub(crate) active: StdMutex<HashMap<CallKey, CancellationToken>>,
     /// Calls whose run the platform asked to cancel (heartbeat or stream),
-    /// remembered while this process lives, whether or not they were
-    /// being driven when the notice came.
+    /// or that a connect no longer listed, remembered while this process
+    /// lives, whether or not they were being driven when the notice came.
     pub(crate) cancelled: StdMutex<std::collections::HashSet<CallKey>>,
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) wake: Notify,
@@ -275,15 +275,19 @@ impl Core {
         })
     }
 
+    /// Remembers that the platform ended the call's run (a cancel notice,
+    /// or a call the connect no longer lists), while this process lives.
+    pub(crate) fn remember_ended(&self, key: &CallKey) {
+        let mut cancelled = self.cancelled.lock().expect("not poisoned");
+        if cancelled.len() >= 100_000 {
+            cancelled.clear();
+        }
+        cancelled.insert(key.clone());
+    }
+
     /// Fires the call's cancellation token, and remembers the cancel.
     pub(crate) fn cancel_call(&self, key: &CallKey) {
-        {
-            let mut cancelled = self.cancelled.lock().expect("not poisoned");
-            if cancelled.len() >= 100_000 {
-                cancelled.clear();
-            }
-            cancelled.insert(key.clone());
-        }
+        self.remember_ended(key);
         if let Some(t) = self.active.lock().expect("not poisoned").get(key) {
             tracing::info!(run_id = %key.run_id, call_id = %key.call_id, "platform asked to cancel the call");
             t.cancel();

@@ -57,6 +57,25 @@ pub(crate) async fn resume(
             tracing::error!(error = %e, "cannot record an outstanding call during recovery");
         }
     }
+    // A call this store holds running or awaiting reconciliation that the
+    // platform no longer lists, unchanged since before the connect, is no
+    // longer ours there (its run was cancelled or ended, perhaps while
+    // this process was away, and a cancel notice may have gone to a
+    // process that is gone): it is remembered as cancelled, so it is never
+    // run again (a re-run after the hook's `DidNotHappen`, a transactional
+    // resume).
+    let ours = CallFilter {
+        states: vec![LocalState::Running, LocalState::ReconciliationRequired],
+        ..CallFilter::default()
+    };
+    if let Ok(calls) = core.store.calls(&ours).await {
+        for c in calls {
+            let key = CallKey::of(&c);
+            if !bound.contains(&key) && c.updated_at < asked_at && !PLANTED_RESUME {
+                core.remember_ended(&key);
+            }
+        }
+    }
     let filter = CallFilter {
         states: vec![
             LocalState::Claiming,
