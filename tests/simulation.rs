@@ -136,9 +136,6 @@ const INSERT_ROW: &str = "INSERT INTO sim_rows (call_id, operation_key, late) VA
 /// held this long is a stalled writer: above every handler's time in its
 /// transaction (the handler timeout, 2 s) and every pause.
 const STALL: Duration = Duration::from_secs(8);
-/// How far the clock moves on for a retention pass: past the default
-/// retention (7 days) of everything stored.
-const RETENTION_CLOCK: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// One tool call of a run.
 #[derive(Debug, Clone)]
@@ -197,7 +194,7 @@ enum Action {
     /// that needs a report ends `orphaned` with its outcome unknown).
     ForgetWhileDown { slot: usize, run: usize },
     /// A retention pass over `slot`'s store with the clock moved on past
-    /// every retention period ([`RETENTION_CLOCK`]).
+    /// every retention period (see [`Seed::retention`]).
     Retention { slot: usize },
     /// The platform forgets run `run` (its own retention): what executors
     /// still hold of it ends `orphaned`.
@@ -1457,6 +1454,13 @@ impl Seed {
             self.slots[slot].running.is_none()
         };
         let err = |e: toolrunner::store::StoreError| format!("retention on {url}: {e}");
+        // The clock moved on past every retention period for everything
+        // stored until now: whatever changed since (while the executors
+        // run) is not taken, so the snapshot below shows every call the
+        // pass takes as it is taken.
+        let began = toolrunner::store::Timestamp::from(
+            std::time::SystemTime::now() - Duration::from_millis(1),
+        );
         let mut before = Vec::new();
         for c in store.calls(&CallFilter::default()).await.map_err(err)? {
             let receipts = store.receipts(&c.run_id, &c.call_id).await.map_err(err)?;
@@ -1482,11 +1486,7 @@ impl Seed {
                 && !receipts.iter().any(|r| r.status == ReceiptStatus::Pending);
             before.push((c, receipts, for_good));
         }
-        let now = std::time::SystemTime::now() + RETENTION_CLOCK;
-        let pruned = store
-            .prune(toolrunner::store::Timestamp::from(now), 10_000)
-            .await
-            .map_err(err)?;
+        let pruned = store.prune(began, 10_000).await.map_err(err)?;
         let after: std::collections::HashSet<(String, String)> = store
             .calls(&CallFilter::default())
             .await
