@@ -507,19 +507,28 @@ impl SimTool {
                 // A task still inside the transaction's closure when the
                 // handler returns: cut off, its write rolled back.
                 let kept = ctx.clone();
+                let (inside, entered) = tokio::sync::oneshot::channel::<()>();
                 tokio::spawn(async move {
                     let (call_id, key) =
                         (kept.call_id().to_owned(), kept.operation_key().to_owned());
                     let _ = kept
                         .transaction(async |tx| {
                             insert_row(tx, &call_id, &key, late).await?;
+                            let _ = inside.send(());
                             tokio::time::sleep(Duration::from_secs(10)).await;
                             Ok(())
                         })
                         .await;
                 });
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                Ok(out)
+                // Returns only once the task is inside (its transaction may
+                // not begin: the store cut off, a stop).
+                match tokio::time::timeout(Duration::from_secs(1), entered).await {
+                    Ok(Ok(())) => Ok(out),
+                    _ => Err(ToolError::failed(
+                        "kept_not_inside",
+                        "the task never entered its transaction",
+                    )),
+                }
             }
             _ => {
                 ctx.transaction(write).await?;
@@ -828,8 +837,8 @@ struct Retained {
     /// them, so each must still be there at the end unless an operator
     /// acted on it.
     must_keep: BTreeMap<(usize, String), LocalState>,
-    /// Calls pruned.
-    calls: std::collections::HashSet<String>,
+    /// Calls pruned, with their state when they were.
+    calls: HashMap<String, LocalState>,
     /// The receipts of pruned calls: id → canonical body.
     receipts: HashMap<String, String>,
 }
@@ -903,7 +912,12 @@ impl Seed {
                 // of its own per seed.
                 Some(pg) => (
                     format!("sim-exe-{i}-{seed}-{unique:08x}"),
-                    pg_schema(&pg, &format!("sim_{seed}_{i}_{unique:08x}")).await?,
+                    pg_schema(
+                        &pg,
+                        &format!("sim_{seed}_{i}_{unique:08x}"),
+                        &seed_tag(seed),
+                    )
+                    .await?,
                 ),
                 None => (
                     format!("sim-exe-{i}"),
@@ -978,6 +992,7 @@ impl Seed {
         s.watcher = Some(tokio::spawn(watch_writers(
             urls,
             s.pg.clone(),
+            seed_tag(seed),
             s.world.clone(),
         )));
         Ok(s)
@@ -1323,7 +1338,7 @@ impl Seed {
 
     /// Restarts `slot`'s process so that it stops right after a call's
     /// `accepted` is confirmed (the call `running` in its store), or after
-    /// a second if it has nothing to claim; either way it is down then.
+    /// 400 ms if it has nothing to claim; either way it is down then.
     async fn crash_mid_call(&mut self, slot: usize) -> Result<Option<String>, String> {
         self.slots[slot].running.take();
         self.slots[slot].crashed.store(false, Ordering::SeqCst);
@@ -1333,7 +1348,7 @@ impl Seed {
             .build()
             .map_err(|e| e.to_string())?;
         self.start_process(slot, exec).await?;
-        let deadline = Instant::now() + Duration::from_secs(1);
+        let deadline = Instant::now() + Duration::from_millis(400);
         while Instant::now() < deadline && !self.slots[slot].crashed.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -1506,7 +1521,7 @@ impl Seed {
                     .receipts
                     .insert(r.receipt_id.clone(), canonical(&body));
             }
-            self.retained.calls.insert(c.call_id.clone());
+            self.retained.calls.insert(c.call_id.clone(), c.state);
             if quiet && !for_good {
                 problems.push(format!(
                     "retention pruned {} {} of {} though it was not settled for good (report {:?}, receipts {:?})",
@@ -1952,11 +1967,13 @@ impl Seed {
                     // A row with a refused final (`rejected`, then perhaps
                     // compensated) is the compensation case: the platform
                     // ended the call while its handler ran.
-                    let refused = local.get(&call_id).is_some_and(|h| {
-                        h.iter().any(|(_, c)| {
-                            matches!(c.state, LocalState::Rejected | LocalState::Compensated)
-                        })
-                    });
+                    let refused_state = |s: &LocalState| {
+                        matches!(s, LocalState::Rejected | LocalState::Compensated)
+                    };
+                    let refused = local
+                        .get(&call_id)
+                        .is_some_and(|h| h.iter().any(|(_, c)| refused_state(&c.state)))
+                        || self.retained.calls.get(&call_id).is_some_and(refused_state);
                     match state.as_str() {
                         "completed" if n != 1 => {
                             problems.push(format!("{tool} {call_id} is completed with {n} rows"))
@@ -2149,6 +2166,12 @@ async fn open_store(url: &str) -> Result<Arc<dyn Store>, String> {
     Ok(Arc::new(store))
 }
 
+/// The PostgreSQL `application_name` of a seed's store connections (the
+/// writer watcher looks at the seed's own sessions only).
+fn seed_tag(seed: u64) -> String {
+    format!("toolrunner-sim-{seed}")
+}
+
 /// Runs one statement on the database of the store at `url`.
 async fn execute_on(url: &str, sql: &'static str) -> Result<(), String> {
     use sqlx::Connection;
@@ -2195,17 +2218,19 @@ async fn rows_in(url: &str) -> Result<Vec<(String, String, i64)>, String> {
 /// lock can be taken within [`STALL`], and on PostgreSQL no transaction
 /// sits idle for longer (the whole database: seeds run side by side). A
 /// stall is a violation of the seed.
-async fn watch_writers(urls: Vec<String>, pg: Option<String>, world: World) {
+async fn watch_writers(urls: Vec<String>, pg: Option<String>, seed_tag: String, world: World) {
     use sqlx::Connection;
     use std::str::FromStr;
     let stalled = |what: String| world.with(|b| b.violations.push(what));
     let mut sqlite = Vec::new();
     for url in urls.iter().filter(|u| u.starts_with("sqlite")) {
-        let Ok(options) = sqlx::sqlite::SqliteConnectOptions::from_str(url) else {
-            continue;
+        let opened = match sqlx::sqlite::SqliteConnectOptions::from_str(url) {
+            Ok(options) => sqlx::SqliteConnection::connect_with(&options.busy_timeout(STALL)).await,
+            Err(e) => Err(e),
         };
-        if let Ok(conn) = sqlx::SqliteConnection::connect_with(&options.busy_timeout(STALL)).await {
-            sqlite.push((url.clone(), conn));
+        match opened {
+            Ok(conn) => sqlite.push((url.clone(), conn)),
+            Err(e) => stalled(format!("the writer watcher cannot open {url}: {e}")),
         }
     }
     #[cfg(feature = "postgres")]
@@ -2233,16 +2258,18 @@ async fn watch_writers(urls: Vec<String>, pg: Option<String>, world: World) {
             let idle: Result<Vec<(i32, String)>, _> = sqlx::query_as(
                 "SELECT pid, coalesce(query, '') FROM pg_stat_activity
                   WHERE datname = current_database() AND state LIKE 'idle in transaction%'
+                    AND application_name = $2
                     AND now() - state_change > make_interval(secs => $1)",
             )
             .bind(STALL.as_secs_f64())
+            .bind(&seed_tag)
             .fetch_all(&mut *conn)
             .await;
             if let Ok(idle) = idle
                 && !idle.is_empty()
             {
                 stalled(format!(
-                    "a transaction of the database sat idle for more than {STALL:?} (pid, last statement): {idle:?}"
+                    "a transaction of this seed's stores sat idle for more than {STALL:?} (pid, last statement): {idle:?}"
                 ));
             }
         }
@@ -2252,18 +2279,20 @@ async fn watch_writers(urls: Vec<String>, pg: Option<String>, world: World) {
 
 /// Creates (and migrates) the schema `schema` in the database at `pg`; the
 /// store URL that uses it.
-async fn pg_schema(pg: &str, schema: &str) -> Result<String, String> {
+async fn pg_schema(pg: &str, schema: &str, application: &str) -> Result<String, String> {
     #[cfg(feature = "postgres")]
     {
         toolrunner::store::PgStore::connect_in_schema(pg, schema)
             .await
             .map_err(|e| format!("PostgreSQL at {PG_URL_VAR}: {e}"))?;
         let sep = if pg.contains('?') { '&' } else { '?' };
-        Ok(format!("{pg}{sep}options=-c%20search_path%3D{schema}"))
+        Ok(format!(
+            "{pg}{sep}application_name={application}&options=-c%20search_path%3D{schema}"
+        ))
     }
     #[cfg(not(feature = "postgres"))]
     {
-        let _ = schema;
+        let _ = (schema, application);
         Err(format!(
             "{PG_URL_VAR} is set ({pg}) but the `postgres` feature is off: add --features postgres"
         ))

@@ -485,12 +485,16 @@ impl CallContext {
         let tx = slot.tx.as_mut().expect("begun above");
         let marker = (self.key.run_id.clone(), self.key.call_id.clone());
         let outcome = tokio::select! {
-            outcome = INSIDE.scope(marker, writes(tx)) => Some(outcome),
-            // The handler returned (or timed out) while a task that kept
-            // this context was still inside: cut off, left interrupted.
+            // The end of the attempt first: a closure that finishes in the
+            // same poll as the executor lets go is cut off all the same.
+            biased;
             () = over.cancelled() => None,
+            outcome = INSIDE.scope(marker, writes(tx)) => Some(outcome),
         };
-        let Some(outcome) = outcome else {
+        // The handler returned (or timed out, or the executor let go) while
+        // a task that kept this context was still inside, or as it came
+        // out: cut off, left interrupted (after `begin`, too).
+        let Some(outcome) = outcome.filter(|_| !over.is_cancelled()) else {
             if self.gone() {
                 // Nobody else will end it.
                 slot.abandon();
