@@ -264,6 +264,7 @@ struct World {
     server: DevServer,
     http: toolrunner::platform::Platform,
     binding_id: String,
+    agent_id: String,
     agent_version: String,
     dir: tempfile::TempDir,
     shared: Shared,
@@ -287,12 +288,14 @@ impl World {
             server,
             http,
             binding_id: String::new(),
+            agent_id: String::new(),
             agent_version: String::new(),
             dir,
             shared: Shared::default(),
         };
         let agent = world.post("/agents", json!({"name": "findings"})).await;
         let agent_id = agent["agent_id"].as_str().expect("agent_id").to_owned();
+        world.agent_id = agent_id.clone();
         let binding = world
             .post(
                 "/executor-bindings",
@@ -839,6 +842,87 @@ fn finding_b_no_rerun_after_a_cancel_while_down() {
         );
         assert_eq!(row.state, LocalState::Abandoned, "{row:?}");
         drop(c);
+    });
+}
+
+/// 3b once more, in a process that lives through the cancel: the
+/// heartbeat answer that carried the cancel notice was lost (here: taken
+/// by hand on the executor's own connection), so the process never hears
+/// of it, and no reconnect tells it either. Before a re-run the executor
+/// asks the platform whether the call is still its own; the run ended, so
+/// the handler does not start again and the call ends `abandoned`.
+#[test]
+fn finding_b_no_rerun_when_the_cancel_notice_was_lost() {
+    with_failpoints(async {
+        let world = World::new(30_000, 10_000, false).await;
+        world.shared.with(|b| {
+            b.rerun = true;
+            b.default_mode = Some(Mode::UnknownBefore);
+            b.default_hook = Some(Hook::Unknown);
+        });
+        let a = world.start("exe-a", "a.db").await;
+        let (run_id, calls) = world.run(1).await;
+        let call_id = calls[0].clone();
+        let store = world.store("a.db").await;
+        wait_local(
+            &store,
+            &run_id,
+            &call_id,
+            &[LocalState::ReconciliationRequired],
+        )
+        .await;
+        world
+            .post(&format!("/runs/{run_id}/cancel"), json!({}))
+            .await;
+        // The notice goes out in the next heartbeat answer of exe-a's
+        // connection: this one, whose answer the executor never sees.
+        let agent_id = world.agent_id.clone();
+        let diagnostics = world.request(
+            reqwest::Method::GET,
+            &format!(
+                "/agents/{agent_id}/executor-bindings/{}/diagnostics",
+                world.binding_id
+            ),
+            ADMIN,
+        );
+        let (status, diagnostics) = world.send(diagnostics).await;
+        assert_eq!(status, 200, "diagnostics: {diagnostics}");
+        let connection_id = diagnostics["executors"]
+            .as_array()
+            .expect("executors")
+            .iter()
+            .find(|e| e["executor_id"] == "exe-a")
+            .map(|e| e["connection_id"].clone())
+            .expect("exe-a's connection");
+        let beat = world
+            .request(
+                reqwest::Method::POST,
+                "/executors/exe-a/heartbeat",
+                EXEC_TOKEN,
+            )
+            .json(&json!({"connection_id": connection_id, "in_flight": []}));
+        let (status, beat) = world.send(beat).await;
+        assert_eq!(status, 200, "heartbeat: {beat}");
+        assert!(
+            beat["cancel_requested"].to_string().contains(&call_id),
+            "the heartbeat did not carry the cancel: {beat}"
+        );
+        world.shared.with(|b| b.default_hook = Some(Hook::Truthful));
+        let row = wait_local(
+            &store,
+            &run_id,
+            &call_id,
+            &[LocalState::Abandoned, LocalState::Running],
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            world.shared.starts_of(&call_id),
+            1,
+            "the handler ran again after the run was cancelled: {row:?}"
+        );
+        assert_eq!(row.state, LocalState::Abandoned, "{row:?}");
+        drop(a);
     });
 }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportState};
+use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportOutcome, ReportState};
 
 use super::{CallKey, Core, connection};
 use crate::client::{Client, ClientError};
@@ -356,6 +356,39 @@ async fn flush_reports_once(core: &Arc<Core>, size: usize) -> Pass {
         }
     }
     Pass::Done
+}
+
+/// Whether the platform still holds `c` for this executor, bound and not
+/// ended, asked right now with an idempotent report of
+/// `reconciliation_required` (`updated` or `unchanged`: yes; `terminal`,
+/// `run_terminated`, `not_bound`, or a run it no longer knows: no). `None`
+/// when it cannot tell now (no connection, no answer). Asked before
+/// anything runs again: a cancel notice comes only once, in a heartbeat
+/// answer that may be lost.
+pub(crate) async fn still_bound(core: &Arc<Core>, c: &LocalCall) -> Option<bool> {
+    let connection_id = connection::connection_id(core).await.ok()?;
+    let body = Report {
+        connection_id: connection_id.clone(),
+        calls: vec![CallReport {
+            run_id: c.run_id.clone(),
+            call_id: c.call_id.clone(),
+            state: ReportState::ReconciliationRequired,
+            reason: Some(public_reason(c)),
+            receipt_id: None,
+        }],
+    };
+    match core.client.report(&core.cfg.executor_id, &body).await {
+        Ok(answer) => match answer.results.first().map(|r| r.outcome) {
+            Some(ReportOutcome::Updated | ReportOutcome::Unchanged) => Some(true),
+            Some(ReportOutcome::Unknown) | None => None,
+            Some(_) => Some(false),
+        },
+        Err(ClientError::Api(e)) if e.code() == "unknown_call" => Some(false),
+        Err(e) => {
+            connection::handle_refusal(core, &connection_id, &e).await;
+            None
+        }
+    }
 }
 
 /// The reason sent with `reconciliation_required`: fixed words, never a

@@ -123,7 +123,18 @@ pub(crate) async fn check(
                 if cancel.is_cancelled() || core.was_cancelled(&key) {
                     Event::HookRunCancelled
                 } else {
-                    Event::HookRerun
+                    // The cancel notice may have been lost with its
+                    // heartbeat answer: the platform says whether the call
+                    // is still this executor's.
+                    match outbox::still_bound(core, &call).await {
+                        None => return Ok(Checked::Stays),
+                        Some(true) => Event::HookRerun,
+                        Some(false) => {
+                            tracing::info!(run_id = %call.run_id, call_id = %call.call_id, "the platform ended the call: not run again");
+                            core.remember_ended(&key);
+                            Event::HookRunCancelled
+                        }
+                    }
                 }
             }
         }
