@@ -2239,7 +2239,7 @@ async fn watch_writers(urls: Vec<String>, pg: Option<String>, seed_tag: String, 
         None => None,
     };
     #[cfg(not(feature = "postgres"))]
-    let _ = pg;
+    let _ = (pg, seed_tag);
     loop {
         for (url, conn) in &mut sqlite {
             let asked = Instant::now();
