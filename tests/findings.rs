@@ -729,6 +729,49 @@ fn finding_a_redeliver_sends_no_accepted_and_the_write_never_runs_twice() {
     });
 }
 
+/// A write call whose tool may run again after `DidNotHappen`, in
+/// `reconciliation_required` on exe-a (its handler failed before its
+/// effect, its hook cannot tell yet): the executor, the run, the call and
+/// the store.
+async fn awaiting_reconciliation(world: &World) -> (RunningExecutor, String, String, SqliteStore) {
+    world.shared.with(|b| {
+        b.rerun = true;
+        b.default_mode = Some(Mode::UnknownBefore);
+        b.default_hook = Some(Hook::Unknown);
+    });
+    let a = world.start("exe-a", "a.db").await;
+    let (run_id, calls) = world.run(1).await;
+    let call_id = calls[0].clone();
+    let store = world.store("a.db").await;
+    wait_local(
+        &store,
+        &run_id,
+        &call_id,
+        &[LocalState::ReconciliationRequired],
+    )
+    .await;
+    (a, run_id, call_id, store)
+}
+
+/// The call's run ended while it awaited reconciliation: once its hook
+/// says it did not happen, it ends `abandoned`, its handler not run again.
+async fn not_run_again(world: &World, store: &SqliteStore, run_id: &str, call_id: &str) {
+    let row = wait_local(
+        store,
+        run_id,
+        call_id,
+        &[LocalState::Abandoned, LocalState::Running],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        world.shared.starts_of(call_id),
+        1,
+        "the handler ran again after the run was cancelled: {row:?}"
+    );
+    assert_eq!(row.state, LocalState::Abandoned, "{row:?}");
+}
+
 /// 3b: the heartbeat that confirms the lease before a re-run carries a
 /// cancel for the run: the handler must not start again.
 #[test]
@@ -737,22 +780,7 @@ fn finding_b_no_rerun_when_the_lease_check_carries_a_cancel() {
         // Long heartbeats and no stream: the cancel reaches the executor
         // only in the heartbeat of the automatic check.
         let world = World::new(30_000, 10_000, false).await;
-        world.shared.with(|b| {
-            b.rerun = true;
-            b.default_mode = Some(Mode::UnknownBefore);
-            b.default_hook = Some(Hook::Unknown);
-        });
-        let a = world.start("exe-a", "a.db").await;
-        let (run_id, calls) = world.run(1).await;
-        let call_id = calls[0].clone();
-        let store = world.store("a.db").await;
-        wait_local(
-            &store,
-            &run_id,
-            &call_id,
-            &[LocalState::ReconciliationRequired],
-        )
-        .await;
+        let (a, run_id, call_id, store) = awaiting_reconciliation(&world).await;
         world
             .post(&format!("/runs/{run_id}/cancel"), json!({}))
             .await;
@@ -779,22 +807,7 @@ fn finding_b_no_rerun_when_the_lease_check_carries_a_cancel() {
 fn finding_b_no_rerun_after_a_cancel_while_down() {
     with_failpoints(async {
         let world = World::new(30_000, 10_000, false).await;
-        world.shared.with(|b| {
-            b.rerun = true;
-            b.default_mode = Some(Mode::UnknownBefore);
-            b.default_hook = Some(Hook::Unknown);
-        });
-        let a = world.start("exe-a", "a.db").await;
-        let (run_id, calls) = world.run(1).await;
-        let call_id = calls[0].clone();
-        let store = world.store("a.db").await;
-        wait_local(
-            &store,
-            &run_id,
-            &call_id,
-            &[LocalState::ReconciliationRequired],
-        )
-        .await;
+        let (a, run_id, call_id, store) = awaiting_reconciliation(&world).await;
         // Lost, as a crashed process.
         drop(a);
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -827,20 +840,7 @@ fn finding_b_no_rerun_after_a_cancel_while_down() {
         );
         world.shared.with(|b| b.default_hook = Some(Hook::Truthful));
         let c = world.start("exe-a", "a.db").await;
-        let row = wait_local(
-            &store,
-            &run_id,
-            &call_id,
-            &[LocalState::Abandoned, LocalState::Running],
-        )
-        .await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(
-            world.shared.starts_of(&call_id),
-            1,
-            "the handler ran again after the run was cancelled: {row:?}"
-        );
-        assert_eq!(row.state, LocalState::Abandoned, "{row:?}");
+        not_run_again(&world, &store, &run_id, &call_id).await;
         drop(c);
     });
 }
@@ -855,22 +855,7 @@ fn finding_b_no_rerun_after_a_cancel_while_down() {
 fn finding_b_no_rerun_when_the_cancel_notice_was_lost() {
     with_failpoints(async {
         let world = World::new(30_000, 10_000, false).await;
-        world.shared.with(|b| {
-            b.rerun = true;
-            b.default_mode = Some(Mode::UnknownBefore);
-            b.default_hook = Some(Hook::Unknown);
-        });
-        let a = world.start("exe-a", "a.db").await;
-        let (run_id, calls) = world.run(1).await;
-        let call_id = calls[0].clone();
-        let store = world.store("a.db").await;
-        wait_local(
-            &store,
-            &run_id,
-            &call_id,
-            &[LocalState::ReconciliationRequired],
-        )
-        .await;
+        let (a, run_id, call_id, store) = awaiting_reconciliation(&world).await;
         world
             .post(&format!("/runs/{run_id}/cancel"), json!({}))
             .await;
@@ -908,20 +893,7 @@ fn finding_b_no_rerun_when_the_cancel_notice_was_lost() {
             "the heartbeat did not carry the cancel: {beat}"
         );
         world.shared.with(|b| b.default_hook = Some(Hook::Truthful));
-        let row = wait_local(
-            &store,
-            &run_id,
-            &call_id,
-            &[LocalState::Abandoned, LocalState::Running],
-        )
-        .await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(
-            world.shared.starts_of(&call_id),
-            1,
-            "the handler ran again after the run was cancelled: {row:?}"
-        );
-        assert_eq!(row.state, LocalState::Abandoned, "{row:?}");
+        not_run_again(&world, &store, &run_id, &call_id).await;
         drop(a);
     });
 }

@@ -405,6 +405,19 @@ struct SimTool {
 }
 
 impl SimTool {
+    /// The `slow` behaviour's wait before its effect, honouring the call's
+    /// cancellation; then where a frozen process would stand still.
+    async fn slowly(&self, ctx: &CallContext, n: u64) -> Result<(), ToolError> {
+        tokio::select! {
+            _ = ctx.cancelled() => {
+                return Err(ToolError::cancelled("the customer cancelled"));
+            }
+            _ = tokio::time::sleep(Duration::from_millis(40 + n % 5 * 30)) => {}
+        }
+        self.stand_still().await;
+        Ok(())
+    }
+
     /// Where a frozen process would stand still.
     async fn stand_still(&self) {
         if let Some(f) = &self.faults {
@@ -443,13 +456,7 @@ impl SimTool {
                 panic!("simulated handler panic after the write")
             }
             "slow" => {
-                tokio::select! {
-                    _ = ctx.cancelled() => {
-                        return Err(ToolError::cancelled("the customer cancelled"));
-                    }
-                    _ = tokio::time::sleep(Duration::from_millis(40 + input.n % 5 * 30)) => {}
-                }
-                self.stand_still().await;
+                self.slowly(ctx, input.n).await?;
                 ctx.transaction(write).await?;
                 Ok(out)
             }
@@ -663,13 +670,7 @@ impl Tool for SimTool {
                 panic!("simulated handler panic after the effect")
             }
             "slow" => {
-                tokio::select! {
-                    _ = ctx.cancelled() => {
-                        return Err(ToolError::cancelled("the customer cancelled"));
-                    }
-                    _ = tokio::time::sleep(Duration::from_millis(40 + input.n % 5 * 30)) => {}
-                }
-                self.stand_still().await;
+                self.slowly(ctx, input.n).await?;
                 effect();
                 Ok(out)
             }
