@@ -68,12 +68,18 @@ pub(crate) async fn resume(
         states: vec![LocalState::Running, LocalState::ReconciliationRequired],
         ..CallFilter::default()
     };
-    if let Ok(calls) = core.store.calls(&ours).await {
-        for c in calls {
-            let key = CallKey::of(&c);
-            if !bound.contains(&key) && c.updated_at < asked_at && !PLANTED_RESUME {
-                core.remember_ended(&key);
+    match core.store.calls(&ours).await {
+        Ok(calls) => {
+            for c in calls {
+                let key = CallKey::of(&c);
+                if !bound.contains(&key) && c.updated_at < asked_at && !PLANTED_RESUME {
+                    core.remember_ended(&key);
+                }
             }
+        }
+        // A re-run still asks the platform first (`outbox::still_bound`).
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the calls the platform no longer lists; a re-run asks the platform first")
         }
     }
     let filter = CallFilter {
