@@ -1341,7 +1341,7 @@ impl Seed {
     /// `accepted` is confirmed (the call `running` in its store), or after
     /// 400 ms if it has nothing to claim; either way it is down then.
     async fn crash_mid_call(&mut self, slot: usize) -> Result<Option<String>, String> {
-        self.slots[slot].running.take();
+        self.stop_for_a_restart(slot).await;
         self.slots[slot].crashed.store(false, Ordering::SeqCst);
         self.new_process(slot);
         let exec = self
@@ -1354,7 +1354,7 @@ impl Seed {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.reap();
-        self.slots[slot].running.take();
+        self.stop_for_a_restart(slot).await;
         let store = self.reader(&self.slots[slot].store_url.clone()).await?;
         let running = CallFilter {
             states: vec![LocalState::Running],
@@ -1367,6 +1367,16 @@ impl Seed {
             .into_iter()
             .next()
             .map(|c| c.run_id))
+    }
+
+    /// `slot`'s process is lost; on PostgreSQL the restart comes as a real
+    /// one does, after its lease and the grace (a lease write still in
+    /// flight in the lost process lands meanwhile, and the next start does
+    /// not take it for a second live process).
+    async fn stop_for_a_restart(&mut self, slot: usize) {
+        if self.slots[slot].running.take().is_some() && self.pg.is_some() {
+            tokio::time::sleep(PG_LEASE_TTL + PG_GRACE).await;
+        }
     }
 
     /// An operator closes every other orphaned call whose outcome was

@@ -362,33 +362,53 @@ async fn flush_reports_once(core: &Arc<Core>, size: usize) -> Pass {
 /// ended, asked right now with an idempotent report of
 /// `reconciliation_required` (`updated` or `unchanged`: yes; `terminal`,
 /// `run_terminated`, `not_bound`, or a run it no longer knows: no). `None`
-/// when it cannot tell now (no connection, no answer). Asked before
+/// when it cannot tell now (no connection, no answer, `not_applicable`, an
+/// outcome this version does not know): logged, asked again at the next
+/// check. Asked before
 /// anything runs again: a cancel notice comes only once, in a heartbeat
 /// answer that may be lost.
 pub(crate) async fn still_bound(core: &Arc<Core>, c: &LocalCall) -> Option<bool> {
-    let connection_id = connection::connection_id(core).await.ok()?;
-    let body = Report {
-        connection_id: connection_id.clone(),
-        calls: vec![CallReport {
-            run_id: c.run_id.clone(),
-            call_id: c.call_id.clone(),
-            state: ReportState::ReconciliationRequired,
-            reason: Some(public_reason(c)),
-            receipt_id: None,
-        }],
-    };
-    match core.client.report(&core.cfg.executor_id, &body).await {
-        Ok(answer) => match answer.results.first().map(|r| r.outcome) {
-            Some(ReportOutcome::Updated | ReportOutcome::Unchanged) => Some(true),
-            Some(ReportOutcome::Unknown) | None => None,
-            Some(_) => Some(false),
-        },
-        Err(ClientError::Api(e)) if e.code() == "unknown_call" => Some(false),
-        Err(e) => {
-            connection::handle_refusal(core, &connection_id, &e).await;
-            None
+    // Once more after a reconnect (a lapsed lease, a superseded connection).
+    for _ in 0..2 {
+        let connection_id = connection::connection_id(core).await.ok()?;
+        let body = Report {
+            connection_id: connection_id.clone(),
+            calls: vec![CallReport {
+                run_id: c.run_id.clone(),
+                call_id: c.call_id.clone(),
+                state: ReportState::ReconciliationRequired,
+                reason: Some(public_reason(c)),
+                receipt_id: None,
+            }],
+        };
+        match core.client.report(&core.cfg.executor_id, &body).await {
+            Ok(answer) => {
+                return match answer.results.first().map(|r| r.outcome) {
+                    Some(ReportOutcome::Updated | ReportOutcome::Unchanged) => Some(true),
+                    Some(
+                        ReportOutcome::RunTerminated
+                        | ReportOutcome::Terminal
+                        | ReportOutcome::NotBound,
+                    ) => Some(false),
+                    // Still bound, live, yet not as this executor holds it
+                    // (`not_applicable`), or an outcome this version does
+                    // not know: not a leave to run, nor an end.
+                    other => {
+                        tracing::warn!(run_id = %c.run_id, call_id = %c.call_id, outcome = ?other, "the platform's answer does not say whether the call may run again; it waits for the next check");
+                        None
+                    }
+                };
+            }
+            Err(ClientError::Api(e)) if e.code() == "unknown_call" => return Some(false),
+            Err(e) => {
+                if !connection::handle_refusal(core, &connection_id, &e).await {
+                    tracing::warn!(run_id = %c.run_id, call_id = %c.call_id, error = %e, "cannot ask the platform whether the call may run again; it waits for the next check");
+                    return None;
+                }
+            }
         }
     }
+    None
 }
 
 /// The reason sent with `reconciliation_required`: fixed words, never a

@@ -127,7 +127,16 @@ pub(crate) async fn check(
                     // heartbeat answer: the platform says whether the call
                     // is still this executor's.
                     match outbox::still_bound(core, &call).await {
-                        None => return Ok(Checked::Stays),
+                        None => {
+                            let _ = lifecycle::note(
+                                core.store.as_ref(),
+                                at,
+                                "automatic check: did not happen; the platform could not say whether it may run again",
+                                None,
+                            )
+                            .await;
+                            return Ok(Checked::Stays);
+                        }
                         Some(true) => Event::HookRerun,
                         Some(false) => {
                             tracing::info!(run_id = %call.run_id, call_id = %call.call_id, "the platform ended the call: not run again");
