@@ -753,6 +753,25 @@ async fn awaiting_reconciliation(world: &World) -> (RunningExecutor, String, Str
     (a, run_id, call_id, store)
 }
 
+/// Heartbeats exe-a's connection `connection_id` by hand, as the process
+/// whose answer is lost would: the platform hands out the call's cancel
+/// notice, once.
+async fn take_the_cancel_notice(world: &World, connection_id: &Value, call_id: &str) {
+    let beat = world
+        .request(
+            reqwest::Method::POST,
+            "/executors/exe-a/heartbeat",
+            EXEC_TOKEN,
+        )
+        .json(&json!({"connection_id": connection_id, "in_flight": []}));
+    let (status, beat) = world.send(beat).await;
+    assert_eq!(status, 200, "heartbeat: {beat}");
+    assert!(
+        beat["cancel_requested"].to_string().contains(call_id),
+        "the heartbeat did not carry the cancel: {beat}"
+    );
+}
+
 /// The call's run ended while it awaited reconciliation: once its hook
 /// says it did not happen, it ends `abandoned`, its handler not run again.
 async fn not_run_again(world: &World, store: &SqliteStore, run_id: &str, call_id: &str) {
@@ -825,19 +844,7 @@ fn finding_b_no_rerun_after_a_cancel_while_down() {
             );
         let (status, conn) = world.send(connect).await;
         assert_eq!(status, 200, "connect: {conn}");
-        let beat = world
-            .request(
-                reqwest::Method::POST,
-                "/executors/exe-a/heartbeat",
-                EXEC_TOKEN,
-            )
-            .json(&json!({"connection_id": conn["connection_id"], "in_flight": []}));
-        let (status, beat) = world.send(beat).await;
-        assert_eq!(status, 200, "heartbeat: {beat}");
-        assert!(
-            beat["cancel_requested"].to_string().contains(&call_id),
-            "the heartbeat did not carry the cancel: {beat}"
-        );
+        take_the_cancel_notice(&world, &conn["connection_id"], &call_id).await;
         world.shared.with(|b| b.default_hook = Some(Hook::Truthful));
         let c = world.start("exe-a", "a.db").await;
         not_run_again(&world, &store, &run_id, &call_id).await;
@@ -879,19 +886,7 @@ fn finding_b_no_rerun_when_the_cancel_notice_was_lost() {
             .find(|e| e["executor_id"] == "exe-a")
             .map(|e| e["connection_id"].clone())
             .expect("exe-a's connection");
-        let beat = world
-            .request(
-                reqwest::Method::POST,
-                "/executors/exe-a/heartbeat",
-                EXEC_TOKEN,
-            )
-            .json(&json!({"connection_id": connection_id, "in_flight": []}));
-        let (status, beat) = world.send(beat).await;
-        assert_eq!(status, 200, "heartbeat: {beat}");
-        assert!(
-            beat["cancel_requested"].to_string().contains(&call_id),
-            "the heartbeat did not carry the cancel: {beat}"
-        );
+        take_the_cancel_notice(&world, &connection_id, &call_id).await;
         world.shared.with(|b| b.default_hook = Some(Hook::Truthful));
         not_run_again(&world, &store, &run_id, &call_id).await;
         drop(a);

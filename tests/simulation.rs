@@ -379,6 +379,16 @@ struct World {
 }
 
 impl World {
+    /// Whether the `retry` behaviour of operation key `key` asks to retry
+    /// now (its first time), remembering that it did.
+    fn first_retry(&self, key: &str) -> bool {
+        self.with(|b| {
+            let first = !b.retried.iter().any(|k| k == key);
+            b.retried.push(key.to_owned());
+            first
+        })
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Business) -> T) -> T {
         f(&mut self.business.lock().unwrap_or_else(|e| e.into_inner()))
     }
@@ -466,11 +476,7 @@ impl SimTool {
                 Ok(out)
             }
             "retry" => {
-                let first = self.world.with(|b| {
-                    let first = !b.retried.contains(&key);
-                    b.retried.push(key.clone());
-                    first
-                });
+                let first = self.world.first_retry(&key);
                 ctx.transaction(write).await?;
                 if first {
                     // Rolled back: the next attempt writes again.
@@ -708,11 +714,7 @@ impl Tool for SimTool {
                 Ok(out)
             }
             "retry" => {
-                let first = self.world.with(|b| {
-                    let first = !b.retried.contains(&key);
-                    b.retried.push(key.clone());
-                    first
-                });
+                let first = self.world.first_retry(&key);
                 if first {
                     return Err(ToolError::retry("the bank asked to try again"));
                 }
