@@ -1,21 +1,18 @@
 //! Starting and stopping the development platform.
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, broadcast, watch};
 use tokio::task::JoinSet;
-use tower::ServiceExt;
 
 use crate::engine::Limits;
-use crate::faults::{DropConnection, FaultState, Faults};
 use crate::http::auth::{Grants, parse_token_spec};
+use crate::http::faults::{FaultState, Faults};
+use crate::http::faults::{ReceivedConnect, ReceivedReceipt};
 use crate::http::shared::{Engine, Shared};
 use crate::store::Store;
 
@@ -205,7 +202,11 @@ impl DevServerBuilder {
             connect_log: self.record_connects.then(|| StdMutex::new(Vec::new())),
         });
         let mut tasks = JoinSet::new();
-        tasks.spawn(accept_loop(listener, shared.clone(), self.stream));
+        tasks.spawn(crate::http::serve::accept_loop(
+            listener,
+            shared.clone(),
+            self.stream,
+        ));
         tasks.spawn(sweeper(shared.clone()));
         tracing::info!(%addr, "development platform started");
         Ok(DevServer {
@@ -324,82 +325,6 @@ impl DevServer {
     }
 }
 
-/// One receipt request as it reached the platform.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReceivedReceipt {
-    /// The body's `receipt_id`, if it has one.
-    pub receipt_id: Option<String>,
-    /// The request path (names the run and the call).
-    pub path: String,
-    /// The body, byte for byte.
-    pub body: Vec<u8>,
-}
-
-/// A connect request as it reached the platform.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ReceivedConnect {
-    /// The body's `executor_id`, if it has one.
-    pub executor_id: Option<String>,
-    /// The body's `instance_id`, if it has one.
-    pub instance_id: Option<String>,
-}
-
-/// The connection failed on purpose: fault injection dropped the answer.
-#[derive(Debug, thiserror::Error)]
-#[error("response dropped by fault injection")]
-struct Dropped;
-
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stream: bool) {
-    let router = crate::http::router(shared.clone(), stream);
-    let mut stop = shared.shutdown.subscribe();
-    let mut conns = JoinSet::new();
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = stop.changed() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let router = router.clone();
-        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-            let router = router.clone();
-            async move {
-                let response = router.oneshot(req.map(axum::body::Body::new)).await;
-                let response: axum::response::Response = match response {
-                    Ok(r) => r,
-                    Err(e) => match e {},
-                };
-                if response.extensions().get::<DropConnection>().is_some() {
-                    return Err(Dropped);
-                }
-                Ok::<_, Dropped>(response)
-            }
-        });
-        let mut stop = shared.shutdown.subscribe();
-        conns.spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades();
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = &mut conn => {}
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        });
-        while conns.try_join_next().is_some() {}
-    }
-    while conns.join_next().await.is_some() {}
-}
-
 async fn sweeper(shared: Arc<Shared>) {
     let period = (shared.limits.lease_ttl_ms / 4).clamp(10, 250);
     let mut tick = tokio::time::interval(Duration::from_millis(period));
@@ -412,10 +337,4 @@ async fn sweeper(shared: Arc<Shared>) {
             }
         }
     }
-}
-
-/// Never constructed; keeps `Infallible` in scope for the match above.
-#[allow(dead_code)]
-fn _infallible(x: Infallible) -> ! {
-    match x {}
 }

@@ -1,26 +1,20 @@
 //! `Executor::builder()`: settings, tools, and the checks made at `build()`.
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::Mutex as StdMutex;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::{Notify, RwLock, Semaphore};
-use tokio_util::sync::CancellationToken;
 use toolrunner_protocol::tooldef::{self, ToolDefinition, check_version};
 
-use crate::authorizer::{AllowAll, Authorizer};
-use crate::client::{Backoff, Client};
+use crate::api::authorizer::{AllowAll, Authorizer};
+use crate::api::function::{IntoTool, Registered, States};
+use crate::api::handler::ErasedTool;
 use crate::error::{Error, Kind, Result};
-use crate::function::{IntoTool, Registered, States};
-use crate::handler::ErasedTool;
-use crate::runner::fenced::FencedStore;
-use crate::runner::gate::Gate;
-#[cfg(feature = "postgres")]
-use crate::runner::gate::{self, Reach};
-use crate::runner::{self, Config, Core, CrashPlan, RunningExecutor};
-use crate::store::{DEFAULT_LEASE_TTL, SqliteStore, Store};
+use crate::gate::Gate;
+use crate::net::client::{Backoff, Client};
+use crate::runner::template::Template;
+use crate::runner::{Config, CrashPlan, RunningExecutor};
+use crate::store::{DEFAULT_LEASE_TTL, Store};
 
 /// Builds an [`Executor`]. Settings are checked at [`build`](Self::build).
 #[must_use]
@@ -309,7 +303,7 @@ impl ExecutorBuilder {
     /// SIGSTOP, its store or its platform unreachable. Replicas it adopts
     /// share them (they run in the same process).
     #[cfg(feature = "testing")]
-    pub fn process_faults(mut self, faults: &crate::testing::ProcessFaults) -> Self {
+    pub fn process_faults(mut self, faults: &crate::gate::ProcessFaults) -> Self {
         self.gate = Some(faults.gate());
         self
     }
@@ -381,13 +375,13 @@ impl ExecutorBuilder {
         if self.capacity == 0 {
             return Err(Error::new(Kind::Builder, "capacity must be at least 1"));
         }
-        if self.takeover_grace.is_some() && !is_postgres(&self.store_url) {
+        if self.takeover_grace.is_some() && !crate::store::is_postgres(&self.store_url) {
             return Err(Error::new(
                 Kind::Builder,
                 "takeover_grace needs a postgres:// store: replicas adopt each other's identities through their shared database",
             ));
         }
-        if self.lease_ttl.is_some() && !is_postgres(&self.store_url) {
+        if self.lease_ttl.is_some() && !crate::store::is_postgres(&self.store_url) {
             return Err(Error::new(
                 Kind::Builder,
                 "lease_ttl needs a postgres:// store: a SQLite store is held by its file lock, not by a lease",
@@ -452,29 +446,31 @@ impl ExecutorBuilder {
             .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?
             .with_gate(self.gate.clone());
         Ok(Executor {
-            cfg: Config {
-                executor_id,
-                binding_id,
-                capacity: self.capacity,
-                instance_id: format!("ins_{}", uuid::Uuid::new_v4().simple()),
-                poll_interval: self.poll_interval,
-                handler_timeout: self.handler_timeout,
-                retry_attempts: self.retry_attempts.max(1),
-                use_stream: self.use_stream,
-                auto_reconcile: self.auto_reconcile,
-                reconcile_interval: self.reconcile_interval,
-                retention: self.retention,
-                adopted: false,
-                lease_ttl: self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL),
+            template: Template {
+                cfg: Config {
+                    executor_id,
+                    binding_id,
+                    capacity: self.capacity,
+                    instance_id: format!("ins_{}", uuid::Uuid::new_v4().simple()),
+                    poll_interval: self.poll_interval,
+                    handler_timeout: self.handler_timeout,
+                    retry_attempts: self.retry_attempts.max(1),
+                    use_stream: self.use_stream,
+                    auto_reconcile: self.auto_reconcile,
+                    reconcile_interval: self.reconcile_interval,
+                    retention: self.retention,
+                    adopted: false,
+                    lease_ttl: self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL),
+                },
+                client,
+                store_url: self.store_url,
+                tools: Arc::new(tools),
+                authorizer,
+                definitions,
+                crash_plan: self.crash_plan,
+                takeover_grace: self.takeover_grace,
+                gate: self.gate,
             },
-            client,
-            store_url: self.store_url,
-            tools: Arc::new(tools),
-            authorizer,
-            definitions,
-            crash_plan: self.crash_plan,
-            takeover_grace: self.takeover_grace,
-            gate: self.gate,
         })
     }
 }
@@ -496,7 +492,7 @@ fn check_base_url(url: &str, allow_insecure_http: bool) -> Result<()> {
     }
     match scheme {
         "https" => Ok(()),
-        "http" if allow_insecure_http || crate::tls::is_loopback(host) => Ok(()),
+        "http" if allow_insecure_http || crate::net::tls::is_loopback(host) => Ok(()),
         "http" => Err(bad(
             "is plain http to another machine: the token and every grant would cross the network in clear; use https, or call .allow_insecure_http() if the network is private",
         )),
@@ -556,25 +552,16 @@ fn definitions(tools: &[Arc<dyn ErasedTool>], binding_id: &str) -> Value {
 /// ```
 #[must_use = "an executor does nothing until it is started: call .serve(signal) or .start()"]
 pub struct Executor {
-    cfg: Config,
-    client: Client,
-    store_url: String,
-    tools: crate::handler::Tools,
-    authorizer: Arc<dyn Authorizer>,
-    definitions: Vec<ToolDefinition>,
-    crash_plan: Option<CrashPlan>,
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    takeover_grace: Option<Duration>,
-    /// A test's faults of this process.
-    gate: Option<Arc<Gate>>,
+    template: Template,
 }
 
 impl std::fmt::Debug for Executor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = &self.template;
         f.debug_struct("Executor")
-            .field("executor_id", &self.cfg.executor_id)
-            .field("binding_id", &self.cfg.binding_id)
-            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .field("executor_id", &t.cfg.executor_id)
+            .field("binding_id", &t.cfg.binding_id)
+            .field("tools", &t.tools.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
@@ -614,12 +601,12 @@ impl Executor {
     /// The tool definitions to publish in an agent version (`tools` array):
     /// names, descriptions, the binding, schemas generated from the types.
     pub fn tool_definitions(&self) -> &[ToolDefinition] {
-        &self.definitions
+        &self.template.definitions
     }
 
     /// The random id of this process start, sent with every connect.
     pub fn instance_id(&self) -> &str {
-        &self.cfg.instance_id
+        &self.template.cfg.instance_id
     }
 
     /// Opens the store, connects, resumes what the store and the platform
@@ -628,181 +615,18 @@ impl Executor {
     /// # Errors
     /// The store cannot be opened, or the platform refuses the connect.
     pub async fn start(self) -> Result<RunningExecutor> {
-        if is_postgres(&self.store_url) {
-            return self.start_replica().await;
-        }
-        // One process per store file: taken before the store is touched.
-        let lock = SqliteStore::lock(&self.store_url)?;
-        let store = SqliteStore::open(&self.store_url).await?;
-        self.start_locked(
-            Arc::new(store),
-            lock,
-            #[cfg(feature = "postgres")]
-            None,
-        )
-        .await
+        self.template.start().await
     }
 
     /// Like [`start`](Self::start) with a store of your own. No lock is
     /// taken: never let two executor processes drive one store (for a
-    /// [`SqliteStore`], hold [`SqliteStore::lock`] for as long as the
-    /// executor runs).
+    /// [`SqliteStore`](crate::store::SqliteStore), hold
+    /// [`SqliteStore::lock`](crate::store::SqliteStore::lock) for as long
+    /// as the executor runs).
     ///
     /// # Errors
     /// The platform refuses the connect.
     pub async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
-        self.start_locked(
-            store,
-            None,
-            #[cfg(feature = "postgres")]
-            None,
-        )
-        .await
+        self.template.start_with_store(store).await
     }
-
-    /// Starts on a PostgreSQL store as this executor's identity: its lease
-    /// is taken (with a new fencing token) before anything is sent.
-    #[cfg(feature = "postgres")]
-    async fn start_replica(self) -> Result<RunningExecutor> {
-        gate::before(self.gate.as_deref(), Reach::Store)
-            .await
-            .map_err(|e| Error::new(Kind::Store, e))?;
-        let store = crate::store::PgStore::open_identity(
-            &self.store_url,
-            &self.cfg.executor_id,
-            &self.cfg.binding_id,
-            &self.cfg.instance_id,
-            self.cfg.lease_ttl,
-        )
-        .await?;
-        let template = self.takeover_grace.is_some().then(|| self.template());
-        let replica = runner::replicas::Replica::new(
-            store.clone(),
-            self.takeover_grace,
-            template,
-            self.gate.clone(),
-        );
-        self.start_locked(Arc::new(store), None, Some(replica))
-            .await
-    }
-
-    #[cfg(not(feature = "postgres"))]
-    async fn start_replica(self) -> Result<RunningExecutor> {
-        let store = open_postgres(&self.store_url).await?;
-        self.start_locked(store, None).await
-    }
-
-    /// This executor's settings and tools, to start adopted identities
-    /// from.
-    #[cfg(feature = "postgres")]
-    fn template(&self) -> Executor {
-        Executor {
-            cfg: self.cfg.clone(),
-            client: self.client.fresh(),
-            store_url: self.store_url.clone(),
-            tools: self.tools.clone(),
-            authorizer: self.authorizer.clone(),
-            definitions: self.definitions.clone(),
-            crash_plan: None,
-            takeover_grace: None,
-            gate: self.gate.clone(),
-        }
-    }
-
-    /// This executor's settings and tools under another executor id (an
-    /// adopted identity). Its instance id is this process's with a suffix
-    /// (`ins_…:1a2b3c4d`), so that the platform's connections of adopted
-    /// identities name the process that adopted them.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn adopted_as(&self, executor_id: &str) -> Executor {
-        let mut adopted = self.template();
-        adopted.cfg.executor_id = executor_id.to_owned();
-        adopted.cfg.adopted = true;
-        adopted.cfg.instance_id = format!("{}:{:08x}", self.cfg.instance_id, rand::random::<u32>());
-        adopted
-    }
-
-    /// Starts as an adopted identity on its (fenced) store. (A boxed
-    /// future: it breaks the cycle start → lease loop → adoption → start.)
-    #[cfg(feature = "postgres")]
-    pub(crate) fn start_adopted(
-        self,
-        store: crate::store::PgStore,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<RunningExecutor>> + Send>> {
-        Box::pin(async move {
-            let replica =
-                runner::replicas::Replica::new(store.clone(), None, None, self.gate.clone());
-            self.start_locked(Arc::new(store), None, Some(replica))
-                .await
-        })
-    }
-
-    async fn start_locked(
-        self,
-        store: Arc<dyn Store>,
-        lock: Option<crate::store::StoreLock>,
-        #[cfg(feature = "postgres")] replica: Option<runner::replicas::Replica>,
-    ) -> Result<RunningExecutor> {
-        let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
-        let fence = CancellationToken::new();
-        let core = Arc::new(Core {
-            cfg: self.cfg,
-            client: self.client,
-            store: Arc::new(FencedStore {
-                inner: store,
-                fence: fence.clone(),
-                gate: self.gate,
-            }),
-            tools: self.tools,
-            authorizer: self.authorizer,
-            conn: RwLock::new(None),
-            reconnecting: tokio::sync::Mutex::new(()),
-            active: StdMutex::new(Default::default()),
-            cancelled: StdMutex::new(Default::default()),
-            slots: Arc::new(Semaphore::new(capacity)),
-            wake: Notify::new(),
-            claiming: AtomicBool::new(true),
-            paused: AtomicBool::new(false),
-            fatal: StdMutex::new(None),
-            stop: CancellationToken::new(),
-            done: CancellationToken::new(),
-            finished: CancellationToken::new(),
-            fence,
-            lock: StdMutex::new(lock),
-            crash_plan: self.crash_plan,
-            #[cfg(feature = "postgres")]
-            replica,
-        });
-        runner::start(core).await
-    }
-}
-
-/// The store at a URL, without a process lock (operators' tools): a
-/// PostgreSQL store for a `postgres://` URL, SQLite otherwise.
-pub(crate) async fn open_store(url: &str) -> Result<Arc<dyn Store>> {
-    if is_postgres(url) {
-        return open_postgres(url).await;
-    }
-    Ok(Arc::new(SqliteStore::open(url).await?))
-}
-
-/// Whether a store URL names a PostgreSQL database.
-fn is_postgres(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
-
-/// The PostgreSQL store at `url`.
-#[cfg(feature = "postgres")]
-async fn open_postgres(url: &str) -> Result<Arc<dyn Store>> {
-    Ok(Arc::new(crate::store::PgStore::connect(url).await?))
-}
-
-/// Without the `postgres` feature a `postgres://` URL is a mistake to
-/// explain, not a file name.
-#[cfg(not(feature = "postgres"))]
-async fn open_postgres(_url: &str) -> Result<Arc<dyn Store>> {
-    Err(crate::Error::new(
-        crate::error::Kind::Configuration,
-        "a postgres:// store needs the `postgres` feature: toolrunner = { version = \"…\", features = [\"postgres\"] }",
-    ))
 }

@@ -135,25 +135,9 @@ impl std::error::Error for Error {
     }
 }
 
-impl From<crate::store::StoreError> for Error {
-    fn from(e: crate::store::StoreError) -> Self {
-        Error::new(Kind::Store, e.to_string()).with_source(e)
-    }
-}
-
-impl From<crate::client::ClientError> for Error {
-    fn from(e: crate::client::ClientError) -> Self {
-        match e {
-            crate::client::ClientError::Api(api) => from_api(api),
-            crate::client::ClientError::Unreachable(m) => Error::new(
-                Kind::Unreachable,
-                format!("{m}; check that the platform runs and that base_url points at it"),
-            ),
-        }
-    }
-}
-
-fn from_api(api: ApiError) -> Error {
+/// The error of a refusal the platform answered: a refused token or a
+/// missing scope is a configuration to fix, anything else the platform's.
+pub(crate) fn from_api(api: ApiError) -> Error {
     let (kind, message) = if api.status == 401 {
         (
             Kind::Configuration,

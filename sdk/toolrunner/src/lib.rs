@@ -1,30 +1,33 @@
 #![doc = include_str!("../README.md")]
 
-mod authorizer;
+// The layers, from the bottom up (docs/architecture.md, "Layers"; the test
+// `layers` keeps them): base, the store and the network, the lifecycle and
+// the handler API, the runner, the executor (builder, reconciler), the
+// testing kit. Each imports only from the layers below it.
+mod api;
 mod builder;
-mod client;
-mod context;
 mod error;
-mod function;
-mod handler;
+mod gate;
 mod lifecycle;
-pub mod platform;
+mod net;
 mod reconciler;
 mod runner;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod tls;
 
-pub use authorizer::{AllowAll, AuthorizationRequest, Authorizer, Denied};
+pub use net::platform;
+
+pub use api::authorizer::{AllowAll, AuthorizationRequest, Authorizer, Denied};
+pub use api::context::{CallContext, CommitPointError, Progress, ProgressError};
+pub use api::function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
+#[doc(hidden)]
+pub use api::function::{Registered, StateNeed, States};
+pub use api::handler::{DEFAULT_COMMIT_WINDOW, Effect, OutcomeExt, Reconciled, Tool, ToolError};
+pub use api::transaction::Transaction;
 pub use builder::ENV_VARS;
 pub use builder::{Executor, ExecutorBuilder};
-pub use context::{CallContext, CommitPointError, Progress, ProgressError, Transaction};
 pub use error::{Error, Result, shutdown_signal};
-pub use function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
-#[doc(hidden)]
-pub use function::{Registered, StateNeed, States};
-pub use handler::{DEFAULT_COMMIT_WINDOW, Effect, OutcomeExt, Reconciled, Tool, ToolError};
 pub use toolrunner_macros::{schema, tool};
 
 /// Function tools: [`write`](tool::write), [`read`](tool::read) and
@@ -32,7 +35,7 @@ pub use toolrunner_macros::{schema, tool};
 /// (the `#[toolrunner::tool]` attribute does the same from the function's
 /// doc comment).
 pub mod tool {
-    pub use crate::function::{read, transactional, write};
+    pub use crate::api::function::{read, transactional, write};
 }
 pub use reconciler::{
     CallSummary, Evidence, OutboxStatus, Outcome, ReceiptView, Reconciler, Resolved, Timeline,

@@ -15,7 +15,7 @@ use toolrunner_protocol::wire::{Assignment, CallState, ReceiptKind};
 
 use crate::store::{
     Attempt, Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, Store,
-    StoreError, now,
+    StoreError, StoreTransaction, TxError, now,
 };
 
 use LocalState::{
@@ -1158,6 +1158,99 @@ pub(crate) async fn advance_then(
             receipt: plan.receipt,
         });
     }
+}
+
+/// How [`advance_in`] ended.
+#[allow(clippy::large_enum_variant)] // short-lived, returned once per call
+pub(crate) enum InTransaction {
+    /// The transition is committed with the handler's writes, or the call
+    /// stayed where it was (`decide` declined) and the transaction rolled
+    /// back.
+    Done(Advanced),
+    /// Nothing of the transaction is stored: reading the row or writing a
+    /// change failed before the `COMMIT` (a lost compare-and-set, a
+    /// transaction the handler's own failed statement aborted).
+    NotWritten(StoreError),
+    /// The table refuses the event from the stored state: nothing stored.
+    Refused(String),
+    /// The process was fenced before the commit: nothing stored.
+    Halted,
+    /// The `COMMIT` failed and the store does not hold the transition:
+    /// nothing of the transaction is stored.
+    Lost(StoreError),
+}
+
+/// [`advance`] inside a handler's own transaction `tx`, after its
+/// business writes: the row is read as the transaction sees it, locked
+/// until it ends (so a change committed meanwhile cannot make the decision
+/// stale), `decide` names the event, and the transition is written into
+/// `tx` and committed once with the handler's writes: both are stored or
+/// neither is. `halted` is asked right before the commit (a fenced process
+/// writes nothing).
+pub(crate) async fn advance_in(
+    store: &dyn Store,
+    mut tx: StoreTransaction,
+    executor_id: &str,
+    key: (&str, &str),
+    decide: impl FnOnce(&Snapshot) -> Option<Event>,
+    halted: impl Fn() -> bool,
+) -> InTransaction {
+    let call = match tx.locked_call(key.0, key.1).await {
+        Ok(c) => c,
+        Err(e) => return InTransaction::NotWritten(e),
+    };
+    let snapshot = Snapshot {
+        call,
+        receipts: None,
+    };
+    let Some(event) = decide(&snapshot) else {
+        return InTransaction::Done(Advanced::Stayed(snapshot.call));
+    };
+    let name = event.name();
+    let plan = match plan(&snapshot, key, event, executor_id) {
+        Ok(p) => p,
+        Err(e) => return InTransaction::Refused(e.to_string()),
+    };
+    if halted() {
+        return InTransaction::Halted;
+    }
+    let started = std::time::Instant::now();
+    let result = tx.commit_with(&plan.changes).await;
+    metrics::histogram!("toolrunner_store_commit_seconds").record(started.elapsed().as_secs_f64());
+    match result {
+        Ok(()) => {}
+        Err(TxError::NotWritten(e)) => return InTransaction::NotWritten(e),
+        // An interrupted `COMMIT`: only the store tells whether it is there.
+        Err(TxError::Unknown(e)) => match landed(store, key, &plan).await {
+            Ok(true) => {
+                tracing::warn!(error = %e, "the transaction reported an error but it is stored");
+            }
+            _ => return InTransaction::Lost(e),
+        },
+    }
+    metrics::counter!("toolrunner_call_transitions_total", "event" => name, "state" => plan.call.state.as_str())
+        .increment(1);
+    InTransaction::Done(Advanced::Moved {
+        call: plan.call,
+        receipt: plan.receipt,
+    })
+}
+
+/// Records a delivery attempt of one receipt and its new status (the
+/// call's row does not change): the only writer of a receipt's status
+/// outside a transition.
+///
+/// # Errors
+/// The store failed.
+pub(crate) async fn mark_receipt(
+    store: &dyn Store,
+    receipt_id: &str,
+    status: ReceiptStatus,
+    error: Option<String>,
+) -> Result<(), StoreError> {
+    store
+        .commit(vec![mark(receipt_id, status, error, true)])
+        .await
 }
 
 /// Whether `plan` is what the store now holds: its very row (version and

@@ -9,9 +9,9 @@ use serde_json::{Value, json};
 use toolrunner_protocol::tooldef::Schema;
 use toolrunner_protocol::wire::ReceiptKind;
 
-use crate::client::{Backoff, Client};
 use crate::error::{Error, Kind, Result};
 use crate::lifecycle::{self, Advanced, Event, FinalReceipt, Reads};
+use crate::net::client::{Backoff, Client};
 use crate::runner::outbox::{Delivery, deliver};
 use crate::store::{
     Attempt, CallFilter, Event as TimelineEvent, LocalCall, LocalState, OutboxReceipt,
@@ -228,7 +228,7 @@ impl Reconciler {
     /// The store cannot be opened.
     pub async fn open(store_url: &str) -> Result<Reconciler> {
         Ok(Reconciler {
-            store: crate::builder::open_store(store_url).await?,
+            store: crate::store::open(store_url).await?,
             client: None,
         })
     }

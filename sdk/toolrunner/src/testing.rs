@@ -53,7 +53,7 @@ use serde_json::Value;
 use toolrunner_devserver::DevServer;
 
 use crate::error::{Error, Kind, Result};
-use crate::platform::{CallState, NewToolCall, Platform, Run, RunCall};
+use crate::net::platform::{CallState, NewToolCall, Platform, Run, RunCall};
 use crate::store::{SqliteStore, Store};
 use crate::{ExecutorBuilder, RunningExecutor, Shutdown};
 
@@ -490,69 +490,4 @@ impl TestKit {
     }
 }
 
-/// Faults of one executor process, set on its builder with
-/// [`ExecutorBuilder::process_faults`](crate::ExecutorBuilder::process_faults)
-/// (the seeded simulation's pauses and outages; cheap to clone, every clone
-/// the same switches):
-///
-/// - [`freeze`](Self::freeze): the process stands still as if stopped with
-///   SIGSTOP: every request to its store or its platform waits before it
-///   goes out and before its answer is taken in, while its timers go on
-///   and the world does not wait; [`thaw`](Self::thaw) lets it go on,
-///   handlers mid-way included. Product code under test stands still too
-///   where it awaits [`stand_still`](Self::stand_still).
-/// - [`cut_store`](Self::cut_store): its store cannot be reached (every
-///   request fails at once), while the platform answers;
-///   [`cut_platform`](Self::cut_platform): the reverse.
-#[derive(Clone, Default)]
-pub struct ProcessFaults(Arc<crate::runner::gate::Gate>);
-
-impl std::fmt::Debug for ProcessFaults {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProcessFaults")
-            .field("frozen", &self.is_frozen())
-            .finish_non_exhaustive()
-    }
-}
-
-impl ProcessFaults {
-    /// No faults yet.
-    pub fn new() -> ProcessFaults {
-        ProcessFaults::default()
-    }
-
-    pub(crate) fn gate(&self) -> Arc<crate::runner::gate::Gate> {
-        self.0.clone()
-    }
-
-    /// Freezes the process (see the type's documentation).
-    pub fn freeze(&self) {
-        self.0.freeze(true);
-    }
-
-    /// Lets a frozen process go on.
-    pub fn thaw(&self) {
-        self.0.freeze(false);
-    }
-
-    /// Whether the process is frozen.
-    pub fn is_frozen(&self) -> bool {
-        self.0.is_frozen()
-    }
-
-    /// Completes at once, or once the process is thawed: product code
-    /// awaits it where a frozen process would stand still.
-    pub async fn stand_still(&self) {
-        self.0.thawed().await;
-    }
-
-    /// Cuts the process off from its store (`true`), or mends it.
-    pub fn cut_store(&self, cut: bool) {
-        self.0.cut(crate::runner::gate::Reach::Store, cut);
-    }
-
-    /// Cuts the process off from the platform (`true`), or mends it.
-    pub fn cut_platform(&self, cut: bool) {
-        self.0.cut(crate::runner::gate::Reach::Platform, cut);
-    }
-}
+pub use crate::gate::ProcessFaults;

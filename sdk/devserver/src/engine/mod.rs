@@ -6,6 +6,7 @@
 mod claim;
 mod config;
 mod executor;
+pub(crate) mod json;
 pub(crate) mod model;
 mod receipts;
 mod runs;

@@ -216,7 +216,7 @@ fn decode(value: Value) -> Result<Receipt, ApiError> {
         .iter()
         .map(|n| (*n, written(n)))
         .collect();
-    let receipt: Receipt = crate::http::decode::decode(value).map_err(|e| {
+    let receipt: Receipt = super::json::decode(value).map_err(|e| {
         if e.code() == "unknown_field" {
             e
         } else {

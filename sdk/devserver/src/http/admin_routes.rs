@@ -9,7 +9,7 @@ use super::auth::{Auth, Scope};
 use super::decode::Body;
 use super::respond::{Answer, ok};
 use super::shared::Shared;
-use crate::faults::{FaultState, Faults};
+use crate::http::faults::{FaultState, Faults};
 
 type S = State<Arc<Shared>>;
 

@@ -5,9 +5,12 @@ pub(crate) mod call_routes;
 pub(crate) mod config_routes;
 pub(crate) mod decode;
 pub(crate) mod executor_routes;
+pub(crate) mod faults;
 pub(crate) mod query;
 pub(crate) mod respond;
+pub(crate) mod serve;
 pub(crate) mod shared;
+pub(crate) mod stream;
 
 use std::sync::Arc;
 
@@ -41,14 +44,14 @@ pub(crate) fn router(shared: Arc<Shared>, stream: bool) -> Router {
     let executor = if stream {
         executor.route(
             "/executors/{executor_id}/stream",
-            get(crate::stream::stream),
+            get(crate::http::stream::stream),
         )
     } else {
         executor
     };
     let executor = executor.route_layer(middleware::from_fn_with_state(
         shared.clone(),
-        crate::faults::inject,
+        crate::http::faults::inject,
     ));
     let other = Router::new()
         .route("/agents", post(g::create_agent))

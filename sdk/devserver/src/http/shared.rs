@@ -6,7 +6,7 @@ use toolrunner_protocol::ApiError;
 
 use super::auth::{HasTokens, Tokens};
 use crate::engine::{Limits, Notice, State, now_ms};
-use crate::faults::FaultState;
+use crate::http::faults::FaultState;
 use crate::store::Store;
 
 /// The state and its store, changed together under one lock.
@@ -27,9 +27,9 @@ pub(crate) struct Shared {
     /// Added to the wall clock (tests move the platform's time forward).
     pub(crate) clock_offset_ms: std::sync::atomic::AtomicI64,
     /// Every receipt request body that reached the platform, when recorded.
-    pub(crate) receipt_log: Option<StdMutex<Vec<crate::ReceivedReceipt>>>,
+    pub(crate) receipt_log: Option<StdMutex<Vec<super::faults::ReceivedReceipt>>>,
     /// Every connect request that reached the platform, when recorded.
-    pub(crate) connect_log: Option<StdMutex<Vec<crate::ReceivedConnect>>>,
+    pub(crate) connect_log: Option<StdMutex<Vec<super::faults::ReceivedConnect>>>,
 }
 
 impl HasTokens for Arc<Shared> {

@@ -11,52 +11,20 @@ use toolrunner_protocol::wire::{Assignment, CallState, Claim, ReceiptKind};
 use tracing::Instrument;
 
 use super::{Active, CallKey, Core, checks, connection, outbox};
-use crate::client::ClientError;
-use crate::context::{CallContext, ProgressError};
-use crate::handler::{Effect, ErasedTool, ToolError};
-use crate::lifecycle::{self, Advanced, Event, FinalReceipt, Reads, Snapshot};
-use crate::store::{
-    LocalCall, LocalState, OutboxReceipt, ReceiptStatus, StoreTransaction, TxError,
-};
-
-/// Starts driving a call on its own task. (A plain function with a boxed
-/// future: it breaks the async cycle drive → connect → resume → drive.)
-/// A call this task finds `running` is resumed as after a crash: only the
-/// task that moved a call to `running` itself may start its handler.
-/// `known` is the row as the caller just wrote it, if it did (saves the
-/// first read; the compare-and-set of each step still guards it).
-pub(crate) fn spawn_drive(
-    core: Arc<Core>,
-    key: CallKey,
-    known: Option<LocalCall>,
-    permit: Option<OwnedSemaphorePermit>,
-) {
-    // Activated here, synchronously, so no other task can pick the call up
-    // between this decision and the new task's start.
-    let Some(active) = core.activate(&key) else {
-        return;
-    };
-    spawn_activated(core, permit, active, known, false);
-}
-
-/// [`spawn_drive`] for a call the caller has already activated;
-/// `confirmed` says the caller itself just moved it to `running` (an
-/// automatic check allowing a re-run), so its handler may start.
-pub(crate) fn spawn_activated(
-    core: Arc<Core>,
-    permit: Option<OwnedSemaphorePermit>,
-    active: Active,
-    known: Option<LocalCall>,
-    confirmed: bool,
-) {
-    let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-        Box::pin(drive(core, confirmed, permit, active, known));
-    tokio::spawn(fut);
-}
+use crate::api::context::{CallContext, ProgressError};
+use crate::api::handler::{Effect, ErasedTool, ToolError};
+use crate::lifecycle::{self, Advanced, Event, FinalReceipt, InTransaction, Reads};
+use crate::net::client::ClientError;
+use crate::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus, StoreTransaction};
 
 /// Drives one call until it is final or must wait (platform unreachable,
-/// capacity).
-async fn drive(
+/// capacity). Only the dispatch queue calls it ([`super::dispatch`]).
+/// A call this task finds `running` is resumed as after a crash: only the
+/// task that moved a call to `running` itself may start its handler
+/// (`confirmed`). `known` is the row as the caller just wrote it, if it
+/// did (saves the first read; the compare-and-set of each step still
+/// guards it).
+pub(super) async fn drive(
     core: Arc<Core>,
     confirmed: bool,
     mut permit: Option<OwnedSemaphorePermit>,
@@ -600,7 +568,7 @@ async fn run(
     if core.fence.is_cancelled() {
         return Err(super::CRASH.into());
     }
-    let ctx = CallContext::new(core, &call, asg, cancel.clone());
+    let ctx = super::host::context_of(core, &call, asg, cancel.clone());
     // Dropped before the transaction is ended below (the executor stopped
     // or was lost): no kept task holds the call's transaction open.
     let _ends = ctx.ends_with_task();
@@ -680,7 +648,7 @@ async fn commit_in(
     core: &Arc<Core>,
     key: &CallKey,
     asg: &Assignment,
-    mut tx: StoreTransaction,
+    tx: StoreTransaction,
     event: Event,
     transactional: bool,
 ) -> Result<Advanced, String> {
@@ -692,74 +660,38 @@ async fn commit_in(
         let why = format!("the call's transaction could not be written: {e}");
         outcome_event(asg, Err(ToolError::unknown(why)), transactional)
     };
-    let current = match tx.locked_call(&key.run_id, &key.call_id).await {
-        Ok(c) => c,
-        Err(e) => {
-            drop(tx);
-            let event = not_written(e.to_string());
-            return core
-                .advance(key, Reads::Row, while_in(LocalState::Running, id, event))
-                .await
-                .map_err(|e| e.to_string());
-        }
-    };
-    let running = current.as_ref().is_some_and(|c| {
+    let held = |c: &LocalCall| {
         c.state == LocalState::Running
             && c.assignment
                 .as_ref()
                 .is_some_and(|a| a.assignment_id == asg.assignment_id)
-    });
-    if !running {
-        // The call moved on while the handler ran: its writes roll back.
-        return Ok(Advanced::Stayed(current));
-    }
-    let snapshot = Snapshot {
-        call: current,
-        receipts: None,
     };
-    let plan = lifecycle::plan(
-        &snapshot,
-        (&key.run_id, &key.call_id),
-        event,
+    let ended = lifecycle::advance_in(
+        core.store.as_ref(),
+        tx,
         &core.cfg.executor_id,
+        (&key.run_id, &key.call_id),
+        // The call moved on while the handler ran: its writes roll back.
+        |now| now.call.as_ref().is_some_and(held).then_some(event),
+        || core.fence.is_cancelled(),
     )
-    .map_err(|e| e.to_string())?;
-    if core.fence.is_cancelled() {
-        return Err(super::CRASH.into());
-    }
-    let e = match tx.commit_with(&plan.changes).await {
-        Ok(()) => {
-            return Ok(Advanced::Moved {
-                call: plan.call,
-                receipt: plan.receipt,
-            });
-        }
-        Err(TxError::NotWritten(e)) => {
+    .await;
+    match ended {
+        InTransaction::Done(advanced) => Ok(advanced),
+        InTransaction::NotWritten(e) => {
             let event = not_written(e.to_string());
-            return core
-                .advance(key, Reads::Row, while_in(LocalState::Running, id, event))
+            core.advance(key, Reads::Row, while_in(LocalState::Running, id, event))
                 .await
-                .map_err(|e| e.to_string());
+                .map_err(|e| e.to_string())
         }
-        Err(TxError::Unknown(e)) => e,
-    };
-    // An interrupted `COMMIT`: only the row tells whether it is stored.
-    let now = read(core, key).await?;
-    if now.version == plan.call.version
-        && now.state == plan.call.state
-        && now.updated_at == plan.call.updated_at
-    {
-        tracing::warn!(error = %e, "the transaction reported an error but it is stored");
-        return Ok(Advanced::Moved {
-            call: plan.call,
-            receipt: plan.receipt,
-        });
+        InTransaction::Refused(e) => Err(e),
+        InTransaction::Halted => Err(super::CRASH.into()),
+        // Not stored: the call waits in `running`, and is resumed as after
+        // a crash (a transactional tool runs again).
+        InTransaction::Lost(e) => Err(format!(
+            "the handler's transaction did not commit, so nothing of it is stored: {e}"
+        )),
     }
-    // Not stored: the call waits in `running`, and is resumed as after a
-    // crash (a transactional tool runs again).
-    Err(format!(
-        "the handler's transaction did not commit, so nothing of it is stored: {e}"
-    ))
 }
 
 /// The lifecycle event for a handler's outcome. A transactional tool's

@@ -9,8 +9,8 @@ use toolrunner_protocol::tooldef::Schema;
 use toolrunner_protocol::wire::Assignment;
 
 use super::Core;
-use crate::authorizer::AuthorizationRequest;
-use crate::handler::ErasedTool;
+use crate::api::authorizer::AuthorizationRequest;
+use crate::api::handler::ErasedTool;
 
 /// A refusal before start: `(code, message)` for the `failed` receipt.
 pub(crate) type Refusal = (&'static str, String);

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::{CallKey, Core, call, connection};
+use super::{CallKey, Core, connection, dispatch};
 use crate::lifecycle::{self, Advanced, Event, Reads};
 use crate::store::{CallFilter, LocalCall, LocalState};
 
@@ -67,7 +67,7 @@ async fn resume_waiting(core: &Arc<Core>) {
         };
         // A `running` call that no task drives lost its task to an error:
         // it is resumed as after a crash (a write tool is never re-run).
-        call::spawn_drive(core.clone(), CallKey::of(&c), None, Some(permit));
+        dispatch::submit(core, CallKey::of(&c), None, Some(permit));
     }
 }
 
@@ -112,7 +112,7 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
     for saved in futures_util::future::join_all(saves).await {
         if let Some((call, permit)) = saved? {
             core.crash_point("after_operation_key_saved")?;
-            call::spawn_drive(core.clone(), CallKey::of(&call), Some(call), Some(permit));
+            dispatch::submit(core, CallKey::of(&call), Some(call), Some(permit));
         }
     }
     Ok(())

@@ -8,15 +8,15 @@ use toolrunner_protocol::wire::{
 };
 
 use super::{Conn, Core, Shutdown};
-use crate::client::ClientError;
-use crate::context::CommitPointError;
+use crate::api::context::CommitPointError;
 use crate::error::{Error, Kind};
+use crate::net::client::ClientError;
 
 /// Whether this build connects without confirming the lease first: a
 /// deliberate bug, compiled only with
 /// `RUSTFLAGS='--cfg toolrunner_planted="zombie"'`, which the simulation
 /// must catch (`docs/simulation.md`).
-pub(crate) const PLANTED_ZOMBIE: bool = cfg!(toolrunner_planted = "zombie");
+use crate::api::context::PLANTED_ZOMBIE;
 
 /// How long a connect keeps trying an unreachable platform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

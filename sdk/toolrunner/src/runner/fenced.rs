@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::gate::{Gate, Reach};
+use crate::gate::{Gate, Reach};
 use crate::store::{
     Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, OutboxSummary,
     ReceiptStatus, Store, StoreError, StoreTransaction, Timestamp,

@@ -7,9 +7,10 @@ pub(crate) mod call;
 mod checks;
 mod claimer;
 mod connection;
+mod dispatch;
 pub(crate) mod fenced;
-pub(crate) mod gate;
 mod gauges;
+mod host;
 pub(crate) mod outbox;
 mod reconcile;
 mod recovery;
@@ -17,6 +18,7 @@ mod recovery;
 pub(crate) mod replicas;
 mod retention;
 mod stream;
+pub(crate) mod template;
 pub(crate) mod unwind;
 
 use std::collections::HashMap;
@@ -27,15 +29,12 @@ use std::time::Duration;
 use tokio::sync::{Notify, RwLock, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::authorizer::Authorizer;
-use crate::client::Client;
+use crate::api::authorizer::Authorizer;
+use crate::api::handler::Tools;
 use crate::error::{Error, Kind};
-use crate::handler::Tools;
 use crate::lifecycle::{self, Advanced, Event, Reads, Snapshot};
+use crate::net::client::Client;
 use crate::store::{LocalCall, Store, StoreError};
-
-pub(crate) use call::progress;
-pub(crate) use connection::{PLANTED_ZOMBIE, lease_check};
 
 /// Settings the runner works with.
 #[derive(Debug, Clone)]
@@ -60,21 +59,7 @@ pub(crate) struct Config {
     pub(crate) lease_ttl: Duration,
 }
 
-/// A run and call id pair.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct CallKey {
-    pub(crate) run_id: String,
-    pub(crate) call_id: String,
-}
-
-impl CallKey {
-    pub(crate) fn of(c: &LocalCall) -> CallKey {
-        CallKey {
-            run_id: c.run_id.clone(),
-            call_id: c.call_id.clone(),
-        }
-    }
-}
+pub(crate) use crate::api::context::CallKey;
 
 /// The live connection.
 #[derive(Debug, Clone)]
@@ -106,6 +91,8 @@ pub(crate) struct Core {
     /// lives, whether or not they were being driven when the notice came.
     pub(crate) cancelled: StdMutex<std::collections::HashSet<CallKey>>,
     pub(crate) slots: Arc<Semaphore>,
+    /// The one dispatch queue of calls to drive.
+    pub(crate) dispatch: dispatch::Queue,
     pub(crate) wake: Notify,
     pub(crate) claiming: AtomicBool,
     /// A task paused a call (it waits in the store for the claim loop).
@@ -385,6 +372,8 @@ impl std::fmt::Debug for RunningExecutor {
 
 pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     let mut tasks = tokio::task::JoinSet::new();
+    // First: the connect below recovers calls and hands them to it.
+    tasks.spawn(dispatch::dispatch_loop(core.clone()));
     // The identity's lease is renewed from the start: connecting and
     // recovering may take longer than a peer's takeover grace.
     #[cfg(feature = "postgres")]

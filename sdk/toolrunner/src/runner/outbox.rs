@@ -10,10 +10,10 @@ use std::time::Duration;
 use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportOutcome, ReportState};
 
 use super::{CallKey, Core, connection};
-use crate::client::{Client, ClientError};
 use crate::lifecycle::{self, Event, Reads};
+use crate::net::client::{Client, ClientError};
 use crate::store::{
-    CallFilter, Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, Store,
+    CallFilter, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, Store,
 };
 
 /// What one delivery attempt found.
@@ -82,13 +82,7 @@ pub(crate) async fn deliver_one(
 
 /// Marks one receipt (its call row does not change).
 async fn mark(store: &dyn Store, r: &OutboxReceipt, status: ReceiptStatus, error: Option<String>) {
-    let change = Change::ReceiptStatus {
-        receipt_id: r.receipt_id.clone(),
-        status,
-        error,
-        attempt: true,
-    };
-    if let Err(e) = store.commit(vec![change]).await {
+    if let Err(e) = crate::lifecycle::mark_receipt(store, &r.receipt_id, status, error).await {
         tracing::warn!(error = %e, "could not record a delivery attempt");
     }
 }

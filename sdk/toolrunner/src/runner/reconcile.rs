@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{CallKey, Core, call, checks, outbox};
-use crate::context::CallContext;
-use crate::handler::Reconciled;
+use super::{CallKey, Core, checks, dispatch, outbox};
+use crate::api::handler::Reconciled;
 use crate::lifecycle::{self, Advanced, Event, Reads, Snapshot};
 use crate::store::{CallFilter, LocalCall, LocalState};
 
@@ -68,7 +67,7 @@ pub(crate) async fn check(
     }
     let key = CallKey::of(&call);
     let at = (key.run_id.as_str(), key.call_id.as_str());
-    let ctx = CallContext::new(core, &call, &asg, cancel.clone());
+    let ctx = super::host::context_of(core, &call, &asg, cancel.clone());
     let _ends = ctx.ends_with_task();
     let found = super::unwind::catch(tool.reconcile(&ctx)).await;
     // A transaction the hook opened ends with its check, before anything
@@ -217,7 +216,7 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                         if moved.state == LocalState::Running {
                             // Still activated: the new task takes it over.
                             let permit = core.slots.clone().try_acquire_owned().ok();
-                            call::spawn_activated(core.clone(), permit, active, Some(moved), true);
+                            dispatch::submit_activated(&core, permit, active, Some(moved), true);
                             continue;
                         }
                         outbox::deliver_call(&core, &key, Some(moved)).await;

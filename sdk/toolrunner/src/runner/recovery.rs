@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use toolrunner_protocol::wire::{CallState, Outstanding};
 
-use super::{CallKey, Core, call, outbox};
+use super::{CallKey, Core, outbox};
 use crate::lifecycle::{Event, Reads};
 use crate::store::{CallFilter, LocalState};
 
@@ -126,7 +126,7 @@ pub(crate) async fn resume(
                 continue;
             }
             let permit = core.slots.clone().try_acquire_owned().ok();
-            call::spawn_activated(core.clone(), permit, active, None, false);
+            super::dispatch::submit_activated(core, permit, active, None, false);
         }
     }
     outbox::spawn_flush_reports(core.clone());

@@ -23,9 +23,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use super::gate::{self, Gate, Reach};
 use super::{Core, RunningExecutor, Shutdown};
 use crate::error::{Error, Kind};
+use crate::gate::{self, Gate, Reach};
 use crate::store::{PgStore, StoreError};
 
 /// How long an identity whose store would not open is left alone before
@@ -40,7 +40,7 @@ pub(crate) struct Replica {
     pub(crate) grace: Option<Duration>,
     /// How to start an executor as an adopted identity (this one's
     /// settings and tools under another id).
-    pub(crate) template: Option<crate::Executor>,
+    pub(crate) template: Option<super::template::Template>,
     /// The executors of the identities this process adopted.
     pub(crate) adopted: StdMutex<Vec<RunningExecutor>>,
     /// When the last renewal that succeeded was sent, by the monotonic
@@ -60,7 +60,7 @@ impl Replica {
     pub(crate) fn new(
         store: PgStore,
         grace: Option<Duration>,
-        template: Option<crate::Executor>,
+        template: Option<super::template::Template>,
         gate: Option<Arc<Gate>>,
     ) -> Replica {
         let taken = store.lease_taken_at().unwrap_or_else(Instant::now);
@@ -275,7 +275,12 @@ pub(crate) async fn adoption_loop(core: Arc<Core>) {
 }
 
 /// Adopts one lapsed identity, if there is one, and starts its executor.
-async fn adopt(core: &Core, replica: &Replica, template: &crate::Executor, grace: Duration) {
+async fn adopt(
+    core: &Core,
+    replica: &Replica,
+    template: &super::template::Template,
+    grace: Duration,
+) {
     let skip: Vec<String> = {
         let mut skip = lock(&replica.skip);
         skip.retain(|_, until| *until > Instant::now());

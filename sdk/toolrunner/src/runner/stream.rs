@@ -4,14 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::Role;
 use toolrunner_protocol::wire::StreamFrame;
 
 use super::{CallKey, Core};
-use crate::client::UpgradeError;
+use crate::net::client::{Frame, UpgradeError};
 
 pub(crate) async fn stream_loop(core: Arc<Core>) {
     let mut attempt = 0u32;
@@ -52,23 +48,22 @@ async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
         .clone()
         .ok_or_else(|| Stop::Failed("not connected".into()))?;
     let path = format!("{}?connection_id={}", conn.stream_path, conn.connection_id);
-    let upgraded = match core.client.websocket(&path).await {
-        Ok(u) => u,
+    let mut frames = match core.client.stream(&path).await {
+        Ok(f) => f,
         Err(UpgradeError::NotFound) => return Err(Stop::NoStream),
         Err(UpgradeError::Failed(e)) => return Err(Stop::Failed(e)),
     };
-    let mut socket = WebSocketStream::from_raw_socket(upgraded, Role::Client, None).await;
     core.wake.notify_one();
     loop {
-        let message = tokio::select! {
+        let frame = tokio::select! {
             _ = core.stop.cancelled() => return Ok(()),
-            m = socket.next() => m,
+            f = frames.next() => f,
         };
-        let text = match message {
-            Some(Ok(Message::Text(t))) => t,
-            Some(Ok(Message::Close(_))) | None => return Ok(()),
-            Some(Ok(_)) => continue,
-            Some(Err(e)) => return Err(Stop::Failed(e.to_string())),
+        let text = match frame {
+            Ok(Frame::Text(t)) => t,
+            Ok(Frame::Closed) => return Ok(()),
+            Ok(Frame::Other) => continue,
+            Err(e) => return Err(Stop::Failed(e)),
         };
         match serde_json::from_str::<StreamFrame>(&text) {
             Ok(StreamFrame::CallPending { .. }) => core.wake.notify_one(),

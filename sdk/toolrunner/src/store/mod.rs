@@ -27,8 +27,10 @@ macro_rules! prunable_calls {
 mod columns;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod rows;
 mod sqlite;
 mod transaction;
+pub(crate) mod write;
 
 use serde::{Deserialize, Serialize};
 use toolrunner_protocol::wire::{Assignment, ReceiptKind};
@@ -638,4 +640,40 @@ pub struct OutboxSummary {
     /// The calls whose receipts (other than `accepted`) wait, as
     /// `(run_id, call_id)`.
     pub calls: Vec<(String, String)>,
+}
+
+impl From<StoreError> for crate::Error {
+    fn from(e: StoreError) -> Self {
+        crate::Error::new(crate::error::Kind::Store, e.to_string()).with_source(e)
+    }
+}
+
+/// The store at a URL, without a process lock (operators' tools): a
+/// PostgreSQL store for a `postgres://` URL, SQLite otherwise.
+pub(crate) async fn open(url: &str) -> crate::Result<std::sync::Arc<dyn Store>> {
+    if is_postgres(url) {
+        return open_postgres(url).await;
+    }
+    Ok(std::sync::Arc::new(SqliteStore::open(url).await?))
+}
+
+/// Whether a store URL names a PostgreSQL database.
+pub(crate) fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The PostgreSQL store at `url`.
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str) -> crate::Result<std::sync::Arc<dyn Store>> {
+    Ok(std::sync::Arc::new(PgStore::connect(url).await?))
+}
+
+/// Without the `postgres` feature a `postgres://` URL is a mistake to
+/// explain, not a file name.
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_url: &str) -> crate::Result<std::sync::Arc<dyn Store>> {
+    Err(crate::Error::new(
+        crate::error::Kind::Configuration,
+        "a postgres:// store needs the `postgres` feature: toolrunner = { version = \"…\", features = [\"postgres\"] }",
+    ))
 }

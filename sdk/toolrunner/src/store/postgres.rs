@@ -8,19 +8,21 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection, Postgres, Row};
-use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
-use super::columns::{corrupt, parse_state, time};
+use super::columns::{parse_state, time};
 use super::{
     Attempt, CallFilter, Change, DEFAULT_LEASE_TTL, DatabaseError, Event, LocalCall, LocalState,
-    OutboxReceipt, OutboxSummary, PendingReport, ReceiptStatus, Store, StoreError, Timestamp,
-    rfc3339,
+    OutboxReceipt, OutboxSummary, ReceiptStatus, Store, StoreError, Timestamp, rfc3339,
 };
 
-mod changes;
+use super::rows::{call_row, receipt_row};
+pub(crate) mod changes;
 mod lease;
+mod writer;
+
+use super::write;
 
 use lease::Fence;
 
@@ -50,6 +52,8 @@ pub struct PgStore {
     /// The identity this store writes for, with its lease (none for a
     /// store opened without an identity).
     hold: Option<Hold>,
+    /// The group-commit writer of the pool, started by the first commit.
+    writer: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<writer::Job>>>,
 }
 
 /// An identity this store holds.
@@ -480,6 +484,7 @@ impl PgStore {
             pool,
             options,
             hold: None,
+            writer: Arc::default(),
         })
     }
 
@@ -501,10 +506,11 @@ impl PgStore {
         }
         let mut notes = Vec::new();
         let mut pruned = 0;
+        let mut conn = changes::Pg(&mut tx);
         for change in changes {
-            pruned += changes::apply(&mut tx, change, &mut notes).await?;
+            pruned += write::apply(&mut conn, change, &mut notes).await?;
         }
-        changes::write_notes(&mut tx, notes).await?;
+        write::write_notes(&mut conn, notes).await?;
         tx.commit().await?;
         Ok(pruned)
     }
@@ -639,69 +645,23 @@ fn retryable(e: &StoreError) -> bool {
     }
 }
 
-pub(super) fn call_row(row: &PgRow) -> Result<LocalCall, StoreError> {
-    let state: String = row.try_get("state")?;
-    let assignment: Option<String> = row.try_get("assignment")?;
-    let report: Option<String> = row.try_get("report")?;
-    let seq: i64 = row.try_get("next_sequence")?;
-    Ok(LocalCall {
-        run_id: row.try_get("run_id")?,
-        call_id: row.try_get("call_id")?,
-        tool_name: row.try_get("tool_name")?,
-        operation_key: row.try_get("operation_key")?,
-        state: parse_state(&state)?,
-        assignment: assignment
-            .map(|a| serde_json::from_str::<Assignment>(&a))
-            .transpose()
-            .map_err(corrupt)?,
-        next_sequence: u64::try_from(seq).map_err(corrupt)?,
-        reason: row.try_get("reason")?,
-        report: report
-            .map(|r| serde_json::from_value::<PendingReport>(serde_json::Value::String(r)))
-            .transpose()
-            .map_err(corrupt)?,
-        created_at: time(&row.try_get::<String, _>("created_at")?)?,
-        updated_at: time(&row.try_get::<String, _>("updated_at")?)?,
-        version: u64::try_from(row.try_get::<i64, _>("version")?).map_err(corrupt)?,
-    })
-}
-
-fn receipt_row(row: &PgRow) -> Result<OutboxReceipt, StoreError> {
-    let kind: String = row.try_get("kind")?;
-    let status: String = row.try_get("status")?;
-    let seq: i64 = row.try_get("sequence")?;
-    let attempts: i64 = row.try_get("attempts")?;
-    Ok(OutboxReceipt {
-        receipt_id: row.try_get("receipt_id")?,
-        run_id: row.try_get("run_id")?,
-        call_id: row.try_get("call_id")?,
-        assignment_id: row.try_get("assignment_id")?,
-        kind: serde_json::from_value::<ReceiptKind>(serde_json::Value::String(kind))
-            .map_err(corrupt)?,
-        sequence: u64::try_from(seq).map_err(corrupt)?,
-        body: row.try_get("body")?,
-        status: ReceiptStatus::parse(&status)
-            .ok_or_else(|| corrupt(format!("unknown receipt status {status}")))?,
-        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-        last_error: row.try_get("last_error")?,
-        created_at: time(&row.try_get::<String, _>("created_at")?)?,
-        delivered_at: row
-            .try_get::<Option<String>, _>("delivered_at")?
-            .as_deref()
-            .map(time)
-            .transpose()?,
-    })
-}
-
 #[async_trait::async_trait]
 impl Store for PgStore {
     async fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
         if changes.is_empty() {
             return Ok(());
         }
-        self.apply_all(&super::columns::storable_changes(&changes))
-            .await
-            .map(|_| ())
+        // Group commit: the writer puts this with every other commit that
+        // arrives meanwhile into one transaction (`store/postgres/writer.rs`).
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        let job = writer::Job {
+            changes: super::columns::storable_changes(&changes).into_owned(),
+            fence: self.fence().cloned(),
+            reply,
+        };
+        let writer = self.writer.get_or_init(|| writer::spawn(self.pool.clone()));
+        writer.send(job).map_err(|_| StoreError::Closed)?;
+        outcome.await.map_err(|_| StoreError::Closed)?.map(|_| ())
     }
 
     async fn begin(&self) -> Result<super::StoreTransaction, StoreError> {

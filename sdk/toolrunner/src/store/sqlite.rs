@@ -5,19 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Row, Sqlite};
 use tokio::sync::{mpsc, oneshot};
-use toolrunner_protocol::wire::{Assignment, ReceiptKind};
 
-use super::columns::{corrupt, parse_state, time};
+use super::columns::{corrupt, time};
 use super::{
     Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, OutboxSummary,
-    PendingReport, ReceiptStatus, Store, StoreError, Timestamp, rfc3339,
+    ReceiptStatus, Store, StoreError, Timestamp, rfc3339,
 };
 
+use super::rows::{call_row, receipt_row};
 mod changes;
 mod writer;
 
@@ -181,60 +180,6 @@ impl SqliteStore {
     }
 }
 
-pub(super) fn call_row(row: &SqliteRow) -> Result<LocalCall, StoreError> {
-    let state: String = row.try_get("state")?;
-    let assignment: Option<String> = row.try_get("assignment")?;
-    let report: Option<String> = row.try_get("report")?;
-    let seq: i64 = row.try_get("next_sequence")?;
-    Ok(LocalCall {
-        run_id: row.try_get("run_id")?,
-        call_id: row.try_get("call_id")?,
-        tool_name: row.try_get("tool_name")?,
-        operation_key: row.try_get("operation_key")?,
-        state: parse_state(&state)?,
-        assignment: assignment
-            .map(|a| serde_json::from_str::<Assignment>(&a))
-            .transpose()
-            .map_err(corrupt)?,
-        next_sequence: u64::try_from(seq).map_err(corrupt)?,
-        reason: row.try_get("reason")?,
-        report: report
-            .map(|r| serde_json::from_value::<PendingReport>(serde_json::Value::String(r)))
-            .transpose()
-            .map_err(corrupt)?,
-        created_at: time(&row.try_get::<String, _>("created_at")?)?,
-        updated_at: time(&row.try_get::<String, _>("updated_at")?)?,
-        version: u64::try_from(row.try_get::<i64, _>("version")?).map_err(corrupt)?,
-    })
-}
-
-fn receipt_row(row: &SqliteRow) -> Result<OutboxReceipt, StoreError> {
-    let kind: String = row.try_get("kind")?;
-    let status: String = row.try_get("status")?;
-    let seq: i64 = row.try_get("sequence")?;
-    let attempts: i64 = row.try_get("attempts")?;
-    Ok(OutboxReceipt {
-        receipt_id: row.try_get("receipt_id")?,
-        run_id: row.try_get("run_id")?,
-        call_id: row.try_get("call_id")?,
-        assignment_id: row.try_get("assignment_id")?,
-        kind: serde_json::from_value::<ReceiptKind>(serde_json::Value::String(kind))
-            .map_err(corrupt)?,
-        sequence: u64::try_from(seq).map_err(corrupt)?,
-        body: row.try_get("body")?,
-        status: ReceiptStatus::parse(&status)
-            .ok_or_else(|| corrupt(format!("unknown receipt status {status}")))?,
-        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-        last_error: row.try_get("last_error")?,
-        created_at: time(&row.try_get::<String, _>("created_at")?)?,
-        delivered_at: row
-            .try_get::<Option<String>, _>("delivered_at")?
-            .as_deref()
-            .map(time)
-            .transpose()?,
-    })
-}
-
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
@@ -343,7 +288,7 @@ impl Store for SqliteStore {
     }
 
     async fn prune(&self, settled_before: Timestamp, limit: u32) -> Result<u64, StoreError> {
-        let counted = format!("SELECT COUNT(*) FROM ({})", changes::PRUNABLE);
+        let counted = format!("SELECT COUNT(*) FROM ({})", crate::store::write::PRUNABLE);
         let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(counted))
             .bind(rfc3339(&settled_before))
             .bind(limit)

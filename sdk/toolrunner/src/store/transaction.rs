@@ -3,8 +3,8 @@
 //! ([`CallContext::transaction`](crate::CallContext::transaction)): the
 //! executor adds the final receipt to it and commits once, so the
 //! business rows and the receipt are both stored or both absent.
-use super::columns::{assignment_json, report_str, seq};
-use super::{Change, LocalCall, StoreError, now_rfc3339, rfc3339};
+use super::write::{self, Conn, Param, SqlFailure};
+use super::{Change, LocalCall, StoreError};
 
 /// An open transaction of the store's database (see
 /// [`Store::begin`](super::Store::begin)). Dropped without being
@@ -95,7 +95,7 @@ impl StoreTransaction {
                     .bind(call_id)
                     .fetch_optional(&mut **tx)
                     .await?;
-                row.as_ref().map(super::sqlite::call_row).transpose()
+                row.as_ref().map(super::rows::call_row).transpose()
             }
             #[cfg(feature = "postgres")]
             Inner::Postgres(tx) => {
@@ -106,7 +106,7 @@ impl StoreTransaction {
                 .bind(call_id)
                 .fetch_optional(&mut **tx)
                 .await?;
-                row.as_ref().map(super::postgres::call_row).transpose()
+                row.as_ref().map(super::rows::call_row).transpose()
             }
         }
     }
@@ -123,14 +123,14 @@ impl StoreTransaction {
         let changes = &*super::columns::storable_changes(changes);
         match self.inner {
             Inner::Sqlite(mut tx) => {
-                apply_sqlite(&mut tx, changes)
+                apply_all(&mut SqliteTx(&mut tx), changes)
                     .await
                     .map_err(TxError::NotWritten)?;
                 tx.commit().await.map_err(|e| TxError::Unknown(e.into()))?;
             }
             #[cfg(feature = "postgres")]
             Inner::Postgres(mut tx) => {
-                apply_postgres(&mut tx, changes)
+                apply_all(&mut super::postgres::changes::Pg(&mut tx), changes)
                     .await
                     .map_err(TxError::NotWritten)?;
                 tx.commit().await.map_err(|e| TxError::Unknown(e.into()))?;
@@ -158,72 +158,12 @@ impl std::fmt::Display for TxError {
     }
 }
 
-/// The SQL the changes a handler's transaction carries have on both
-/// backends (`$n` parameters, which SQLite takes too).
-mod sql {
-    /// A new call row (`$1`…`$12`).
-    pub(super) const INSERT_CALL: &str = "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, version, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (run_id, call_id) DO NOTHING";
-    /// A call row replaced if its version is `$13`.
-    pub(super) const UPDATE_CALL: &str = "UPDATE calls SET tool_name = $3, operation_key = $4, state = $5, assignment = $6, next_sequence = $7,
-           reason = $8, report = $9, version = $10, created_at = $11, updated_at = $12
-         WHERE run_id = $1 AND call_id = $2 AND version = $13";
-    /// A receipt (`$1`…`$12`).
-    pub(super) const INSERT_RECEIPT: &str = "INSERT INTO receipts (receipt_id, run_id, call_id, assignment_id, kind, sequence, body, status, attempts, last_error, created_at, delivered_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
-    /// A timeline row.
-    pub(super) const INSERT_EVENT: &str =
-        "INSERT INTO events (run_id, call_id, at, what, detail) VALUES ($1, $2, $3, $4, $5)";
-}
-
-/// The timeline rows `changes` write, in order: their notes, and one per
-/// receipt saved (as the store's own commits write them).
-fn timeline(changes: &[Change]) -> Vec<[Option<String>; 5]> {
-    let mut rows = Vec::new();
-    for change in changes {
-        match change {
-            Change::AddReceipt(r) => rows.push([
-                Some(r.run_id.clone()),
-                Some(r.call_id.clone()),
-                Some(now_rfc3339()),
-                Some(format!("receipt {} saved", r.kind.as_str())),
-                Some(r.receipt_id.clone()),
-            ]),
-            Change::Note {
-                run_id,
-                call_id,
-                what,
-                detail,
-            } => rows.push([
-                Some(run_id.clone()),
-                Some(call_id.clone()),
-                Some(now_rfc3339()),
-                Some(what.clone()),
-                detail.clone(),
-            ]),
-            _ => {}
-        }
-    }
-    rows
-}
-
-/// A change a handler's transaction does not carry: only a call's own
-/// transition (its row, its receipt, its timeline) is written there.
-fn not_carried(change: &Change) -> StoreError {
-    let what = match change {
-        Change::ReceiptStatus { .. } => "a receipt's status",
-        Change::SettlePending { .. } => "a settling of pending receipts",
-        Change::AddAttempt(_) => "an attempt",
-        Change::Prune { .. } => "a prune",
-        _ => "this change",
-    };
-    StoreError::Refused(format!(
-        "{what} is not written in a handler's transaction (only a call's row, its receipt and its timeline are)"
-    ))
-}
+/// A handler's transaction on SQLite (sqlx), running the store's
+/// statements ([`crate::store::write`]).
+struct SqliteTx<'c>(&'c mut sqlx::SqliteConnection);
 
 /// A constraint the schema enforces failed: a row that must never exist.
-fn refused(e: sqlx::Error, what: &str) -> StoreError {
+fn failure(e: sqlx::Error) -> SqlFailure {
     use sqlx::error::ErrorKind;
     if let sqlx::Error::Database(d) = &e
         && matches!(
@@ -234,91 +174,57 @@ fn refused(e: sqlx::Error, what: &str) -> StoreError {
                 | ErrorKind::CheckViolation
         )
     {
-        return StoreError::Refused(format!("{what}: {}", d.message()));
+        return SqlFailure::Constraint(d.message().to_owned());
     }
-    e.into()
+    SqlFailure::Other(e.into())
 }
 
-/// Writes a call's transition (its row as a compare-and-set, its receipt,
-/// its timeline) on one backend's connection; the same statements on both.
-macro_rules! apply_in {
-    ($name:ident, $conn:ty) => {
-        async fn $name(conn: &mut $conn, changes: &[Change]) -> Result<(), StoreError> {
-            for change in changes {
-                let (statement, c, expect_version) = match change {
-                    Change::InsertCall(c) => (sql::INSERT_CALL, c, None),
-                    Change::UpdateCall {
-                        expect_version,
-                        call,
-                    } => (sql::UPDATE_CALL, call, Some(*expect_version)),
-                    Change::AddReceipt(r) => {
-                        sqlx::query(sql::INSERT_RECEIPT)
-                            .bind(&r.receipt_id)
-                            .bind(&r.run_id)
-                            .bind(&r.call_id)
-                            .bind(&r.assignment_id)
-                            .bind(r.kind.as_str())
-                            .bind(seq(r.sequence))
-                            .bind(&r.body)
-                            .bind(r.status.as_str())
-                            .bind(i64::from(r.attempts))
-                            .bind(&r.last_error)
-                            .bind(rfc3339(&r.created_at))
-                            .bind(r.delivered_at.as_ref().map(rfc3339))
-                            .execute(&mut *conn)
-                            .await
-                            .map_err(|e| refused(e, "receipt"))?;
-                        continue;
-                    }
-                    Change::Note { .. } => continue,
-                    other => return Err(not_carried(other)),
-                };
-                let mut query = sqlx::query(statement)
-                    .bind(&c.run_id)
-                    .bind(&c.call_id)
-                    .bind(&c.tool_name)
-                    .bind(&c.operation_key)
-                    .bind(c.state.as_str())
-                    .bind(assignment_json(c)?)
-                    .bind(seq(c.next_sequence))
-                    .bind(&c.reason)
-                    .bind(report_str(c.report))
-                    .bind(seq(c.version))
-                    .bind(rfc3339(&c.created_at))
-                    .bind(rfc3339(&c.updated_at));
-                if let Some(v) = expect_version {
-                    query = query.bind(seq(v));
-                }
-                let written = query
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| refused(e, "call row"))?
-                    .rows_affected();
-                if written == 0 {
-                    return Err(StoreError::Conflict(
-                        format!("{}/{}", c.run_id, c.call_id),
-                        match expect_version {
-                            None => "the call is already stored".into(),
-                            Some(v) => format!("it is no longer at version {v}"),
-                        },
-                    ));
-                }
-            }
-            for [run_id, call_id, at, what, detail] in timeline(changes) {
-                sqlx::query(sql::INSERT_EVENT)
-                    .bind(run_id)
-                    .bind(call_id)
-                    .bind(at)
-                    .bind(what)
-                    .bind(detail)
-                    .execute(&mut *conn)
-                    .await?;
-            }
-            Ok(())
-        }
-    };
+fn query<'q>(
+    sql: &'q str,
+    params: &'q [Param],
+) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for p in params {
+        q = match p {
+            Param::Text(s) => q.bind(s.as_deref()),
+            Param::Int(n) => q.bind(*n),
+        };
+    }
+    q
 }
 
-apply_in!(apply_sqlite, sqlx::SqliteConnection);
-#[cfg(feature = "postgres")]
-apply_in!(apply_postgres, sqlx::PgConnection);
+impl Conn for SqliteTx<'_> {
+    const LOCK_ROWS: &'static str = "";
+
+    async fn execute(&mut self, sql: &str, params: &[Param]) -> Result<u64, SqlFailure> {
+        query(sql, params)
+            .execute(&mut *self.0)
+            .await
+            .map(|done| done.rows_affected())
+            .map_err(failure)
+    }
+
+    async fn rows(&mut self, sql: &str, params: &[Param]) -> Result<Vec<Vec<String>>, SqlFailure> {
+        use sqlx::Row;
+        let rows = query(sql, params)
+            .fetch_all(&mut *self.0)
+            .await
+            .map_err(failure)?;
+        rows.iter()
+            .map(|row| {
+                (0..row.len())
+                    .map(|i| row.try_get::<String, _>(i).map_err(failure))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// Applies a call's changes and its timeline on one connection.
+async fn apply_all<C: Conn>(conn: &mut C, changes: &[Change]) -> Result<(), StoreError> {
+    let mut notes = Vec::new();
+    for change in changes {
+        write::apply(conn, change, &mut notes).await?;
+    }
+    write::write_notes(conn, notes).await
+}

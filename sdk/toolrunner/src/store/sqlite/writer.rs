@@ -24,7 +24,8 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
-use super::changes::{self, db};
+use super::changes::{Writer, db, now};
+use crate::store::write;
 use crate::store::{Change, DatabaseError, StoreError};
 
 /// One caller's changes and where to send its outcome.
@@ -196,7 +197,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) -> bool {
             }
             let mark = notes.len();
             for (k, change) in changes.iter().enumerate() {
-                if let Err(e) = changes::apply(conn, change, &mut notes) {
+                if let Err(e) = now(write::apply(&mut Writer(conn), change, &mut notes)) {
                     let wrote_nothing =
                         k == 0 && matches!(e, StoreError::Conflict(..) | StoreError::Refused(_));
                     failed[i] = Some(e);
@@ -218,8 +219,11 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) -> bool {
             }
             break Ok(false);
         }
-        let end = changes::write_notes(conn, &notes)
-            .and_then(|()| conn.execute_batch("COMMIT").map_err(db));
+        let end = now(write::write_notes(
+            &mut Writer(conn),
+            std::mem::take(&mut notes),
+        ))
+        .and_then(|()| conn.execute_batch("COMMIT").map_err(db));
         if end.is_err() {
             rollback(conn);
         }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::context::CallContext;
+use crate::api::context::CallContext;
 
 /// Whether a tool has side effects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

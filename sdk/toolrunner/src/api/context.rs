@@ -4,9 +4,57 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::handler::ToolError;
-use crate::runner::Core;
-use crate::store::StoreTransaction;
+use crate::api::handler::ToolError;
+use crate::api::transaction::{Transaction, TransactionSlot};
+use crate::store::{LocalCall, StoreError, StoreTransaction};
+
+/// Whether this build carries the planted bug `zombie` (a commit point that
+/// skips the lease check; `docs/simulation.md`).
+pub(crate) const PLANTED_ZOMBIE: bool = cfg!(toolrunner_planted = "zombie");
+
+/// A call of a run: the pair the platform names it by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct CallKey {
+    pub(crate) run_id: String,
+    pub(crate) call_id: String,
+}
+
+impl CallKey {
+    pub(crate) fn of(call: &LocalCall) -> CallKey {
+        CallKey {
+            run_id: call.run_id.clone(),
+            call_id: call.call_id.clone(),
+        }
+    }
+}
+
+/// What a [`CallContext`] asks of the executor that runs its call. The
+/// handler API owns this trait and the runner implements it (the shape of
+/// tokio's `Schedule`), so that the API depends on nothing of the runner.
+#[async_trait::async_trait]
+pub(crate) trait CallHost: Send + Sync {
+    /// Stores, then sends, a progress receipt of the call.
+    async fn progress(
+        &self,
+        key: &CallKey,
+        assignment_id: &str,
+        message: &str,
+        fraction: Option<f64>,
+        data: serde_json::Value,
+    ) -> Result<(), ProgressError>;
+    /// Whether a test's crash plan stops the process at this point.
+    fn crashes_at(&self, point: &str) -> bool;
+    /// Whether the executor identity's lease is live (always, on a store
+    /// of one process).
+    fn lease_live(&self) -> bool;
+    /// A heartbeat now: the platform still knows the executor and the
+    /// call is not cancelled.
+    async fn lease_check(&self) -> Result<(), CommitPointError>;
+    /// The executor identity's fencing token, on a shared store.
+    fn fencing_token(&self) -> Option<u64>;
+    /// Begins a transaction of the store's own database.
+    async fn begin(&self) -> Result<StoreTransaction, StoreError>;
+}
 
 /// Why [`CallContext::commit_point`] said no. (It converts into the right
 /// [`ToolError`] with `?`; it is deliberately not a `std::error::Error`,
@@ -113,8 +161,10 @@ pub struct ProgressError(pub(crate) String);
 /// ```
 #[derive(Clone)]
 pub struct CallContext {
-    pub(crate) core: Arc<Core>,
-    pub(crate) key: crate::runner::CallKey,
+    host: Arc<dyn CallHost>,
+    /// Whether the tool's effects all go through the call's transaction.
+    transactional: bool,
+    pub(crate) key: CallKey,
     pub(crate) assignment_id: String,
     pub(crate) operation_key: String,
     pub(crate) subject: String,
@@ -192,14 +242,16 @@ impl std::fmt::Debug for CallContext {
 
 impl CallContext {
     pub(crate) fn new(
-        core: &Arc<Core>,
-        call: &crate::store::LocalCall,
+        host: Arc<dyn CallHost>,
+        transactional: bool,
+        call: &LocalCall,
         asg: &toolrunner_protocol::wire::Assignment,
         cancel: CancellationToken,
     ) -> CallContext {
         CallContext {
-            core: core.clone(),
-            key: crate::runner::CallKey::of(call),
+            host,
+            transactional,
+            key: CallKey::of(call),
             assignment_id: asg.assignment_id.clone(),
             operation_key: call.operation_key.clone(),
             subject: asg.subject.clone(),
@@ -350,15 +402,15 @@ impl CallContext {
             ));
         }
         let p = progress.into();
-        crate::runner::progress(
-            &self.core,
-            &self.key,
-            &self.assignment_id,
-            &p.message,
-            p.fraction,
-            p.data,
-        )
-        .await
+        self.host
+            .progress(
+                &self.key,
+                &self.assignment_id,
+                &p.message,
+                p.fraction,
+                p.data,
+            )
+            .await
     }
 
     /// Runs `writes` in the call's transaction in the store's own
@@ -457,17 +509,12 @@ impl CallContext {
             ));
         }
         if slot.tx.is_none() {
-            let begun = self.core.store.begin().await.map_err(|e| {
+            let begun = self.host.begin().await.map_err(|e| {
                 let why = format!("the store's transaction could not begin: {e}");
                 // Nothing happened only if the tool's effects all go
                 // through this transaction; a write tool may have done
                 // something before.
-                let transactional = self
-                    .core
-                    .tools
-                    .get(&self.tool_name)
-                    .is_some_and(|t| t.effect() == crate::Effect::Transactional);
-                if transactional {
+                if self.transactional {
                     ToolError::retry(why)
                 } else {
                     ToolError::unknown(why)
@@ -514,7 +561,7 @@ impl CallContext {
     /// # Errors
     /// [`CommitPointError::Cancelled`] or [`CommitPointError::LeaseLost`].
     pub async fn commit_point(&self) -> Result<(), CommitPointError> {
-        if self.core.crash_point("commit_point").is_err() {
+        if self.host.crashes_at("commit_point") {
             return Err(CommitPointError::LeaseLost);
         }
         if self.cancel.is_cancelled() {
@@ -524,12 +571,12 @@ impl CallContext {
         // live too, before and after the heartbeat (a process frozen in
         // it must look again): whoever takes the identity over waits the
         // tool's commit window from its lapse.
-        let skip = crate::runner::PLANTED_ZOMBIE;
-        if !skip && !self.core.lease_live() {
+        let skip = PLANTED_ZOMBIE;
+        if !skip && !self.host.lease_live() {
             return Err(CommitPointError::LeaseLost);
         }
-        crate::runner::lease_check(&self.core).await?;
-        if !skip && !self.core.lease_live() {
+        self.host.lease_check().await?;
+        if !skip && !self.host.lease_live() {
             return Err(CommitPointError::LeaseLost);
         }
         if self.cancel.is_cancelled() {
@@ -550,79 +597,6 @@ impl CallContext {
     /// process frozen between its commit point and its effect for longer
     /// than its lease and the tool's commit window.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.core.fencing_token()
+        self.host.fencing_token()
     }
-}
-
-/// The call's transaction as a handler reaches it, inside
-/// [`CallContext::transaction`]: run the business writes on
-/// [`sqlite`](Self::sqlite) or `postgres` (the `postgres` feature),
-/// whichever the store is. The executor commits it with the final receipt,
-/// or rolls it back.
-pub struct Transaction {
-    inner: StoreTransaction,
-}
-
-/// Where a call's transaction is kept between a handler's
-/// [`CallContext::transaction`] closures.
-#[derive(Default)]
-pub(crate) struct TransactionSlot {
-    tx: Option<Transaction>,
-    /// The executor ended it with the call: no closure runs any more.
-    ended: bool,
-    /// A closure was interrupted half-way: it must not commit.
-    interrupted: bool,
-}
-
-impl TransactionSlot {
-    /// Ends the transaction for good when nobody will commit it: dropped,
-    /// it rolls back as its connection goes back to its pool.
-    fn abandon(&mut self) {
-        self.ended = true;
-        self.interrupted = false;
-        drop(self.tx.take());
-    }
-}
-
-impl std::fmt::Debug for Transaction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Transaction")
-            .field("backend", &self.inner.backend())
-            .finish()
-    }
-}
-
-impl Transaction {
-    /// The transaction's connection, when the store is SQLite.
-    ///
-    /// # Errors
-    /// [`ToolError::failed`] with code `wrong_store` when the store is not
-    /// SQLite (nothing was written).
-    pub fn sqlite(&mut self) -> Result<&mut sqlx::SqliteConnection, ToolError> {
-        let backend = self.inner.backend();
-        self.inner
-            .sqlite()
-            .ok_or_else(|| wrong_store("SQLite", backend))
-    }
-
-    /// The transaction's connection, when the store is PostgreSQL (the
-    /// `postgres` feature).
-    ///
-    /// # Errors
-    /// [`ToolError::failed`] with code `wrong_store` when the store is not
-    /// PostgreSQL (nothing was written).
-    #[cfg(feature = "postgres")]
-    pub fn postgres(&mut self) -> Result<&mut sqlx::PgConnection, ToolError> {
-        let backend = self.inner.backend();
-        self.inner
-            .postgres()
-            .ok_or_else(|| wrong_store("PostgreSQL", backend))
-    }
-}
-
-fn wrong_store(wanted: &str, backend: &str) -> ToolError {
-    ToolError::failed(
-        "wrong_store",
-        format!("the handler wrote for {wanted}, but the executor's store is {backend}"),
-    )
 }

@@ -138,10 +138,7 @@ pub(crate) async fn inject(
 
 /// Keeps a connect request's executor and instance ids (before any fault
 /// decides its fate) and hands the request on unchanged.
-async fn record_connect(
-    log: &std::sync::Mutex<Vec<crate::ReceivedConnect>>,
-    req: Request,
-) -> Request {
+async fn record_connect(log: &std::sync::Mutex<Vec<ReceivedConnect>>, req: Request) -> Request {
     let (parts, body) = req.into_parts();
     let limit = toolrunner_protocol::json::MAX_BODY_BYTES * 2;
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
@@ -150,7 +147,7 @@ async fn record_connect(
     let v = serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default();
     let field = |name: &str| v.get(name).and_then(|x| x.as_str()).map(str::to_owned);
     if let Ok(mut log) = log.lock() {
-        log.push(crate::ReceivedConnect {
+        log.push(ReceivedConnect {
             executor_id: field("executor_id"),
             instance_id: field("instance_id"),
         });
@@ -160,7 +157,7 @@ async fn record_connect(
 
 /// Keeps a receipt request's body (before any fault decides its fate) and
 /// hands the request on unchanged. A body too large to keep goes on as is.
-async fn record(log: &std::sync::Mutex<Vec<crate::ReceivedReceipt>>, req: Request) -> Request {
+async fn record(log: &std::sync::Mutex<Vec<ReceivedReceipt>>, req: Request) -> Request {
     let (parts, body) = req.into_parts();
     let limit = toolrunner_protocol::json::MAX_BODY_BYTES * 2;
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
@@ -174,11 +171,32 @@ async fn record(log: &std::sync::Mutex<Vec<crate::ReceivedReceipt>>, req: Reques
                 .map(str::to_owned)
         });
     if let Ok(mut log) = log.lock() {
-        log.push(crate::ReceivedReceipt {
+        log.push(ReceivedReceipt {
             receipt_id,
             path: parts.uri.path().to_owned(),
             body: bytes.to_vec(),
         });
     }
     Request::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+/// One receipt request as it reached the platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedReceipt {
+    /// The body's `receipt_id`, if it has one.
+    pub receipt_id: Option<String>,
+    /// The request path (names the run and the call).
+    pub path: String,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+}
+
+/// A connect request as it reached the platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReceivedConnect {
+    /// The body's `executor_id`, if it has one.
+    pub executor_id: Option<String>,
+    /// The body's `instance_id`, if it has one.
+    pub instance_id: Option<String>,
 }

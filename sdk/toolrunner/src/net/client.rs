@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use toolrunner_protocol::ErrorType;
 
-use crate::runner::gate::{self, Gate, Reach};
+use crate::gate::{self, Gate, Reach};
 use toolrunner_protocol::error::{ApiError, ErrorEnvelope};
 use toolrunner_protocol::wire::{
     Claim, Claimed, Connect, Connected, Disconnect, Disconnected, Grant, Heartbeat,
@@ -115,7 +115,7 @@ impl Client {
     ) -> Result<Client, ClientBuildError> {
         // TLS of this client only (also for http URLs: without it reqwest
         // would look for a process-wide provider).
-        let tls = crate::tls::client_config().map_err(ClientBuildError)?;
+        let tls = crate::net::tls::client_config().map_err(ClientBuildError)?;
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
@@ -466,5 +466,59 @@ fn api_error(status: u16, bytes: &[u8]) -> ApiError {
             "unparsable_error",
             format!("status {status} without an error envelope"),
         ),
+    }
+}
+
+impl From<ClientError> for crate::Error {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Api(api) => crate::error::from_api(api),
+            ClientError::Unreachable(m) => crate::Error::new(
+                crate::error::Kind::Unreachable,
+                format!("{m}; check that the platform runs and that base_url points at it"),
+            ),
+        }
+    }
+}
+
+/// The platform's WebSocket stream of one connection, frame by frame.
+pub(crate) struct Frames(tokio_tungstenite::WebSocketStream<reqwest::Upgraded>);
+
+/// One frame of the stream, as the runner needs it.
+pub(crate) enum Frame {
+    /// A text frame (the protocol's JSON notices).
+    Text(String),
+    /// The platform closed the stream.
+    Closed,
+    /// A frame of another kind (ping, binary): nothing to do.
+    Other,
+}
+
+impl Frames {
+    /// The next frame; `Err` when the stream broke.
+    pub(crate) async fn next(&mut self) -> Result<Frame, String> {
+        use futures_util::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        match self.0.next().await {
+            Some(Ok(Message::Text(t))) => Ok(Frame::Text(t.to_string())),
+            Some(Ok(Message::Close(_))) | None => Ok(Frame::Closed),
+            Some(Ok(_)) => Ok(Frame::Other),
+            Some(Err(e)) => Err(e.to_string()),
+        }
+    }
+}
+
+impl Client {
+    /// Opens the stream at `path` (the upgrade of
+    /// [`websocket`](Self::websocket)) as frames.
+    pub(crate) async fn stream(&self, path: &str) -> Result<Frames, UpgradeError> {
+        let upgraded = self.websocket(path).await?;
+        let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            upgraded,
+            tokio_tungstenite::tungstenite::protocol::Role::Client,
+            None,
+        )
+        .await;
+        Ok(Frames(socket))
     }
 }

@@ -54,8 +54,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::context::CallContext;
-use crate::handler::{Effect, ErasedTool, Reconciled, Tool, ToolError};
+use crate::api::context::CallContext;
+use crate::api::handler::{Effect, ErasedTool, Reconciled, Tool, ToolError};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -295,7 +295,7 @@ where
         call,
         reconcile: None,
         rerun: false,
-        commit_window: crate::handler::DEFAULT_COMMIT_WINDOW,
+        commit_window: crate::api::handler::DEFAULT_COMMIT_WINDOW,
         needs: H::needs(),
         _output: PhantomData,
     }
@@ -410,7 +410,7 @@ pub(crate) enum Kind {
 
 impl<T: Tool> IntoTool for T {
     fn into_tool(self) -> Registered {
-        Registered(Kind::Trait(Arc::new(crate::handler::Erased(self))))
+        Registered(Kind::Trait(Arc::new(crate::api::handler::Erased(self))))
     }
 }
 

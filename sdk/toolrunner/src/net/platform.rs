@@ -178,7 +178,7 @@ impl Platform {
     /// # Errors
     /// The HTTP client cannot be built.
     pub fn new(base_url: &str, token: &str) -> Result<Platform> {
-        let tls = crate::tls::client_config().map_err(|e| Error::new(Kind::Builder, e))?;
+        let tls = crate::net::tls::client_config().map_err(|e| Error::new(Kind::Builder, e))?;
         let mut builder = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .retry(reqwest::retry::never())
@@ -186,7 +186,7 @@ impl Platform {
         let host = base_url
             .split_once("://")
             .map_or("", |(_, rest)| rest.split(['/', ':']).next().unwrap_or(""));
-        if crate::tls::is_loopback(host) {
+        if crate::net::tls::is_loopback(host) {
             // No proxy ever stands between a process and its own machine.
             builder = builder.no_proxy();
         }
@@ -263,7 +263,8 @@ impl Platform {
                 String::from_utf8_lossy(&resp.body).into_owned(),
             ),
         };
-        Err(Error::from(crate::client::ClientError::Api(api)).context(&format!("{method} {path}")))
+        Err(Error::from(crate::net::client::ClientError::Api(api))
+            .context(&format!("{method} {path}")))
     }
 
     fn json<B: Serialize>(body: &B) -> Value {

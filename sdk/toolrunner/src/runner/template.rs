@@ -1,0 +1,197 @@
+//! What an executor is before it starts: its settings and tools, checked
+//! by the builder. The runner starts it (and builds its `Core`); replicas
+//! start adopted identities from it, under another executor id.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, RwLock, Semaphore};
+use tokio_util::sync::CancellationToken;
+use toolrunner_protocol::tooldef::ToolDefinition;
+
+use crate::api::authorizer::Authorizer;
+use crate::api::handler::Tools;
+use crate::error::Result;
+#[cfg(feature = "postgres")]
+use crate::error::{Error, Kind};
+use crate::gate::Gate;
+#[cfg(feature = "postgres")]
+use crate::gate::{self, Reach};
+use crate::net::client::Client;
+use crate::store::{SqliteStore, Store};
+
+use super::fenced::FencedStore;
+use super::{Config, Core, CrashPlan, RunningExecutor};
+
+/// An executor's settings and tools, checked and not yet started.
+pub(crate) struct Template {
+    pub(crate) cfg: Config,
+    pub(crate) client: Client,
+    pub(crate) store_url: String,
+    pub(crate) tools: Tools,
+    pub(crate) authorizer: Arc<dyn Authorizer>,
+    pub(crate) definitions: Vec<ToolDefinition>,
+    pub(crate) crash_plan: Option<CrashPlan>,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) takeover_grace: Option<Duration>,
+    /// A test's faults of this process.
+    pub(crate) gate: Option<Arc<Gate>>,
+}
+
+impl Template {
+    /// Opens the store, connects, resumes what the store and the platform
+    /// still hold, and starts claiming.
+    ///
+    /// # Errors
+    /// The store cannot be opened, or the platform refuses the connect.
+    pub(crate) async fn start(self) -> Result<RunningExecutor> {
+        if crate::store::is_postgres(&self.store_url) {
+            return self.start_replica().await;
+        }
+        // One process per store file: taken before the store is touched.
+        let lock = SqliteStore::lock(&self.store_url)?;
+        let store = SqliteStore::open(&self.store_url).await?;
+        self.start_locked(
+            Arc::new(store),
+            lock,
+            #[cfg(feature = "postgres")]
+            None,
+        )
+        .await
+    }
+
+    /// Like [`start`](Self::start) with a store of your own. No lock is
+    /// taken: never let two executor processes drive one store (for a
+    /// [`SqliteStore`], hold [`SqliteStore::lock`] for as long as the
+    /// executor runs).
+    ///
+    /// # Errors
+    /// The platform refuses the connect.
+    pub(crate) async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
+        self.start_locked(
+            store,
+            None,
+            #[cfg(feature = "postgres")]
+            None,
+        )
+        .await
+    }
+
+    /// Starts on a PostgreSQL store as this executor's identity: its lease
+    /// is taken (with a new fencing token) before anything is sent.
+    #[cfg(feature = "postgres")]
+    async fn start_replica(self) -> Result<RunningExecutor> {
+        gate::before(self.gate.as_deref(), Reach::Store)
+            .await
+            .map_err(|e| Error::new(Kind::Store, e))?;
+        let store = crate::store::PgStore::open_identity(
+            &self.store_url,
+            &self.cfg.executor_id,
+            &self.cfg.binding_id,
+            &self.cfg.instance_id,
+            self.cfg.lease_ttl,
+        )
+        .await?;
+        let template = self.takeover_grace.is_some().then(|| self.template());
+        let replica = super::replicas::Replica::new(
+            store.clone(),
+            self.takeover_grace,
+            template,
+            self.gate.clone(),
+        );
+        self.start_locked(Arc::new(store), None, Some(replica))
+            .await
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    async fn start_replica(self) -> Result<RunningExecutor> {
+        let store = crate::store::open(&self.store_url).await?;
+        self.start_locked(store, None).await
+    }
+
+    /// This executor's settings and tools, to start adopted identities
+    /// from.
+    #[cfg(feature = "postgres")]
+    fn template(&self) -> Template {
+        Template {
+            cfg: self.cfg.clone(),
+            client: self.client.fresh(),
+            store_url: self.store_url.clone(),
+            tools: self.tools.clone(),
+            authorizer: self.authorizer.clone(),
+            definitions: self.definitions.clone(),
+            crash_plan: None,
+            takeover_grace: None,
+            gate: self.gate.clone(),
+        }
+    }
+
+    /// This executor's settings and tools under another executor id (an
+    /// adopted identity). Its instance id is this process's with a suffix
+    /// (`ins_…:1a2b3c4d`), so that the platform's connections of adopted
+    /// identities name the process that adopted them.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn adopted_as(&self, executor_id: &str) -> Template {
+        let mut adopted = self.template();
+        adopted.cfg.executor_id = executor_id.to_owned();
+        adopted.cfg.adopted = true;
+        adopted.cfg.instance_id = format!("{}:{:08x}", self.cfg.instance_id, rand::random::<u32>());
+        adopted
+    }
+
+    /// Starts as an adopted identity on its (fenced) store. (A boxed
+    /// future: it breaks the cycle start → lease loop → adoption → start.)
+    #[cfg(feature = "postgres")]
+    pub(crate) fn start_adopted(
+        self,
+        store: crate::store::PgStore,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<RunningExecutor>> + Send>> {
+        Box::pin(async move {
+            let replica =
+                super::replicas::Replica::new(store.clone(), None, None, self.gate.clone());
+            self.start_locked(Arc::new(store), None, Some(replica))
+                .await
+        })
+    }
+
+    async fn start_locked(
+        self,
+        store: Arc<dyn Store>,
+        lock: Option<crate::store::StoreLock>,
+        #[cfg(feature = "postgres")] replica: Option<super::replicas::Replica>,
+    ) -> Result<RunningExecutor> {
+        let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
+        let fence = CancellationToken::new();
+        let core = Arc::new(Core {
+            cfg: self.cfg,
+            client: self.client,
+            store: Arc::new(FencedStore {
+                inner: store,
+                fence: fence.clone(),
+                gate: self.gate,
+            }),
+            tools: self.tools,
+            authorizer: self.authorizer,
+            conn: RwLock::new(None),
+            reconnecting: tokio::sync::Mutex::new(()),
+            active: StdMutex::new(Default::default()),
+            cancelled: StdMutex::new(Default::default()),
+            slots: Arc::new(Semaphore::new(capacity)),
+            dispatch: Default::default(),
+            wake: Notify::new(),
+            claiming: AtomicBool::new(true),
+            paused: AtomicBool::new(false),
+            fatal: StdMutex::new(None),
+            stop: CancellationToken::new(),
+            done: CancellationToken::new(),
+            finished: CancellationToken::new(),
+            fence,
+            lock: StdMutex::new(lock),
+            crash_plan: self.crash_plan,
+            #[cfg(feature = "postgres")]
+            replica,
+        });
+        super::start(core).await
+    }
+}

@@ -1,0 +1,180 @@
+//! Group commit on PostgreSQL, in the shape of the SQLite writer
+//! (`store/sqlite/writer.rs`): every commit that arrives while the previous
+//! transaction is committing goes into the next one, with a savepoint per
+//! job, so a job whose change fails (a lost compare-and-set, a refused row)
+//! is rolled back alone and learns its own outcome while the others commit.
+//! Nobody hears an outcome before the `COMMIT` that carries its changes
+//! has returned. The identity's fencing token is checked once, first, in
+//! each transaction (as every write transaction of the store checks it).
+//!
+//! A failure of the group before its `COMMIT` (a deadlock, a fenced lease,
+//! a lost connection) wrote nothing: each job is then committed alone, so
+//! each learns its own error. A failed `COMMIT` may or may not have
+//! happened: every job of the group hears that, and reads back (the
+//! lifecycle's `landed`).
+use sqlx::{Connection, PgPool};
+use tokio::sync::{mpsc, oneshot};
+
+use super::lease::{self, Fence};
+use crate::store::write;
+use crate::store::{Change, DatabaseError, StoreError};
+
+/// The most jobs one transaction carries.
+const MAX_GROUP: usize = 64;
+
+/// One caller's changes, and where its outcome goes.
+pub(super) struct Job {
+    pub(super) changes: Vec<Change>,
+    /// The identity's fence as the caller's store held it.
+    pub(super) fence: Option<Fence>,
+    pub(super) reply: oneshot::Sender<Result<u64, StoreError>>,
+}
+
+/// Starts the writer of `pool`: it lives until every sender is gone.
+pub(super) fn spawn(pool: PgPool) -> mpsc::UnboundedSender<Job> {
+    let (sender, mut jobs) = mpsc::unbounded_channel::<Job>();
+    tokio::spawn(async move {
+        while let Some(first) = jobs.recv().await {
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP
+                && let Ok(next) = jobs.try_recv()
+            {
+                group.push(next);
+            }
+            commit_group(&pool, group).await;
+        }
+    });
+    sender
+}
+
+/// How a group's transaction failed.
+enum GroupError {
+    /// Before its `COMMIT`: nothing of it is stored.
+    Before(StoreError),
+    /// At its `COMMIT`: stored or not, only a read tells.
+    Commit(StoreError),
+}
+
+async fn commit_group(pool: &PgPool, group: Vec<Job>) {
+    let same_fence = group
+        .windows(2)
+        .all(|w| fence_key(&w[0]) == fence_key(&w[1]));
+    if group.len() == 1 || !same_fence {
+        for job in group {
+            let outcome = alone(pool, &job).await;
+            let _ = job.reply.send(outcome);
+        }
+        return;
+    }
+    match in_one(pool, &group).await {
+        Ok(outcomes) => {
+            for (job, outcome) in group.into_iter().zip(outcomes) {
+                let _ = job.reply.send(outcome);
+            }
+        }
+        Err(GroupError::Before(e)) => {
+            tracing::debug!(error = %e, jobs = group.len(), "a group commit failed before its COMMIT; committing each job alone");
+            for job in group {
+                let outcome = alone(pool, &job).await;
+                let _ = job.reply.send(outcome);
+            }
+        }
+        Err(GroupError::Commit(e)) => {
+            let message = e.to_string();
+            for job in group {
+                let _ = job.reply.send(Err(commit_failed(&message)));
+            }
+        }
+    }
+}
+
+/// The fence a job's transaction checks, as a comparable key.
+fn fence_key(job: &Job) -> Option<(&str, i64)> {
+    job.fence
+        .as_ref()
+        .map(|f| (f.executor_id.as_str(), f.token))
+}
+
+/// The error each job of a group hears when the group's `COMMIT` failed.
+fn commit_failed(message: &str) -> StoreError {
+    StoreError::Database(DatabaseError(Box::new(std::io::Error::other(format!(
+        "the COMMIT of a group of commits failed (it may have happened): {message}"
+    )))))
+}
+
+/// The group in one transaction, a savepoint per job.
+async fn in_one(pool: &PgPool, group: &[Job]) -> Result<Vec<Result<u64, StoreError>>, GroupError> {
+    let before = |e: sqlx::Error| GroupError::Before(e.into());
+    let mut tx = pool.begin().await.map_err(before)?;
+    if let Some(fence) = &group[0].fence {
+        lease::check(&mut tx, fence)
+            .await
+            .map_err(GroupError::Before)?;
+    }
+    let mut notes = Vec::new();
+    let mut outcomes = Vec::with_capacity(group.len());
+    for job in group {
+        let mut savepoint = tx.begin().await.map_err(before)?;
+        let mark = notes.len();
+        let mut conn = super::changes::Pg(&mut savepoint);
+        let mut outcome = Ok(0);
+        for change in &job.changes {
+            match write::apply(&mut conn, change, &mut notes).await {
+                Ok(n) => outcome = outcome.map(|m| m + n),
+                // A deadlock or a serialization failure: the group is done
+                // again, each job alone (and tried again there).
+                Err(e) if super::retryable(&e) => return Err(GroupError::Before(e)),
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        match outcome {
+            Ok(n) => {
+                savepoint.commit().await.map_err(before)?;
+                outcomes.push(Ok(n));
+            }
+            Err(e) => {
+                notes.truncate(mark);
+                savepoint.rollback().await.map_err(before)?;
+                outcomes.push(Err(e));
+            }
+        }
+    }
+    write::write_notes(&mut super::changes::Pg(&mut tx), notes)
+        .await
+        .map_err(GroupError::Before)?;
+    tx.commit()
+        .await
+        .map_err(|e| GroupError::Commit(e.into()))?;
+    Ok(outcomes)
+}
+
+/// One job in a transaction of its own; a deadlock or a serialization
+/// failure (which wrote nothing) is tried again.
+async fn alone(pool: &PgPool, job: &Job) -> Result<u64, StoreError> {
+    let mut tries = 0;
+    loop {
+        match once(pool, job).await {
+            Err(e) if tries < super::RETRIES && super::retryable(&e) => tries += 1,
+            outcome => return outcome,
+        }
+    }
+}
+
+async fn once(pool: &PgPool, job: &Job) -> Result<u64, StoreError> {
+    let mut tx = pool.begin().await?;
+    if let Some(fence) = &job.fence {
+        lease::check(&mut tx, fence).await?;
+    }
+    let mut notes = Vec::new();
+    let mut pruned = 0;
+    let mut conn = super::changes::Pg(&mut tx);
+    for change in &job.changes {
+        pruned += write::apply(&mut conn, change, &mut notes).await?;
+    }
+    write::write_notes(&mut conn, notes).await?;
+    tx.commit().await?;
+    Ok(pruned)
+}

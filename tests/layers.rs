@@ -1,0 +1,708 @@
+//! The layers of `docs/architecture.md`, checked against the sources (the
+//! model is rust-analyzer's tidy test): every module of the SDK and of the
+//! development platform sits in one layer of the table; a module imports
+//! only from its own layer and the layers its row names; only the layers
+//! that the table allows an outside crate (reqwest, sqlx, rusqlite, axum,
+//! tokio-tungstenite, …) name it; and every source file is in the code map.
+//!
+//! The checker itself is tested on made-up sources, so that a wrong import
+//! is seen to fail (`a_wrong_import_is_caught`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The outside crates whose use the layer table restricts.
+const RESTRICTED: &[&str] = &[
+    "reqwest",
+    "sqlx",
+    "rusqlite",
+    "axum",
+    "tokio_tungstenite",
+    "hyper",
+    "hyper_util",
+    "tower_http",
+    "rustls",
+];
+
+/// One row of a layer table.
+#[derive(Debug, Clone)]
+struct Layer {
+    /// Its name, as other rows name it.
+    name: String,
+    /// The paths under the crate's `src/` it holds: a file (`error.rs`) or
+    /// a directory (`store/`).
+    holds: Vec<String>,
+    /// The layers it may import from, besides itself.
+    uses: BTreeSet<String>,
+    /// The restricted outside crates it may name, each for the whole
+    /// layer or for one file (`sqlx` in `api/transaction.rs`).
+    crates: Vec<(String, Option<String>)>,
+}
+
+/// One crate's layer table.
+#[derive(Debug)]
+struct Table {
+    layers: Vec<Layer>,
+}
+
+impl Table {
+    /// The layer that holds `file` (a path under `src/`).
+    fn layer_of(&self, file: &str) -> Option<&Layer> {
+        self.layers.iter().find(|l| {
+            l.holds.iter().any(|h| {
+                if h.ends_with('/') {
+                    file.starts_with(h.as_str())
+                } else {
+                    file == h
+                }
+            })
+        })
+    }
+
+    /// The layer of a top-level module of the crate (`runner`, `error`).
+    fn layer_of_module(&self, module: &str) -> Option<&Layer> {
+        self.layer_of(&format!("{module}.rs"))
+            .or_else(|| self.layer_of(&format!("{module}/mod.rs")))
+            .or_else(|| self.layer_of(&format!("{module}/")))
+    }
+}
+
+/// Reads the table between `<!-- layers:NAME:start -->` and
+/// `<!-- layers:NAME:end -->`: `| layer | holds | uses | crates |`.
+fn read_table(doc: &str, name: &str) -> Table {
+    let start = format!("<!-- layers:{name}:start");
+    let end = format!("<!-- layers:{name}:end");
+    let from = doc
+        .find(&start)
+        .unwrap_or_else(|| panic!("docs/architecture.md has no {start} marker"));
+    let to = doc[from..]
+        .find(&end)
+        .unwrap_or_else(|| panic!("docs/architecture.md has no {end} marker"))
+        + from;
+    let mut layers = Vec::new();
+    for line in doc[from..to].lines() {
+        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').collect();
+        if !line.trim_start().starts_with('|') || cells.len() < 4 {
+            continue;
+        }
+        let name = cells[0].trim().trim_matches('*').to_owned();
+        if name == "layer" || name.starts_with("---") {
+            continue;
+        }
+        let holds = ticked(cells[1]);
+        let uses = cells[2]
+            .split(',')
+            .map(|s| s.trim().trim_matches('*').to_owned())
+            .filter(|s| !s.is_empty() && s != "—" && s != "-")
+            .collect();
+        let crates = ticked(cells[3])
+            .into_iter()
+            .map(|c| match c.split_once(" in ") {
+                Some((krate, file)) => (krate.to_owned(), Some(file.to_owned())),
+                None => (c, None),
+            })
+            .collect();
+        layers.push(Layer {
+            name,
+            holds,
+            uses,
+            crates,
+        });
+    }
+    assert!(!layers.is_empty(), "the layer table {name} has no rows");
+    Table { layers }
+}
+
+/// The `backticked` items of a cell.
+fn ticked(cell: &str) -> Vec<String> {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The source without comments (doc links are no imports) and without
+/// string literals' contents.
+fn code_only(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    for line in source.lines() {
+        let mut kept = String::new();
+        let mut in_str = false;
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            if in_str {
+                if c == '\\' {
+                    chars.next();
+                } else if c == '"' {
+                    in_str = false;
+                    kept.push('"');
+                }
+                continue;
+            }
+            if c == '/' && chars.peek() == Some(&'/') {
+                break;
+            }
+            if c == '"' {
+                in_str = true;
+            }
+            kept.push(c);
+        }
+        out.push_str(&kept);
+        out.push('\n');
+    }
+    out
+}
+
+/// Every path that `source` (the file at `module`, e.g. `["runner",
+/// "call"]`; `runner/mod.rs` is `["runner"]`) names inside its own crate,
+/// as module paths from the crate's root: `crate::a::b`, `super::c` (each
+/// `super` leaves one module), and the items of `crate::{a, b::c}`.
+fn crate_paths(module: &[String], source: &str) -> Vec<Vec<String>> {
+    let code = code_only(source);
+    let bytes = code.as_bytes();
+    let mut paths = Vec::new();
+    let mut i = 0;
+    while i < code.len() {
+        let starts_word = i == 0
+            || !(bytes[i - 1].is_ascii_alphanumeric()
+                || bytes[i - 1] == b'_'
+                || bytes[i - 1] == b':');
+        let rest = &code[i..];
+        let (base, skip) = if starts_word && rest.starts_with("crate::") {
+            (Vec::new(), "crate::".len())
+        } else if starts_word && rest.starts_with("super::") {
+            let mut base = module.to_vec();
+            let mut skip = 0;
+            while rest[skip..].starts_with("super::") {
+                base.pop();
+                skip += "super::".len();
+            }
+            (base, skip)
+        } else {
+            i += 1;
+            continue;
+        };
+        for tail in use_tree(&rest[skip..]) {
+            let mut path = base.clone();
+            path.extend(tail);
+            paths.push(path);
+        }
+        i += skip;
+    }
+    paths
+}
+
+/// The paths a use tree starting at `text` names (`a::b`, `{a, b::{c, d}}`),
+/// each as its segments up to the first item that is not a module path
+/// segment followed by `::` or a group.
+fn use_tree(text: &str) -> Vec<Vec<String>> {
+    let text = text.trim_start();
+    if let Some(inner) = text.strip_prefix('{') {
+        let mut depth = 1;
+        let mut end = inner.len();
+        for (k, c) in inner.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = k;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let group = &inner[..end];
+        let mut items = Vec::new();
+        let mut depth = 0;
+        let mut start = 0;
+        for (k, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    items.push(&group[start..k]);
+                    start = k + 1;
+                }
+                _ => {}
+            }
+        }
+        items.push(&group[start..]);
+        return items
+            .into_iter()
+            .filter(|s| !s.trim().is_empty())
+            .flat_map(use_tree)
+            .collect();
+    }
+    let ident: String = text
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    if ident.is_empty() {
+        return vec![Vec::new()];
+    }
+    let rest = &text[ident.len()..];
+    if let Some(next) = rest.strip_prefix("::") {
+        use_tree(next)
+            .into_iter()
+            .map(|mut tail| {
+                tail.insert(0, ident.clone());
+                tail
+            })
+            .collect()
+    } else {
+        vec![vec![ident]]
+    }
+}
+
+/// The restricted outside crates `source` names.
+fn outside_crates(source: &str) -> BTreeSet<String> {
+    let code = code_only(source);
+    let bytes = code.as_bytes();
+    let mut found = BTreeSet::new();
+    for krate in RESTRICTED {
+        let pat = format!("{krate}::");
+        let mut from = 0;
+        while let Some(k) = code[from..].find(&pat) {
+            let at = from + k;
+            let before = if at == 0 { b' ' } else { bytes[at - 1] };
+            // `crate::sqlx` and `toolrunner::sqlx` are the SDK's own
+            // re-export, not a use of the crate.
+            let reexport = code[..at].ends_with("toolrunner::") || code[..at].ends_with("crate::");
+            if !(before.is_ascii_alphanumeric() || before == b'_' || before == b':') || reexport {
+                if !reexport {
+                    found.insert((*krate).to_owned());
+                }
+            }
+            from = at + pat.len();
+        }
+    }
+    found
+}
+
+/// One finding of the check.
+type Findings = Vec<String>;
+
+/// Checks one crate's sources (`files`: path under `src/` → text) against
+/// its table. `reexports` maps the names `lib.rs` re-exports at the root
+/// (`Executor`, `Error`, `tool`) to the module they come from.
+fn check_crate(
+    table: &Table,
+    files: &BTreeMap<String, String>,
+    reexports: &BTreeMap<String, String>,
+) -> Findings {
+    let mut findings = Vec::new();
+    for (file, source) in files {
+        let Some(layer) = table.layer_of(file) else {
+            findings.push(format!("{file} is in no layer of the table"));
+            continue;
+        };
+        let is_mod_rs = file.ends_with("mod.rs") || file == "lib.rs";
+        let module: Vec<String> = {
+            let stem = file.trim_end_matches(".rs");
+            let mut m: Vec<String> = stem.split('/').map(str::to_owned).collect();
+            if is_mod_rs {
+                m.pop();
+            }
+            m
+        };
+        for path in crate_paths(&module, source) {
+            let Some(first) = path.first() else { continue };
+            let target = if table.layer_of_module(first).is_some() {
+                first.clone()
+            } else if let Some(m) = reexports.get(first) {
+                if table.layer_of_module(m).is_none() {
+                    // An outside crate re-exported at the root
+                    // (`crate::sqlx`, `crate::protocol`): no import of
+                    // this crate's layers.
+                    continue;
+                }
+                m.clone()
+            } else {
+                // A name defined in `lib.rs` itself (the façade).
+                "lib".to_owned()
+            };
+            let Some(to) = table.layer_of_module(&target) else {
+                findings.push(format!("{file}: crate::{} is in no layer", path.join("::")));
+                continue;
+            };
+            if to.name != layer.name && !layer.uses.contains(&to.name) {
+                findings.push(format!(
+                    "{file} (layer {}) imports crate::{} from layer {}, which it may not use (it may use: {})",
+                    layer.name,
+                    path.join("::"),
+                    to.name,
+                    layer.uses.iter().cloned().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        for krate in outside_crates(source) {
+            let allowed = layer.crates.iter().any(|(c, only)| {
+                c.replace('-', "_") == krate && only.as_deref().is_none_or(|f| f == file)
+            });
+            if !allowed {
+                findings.push(format!(
+                    "{file} (layer {}) names the crate {krate}, which the table does not give that layer",
+                    layer.name
+                ));
+            }
+        }
+    }
+    findings
+}
+
+/// The names `lib.rs` re-exports at the crate's root, with the module
+/// each comes from (`pub use builder::{Executor, …}` gives `Executor` →
+/// `builder`; `pub mod tool { pub use crate::api::function::… }` gives
+/// `tool` → `api`).
+fn root_reexports(lib: &str) -> BTreeMap<String, String> {
+    let code = code_only(lib);
+    let mut map = BTreeMap::new();
+    let mut from = 0;
+    while let Some(k) = code[from..].find("pub use ") {
+        let at = from + k + "pub use ".len();
+        let text = code[at..].trim_start_matches("crate::");
+        let statement = &text[..text.find(';').unwrap_or(text.len())];
+        let paths = use_tree(statement);
+        if let Some((_, alias)) = statement.split_once(" as ") {
+            // `pub use toolrunner_protocol as protocol`.
+            if let Some(first) = paths.first().and_then(|p| p.first()) {
+                map.insert(alias.trim().to_owned(), first.clone());
+            }
+        } else {
+            for path in paths {
+                if let (Some(first), Some(last)) = (path.first(), path.last()) {
+                    map.entry(last.clone()).or_insert_with(|| first.clone());
+                }
+            }
+        }
+        from = at;
+    }
+    // `pub mod NAME { … }` blocks of re-exports.
+    let mut from = 0;
+    while let Some(k) = code[from..].find("pub mod ") {
+        let at = from + k + "pub mod ".len();
+        let name: String = code[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if code[at + name.len()..].trim_start().starts_with('{')
+            && let Some(inner) = code[at..].find("pub use crate::")
+        {
+            let text = &code[at + inner + "pub use crate::".len()..];
+            if let Some(first) = use_tree(text).first().and_then(|p| p.first()) {
+                map.insert(name.clone(), first.clone());
+            }
+        }
+        from = at;
+    }
+    map
+}
+
+/// Every `.rs` file under `dir`, as paths relative to it.
+fn sources(dir: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        for entry in std::fs::read_dir(dir).expect("read a source directory") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path
+                    .strip_prefix(root)
+                    .expect("under the root")
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                out.insert(rel, std::fs::read_to_string(&path).expect("read a source"));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn architecture() -> String {
+    std::fs::read_to_string(repo().join("docs/architecture.md")).expect("docs/architecture.md")
+}
+
+/// The code map of one crate: the section of `docs/architecture.md` under
+/// its heading, up to the next heading of the same level.
+fn code_map<'a>(doc: &'a str, heading: &str) -> &'a str {
+    let from = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("docs/architecture.md has no heading {heading}"));
+    let rest = &doc[from + heading.len()..];
+    let to = rest.find("\n### ").unwrap_or(rest.len());
+    &rest[..to]
+}
+
+/// Checks one crate of the workspace: its layers and its code map.
+fn check(crate_dir: &str, table_name: &str, heading: &str) -> Findings {
+    let doc = architecture();
+    let table = read_table(&doc, table_name);
+    let src = repo().join(crate_dir).join("src");
+    let files = sources(&src);
+    let reexports = root_reexports(files.get("lib.rs").map_or("", String::as_str));
+    let mut findings = check_crate(&table, &files, &reexports);
+    let map = code_map(&doc, heading);
+    for file in files.keys() {
+        if !map.contains(&format!("`{file}`")) {
+            findings.push(format!(
+                "{crate_dir}/src/{file} is missing from the code map under {heading:?} in docs/architecture.md (name it as `{file}`)"
+            ));
+        }
+    }
+    // And the code map names no file that is gone.
+    for named in ticked(map) {
+        let elsewhere = ["tests/", "docs/", "examples/", "sdk/", "migrations/"]
+            .iter()
+            .any(|p| named.starts_with(p));
+        if named.ends_with(".rs")
+            && !named.contains(' ')
+            && !elsewhere
+            && !files.contains_key(&named)
+        {
+            findings.push(format!(
+                "the code map under {heading:?} names `{named}`, which is not in {crate_dir}/src"
+            ));
+        }
+    }
+    findings
+}
+
+fn assert_none(findings: Findings) {
+    assert!(
+        findings.is_empty(),
+        "the sources break docs/architecture.md's layers:\n  {}",
+        findings.join("\n  ")
+    );
+}
+
+#[test]
+fn the_sdk_keeps_its_layers_and_its_code_map() {
+    assert_none(check(
+        "sdk/toolrunner",
+        "sdk",
+        "### `sdk/toolrunner` — the SDK",
+    ));
+}
+
+#[test]
+fn the_development_platform_keeps_its_layers_and_its_code_map() {
+    assert_none(check(
+        "sdk/devserver",
+        "devserver",
+        "### `sdk/devserver` — `toolrunner-devserver`",
+    ));
+}
+
+/// The checker sees a wrong import: an upward one, a grouped one, one
+/// through a root re-export, one through `super`, and an outside crate
+/// outside its layer; and it lets the allowed ones pass.
+#[test]
+fn a_wrong_import_is_caught() {
+    let doc = "<!-- layers:t:start -->\n\
+        | layer | holds | uses | crates |\n\
+        |---|---|---|---|\n\
+        | base | `error.rs` | — | — |\n\
+        | store | `store/` | base | `sqlx` |\n\
+        | api | `api/` | store, base | `sqlx in api/transaction.rs` |\n\
+        | runner | `runner/` | api, store, base | — |\n\
+        | executor | `builder.rs` | runner, api, store, base | — |\n\
+        | façade | `lib.rs` | executor, runner, api, store, base | — |\n\
+        <!-- layers:t:end -->";
+    let table = read_table(doc, "t");
+    let lib = "pub use builder::{Executor, ExecutorBuilder};\npub use sqlx;\npub use toolrunner_protocol as protocol;\npub mod tool {\n    pub use crate::api::function::{read, write};\n}\n";
+    let reexports = root_reexports(lib);
+    assert_eq!(
+        reexports.get("Executor").map(String::as_str),
+        Some("builder")
+    );
+    assert_eq!(reexports.get("tool").map(String::as_str), Some("api"));
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "api/context.rs",
+            "use crate::runner::Core;\n",
+            "imports crate::runner::Core",
+        ),
+        (
+            "api/context.rs",
+            "use crate::{store::Store, runner::progress};\n",
+            "crate::runner::progress",
+        ),
+        (
+            "runner/replicas.rs",
+            "fn f(t: &crate::Executor) {}\n",
+            "crate::Executor",
+        ),
+        (
+            "runner/call.rs",
+            "use super::super::builder::X;\n",
+            "crate::builder::X",
+        ),
+        (
+            "store/sqlite.rs",
+            "use super::super::api::CallContext;\n",
+            "crate::api::CallContext",
+        ),
+        (
+            "runner/call.rs",
+            "let c = reqwest::Client::new();\n",
+            "names the crate reqwest",
+        ),
+        (
+            "api/context.rs",
+            "fn f(c: &mut sqlx::SqliteConnection) {}\n",
+            "names the crate sqlx",
+        ),
+        ("nowhere.rs", "\n", "is in no layer"),
+    ];
+    for (file, source, expected) in cases {
+        let files = BTreeMap::from([((*file).to_owned(), (*source).to_owned())]);
+        let findings = check_crate(&table, &files, &reexports);
+        assert!(
+            findings.iter().any(|f| f.contains(expected)),
+            "{file} with {source:?} should be refused with {expected:?}; found {findings:?}"
+        );
+    }
+    let fine: &[(&str, &str)] = &[
+        (
+            "runner/call.rs",
+            "use crate::api::{CallContext, handler::Tool};\nuse super::checks;\n",
+        ),
+        (
+            "api/transaction.rs",
+            "fn f(c: &mut sqlx::SqliteConnection) {}\n",
+        ),
+        (
+            "api/context.rs",
+            "/// See [`Executor`](crate::Executor).\nlet s = \"crate::runner\";\nfn f() -> crate::sqlx::Pool { crate::protocol::X }\n",
+        ),
+        (
+            "builder.rs",
+            "use crate::runner::start;\nuse crate::tool::write;\n",
+        ),
+        (
+            "store/sqlite.rs",
+            "use super::columns;\nuse crate::error::Error;\nuse sqlx::Row;\n",
+        ),
+    ];
+    for (file, source) in fine {
+        let files = BTreeMap::from([((*file).to_owned(), (*source).to_owned())]);
+        let findings = check_crate(&table, &files, &reexports);
+        assert!(
+            findings.is_empty(),
+            "{file} with {source:?} is fine; found {findings:?}"
+        );
+    }
+}
+
+/// The lifecycle is the one module of the SDK that makes a change of a
+/// call row or of a receipt's status (the store applies them); every other
+/// module names an event (`lifecycle::advance`, `advance_in` for a
+/// handler's transaction) or marks a delivery (`lifecycle::mark_receipt`).
+#[test]
+fn one_module_writes_call_rows_and_receipt_statuses() {
+    let files = sources(&repo().join("sdk/toolrunner/src"));
+    let writes = [
+        "Change::InsertCall",
+        "Change::UpdateCall",
+        "Change::AddReceipt",
+        "Change::ReceiptStatus",
+        "Change::SettlePending",
+    ];
+    let mut found = Vec::new();
+    for (file, source) in &files {
+        let allowed =
+            file == "lifecycle.rs" || file.starts_with("lifecycle/") || file.starts_with("store/");
+        let code = code_only(source);
+        for w in writes {
+            if !allowed && code.contains(w) {
+                found.push(format!("{file} makes {w}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "only the lifecycle writes call rows and receipt statuses:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+/// The SQL of each change exists once, in `store/write.rs`: no other source
+/// of the SDK holds a statement that writes the store's tables.
+#[test]
+fn the_sql_of_each_change_is_written_once() {
+    let files = sources(&repo().join("sdk/toolrunner/src"));
+    let statements = [
+        "INSERT INTO calls",
+        "UPDATE calls",
+        "DELETE FROM calls",
+        "INSERT INTO receipts",
+        "UPDATE receipts",
+        "DELETE FROM receipts",
+        "INSERT INTO events",
+        "DELETE FROM events",
+        "INSERT INTO attempts",
+        "DELETE FROM attempts",
+    ];
+    let mut found = Vec::new();
+    for (file, source) in &files {
+        if file == "store/write.rs" {
+            continue;
+        }
+        for s in statements {
+            if source.contains(s) {
+                found.push(format!("{file} holds `{s}`"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the store's writes are written once, in store/write.rs:\n  {}",
+        found.join("\n  ")
+    );
+    let write = &files["store/write.rs"];
+    for s in statements {
+        assert!(write.contains(s), "store/write.rs holds `{s}`");
+    }
+}
+
+/// The runner's one dispatch queue: only `runner/dispatch.rs` starts a
+/// call's drive, and the connection and recovery (which the drive itself
+/// reaches when it reconnects) name nothing of `runner/call.rs`, so no path
+/// leads from them into the drive.
+#[test]
+fn only_the_dispatch_queue_starts_a_drive() {
+    let files = sources(&repo().join("sdk/toolrunner/src"));
+    let mut found = Vec::new();
+    for (file, source) in &files {
+        let code = code_only(source);
+        if file != "runner/dispatch.rs" && code.contains("call::drive") {
+            found.push(format!("{file} starts a drive itself"));
+        }
+        let module: Vec<String> = file
+            .trim_end_matches(".rs")
+            .split('/')
+            .map(str::to_owned)
+            .collect();
+        if file == "runner/connection.rs" || file == "runner/recovery.rs" {
+            for path in crate_paths(&module, source) {
+                if path.starts_with(&["runner".to_owned(), "call".to_owned()]) {
+                    found.push(format!("{file} names crate::{}", path.join("::")));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "calls reach the drive only through the dispatch queue:\n  {}",
+        found.join("\n  ")
+    );
+}
