@@ -268,13 +268,12 @@ fn outside_crates(source: &str) -> BTreeSet<String> {
         while let Some(k) = code[from..].find(&pat) {
             let at = from + k;
             let before = if at == 0 { b' ' } else { bytes[at - 1] };
-            // `crate::sqlx` and `toolrunner::sqlx` are the SDK's own
-            // re-export, not a use of the crate.
-            let reexport = code[..at].ends_with("toolrunner::") || code[..at].ends_with("crate::");
-            if !(before.is_ascii_alphanumeric() || before == b'_' || before == b':') || reexport {
-                if !reexport {
-                    found.insert((*krate).to_owned());
-                }
+            // A path's later segment (`crate::sqlx`, the SDK's own
+            // re-export, or `foo::sqlx`) or a longer name is no use of
+            // the crate.
+            let inside_a_name = before.is_ascii_alphanumeric() || before == b'_' || before == b':';
+            if !inside_a_name {
+                found.insert((*krate).to_owned());
             }
             from = at + pat.len();
         }
