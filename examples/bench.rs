@@ -1042,11 +1042,19 @@ impl DurableStore {
                 })
             }
             #[cfg(feature = "postgres")]
-            DurableStore::Postgres { url, wal_syncs, .. } => {
+            DurableStore::Postgres {
+                store,
+                url,
+                wal_syncs,
+                ..
+            } => {
                 let now = pg_wal_syncs(url).await?;
+                // The writer's own count (group commit puts several commits
+                // of the store in one transaction).
+                let s = store.writer_stats();
                 Ok(StoreStats {
-                    jobs,
-                    transactions: jobs,
+                    jobs: s.jobs.max(jobs),
+                    transactions: s.transactions,
                     checkpoints: 0,
                     fsyncs: u64::try_from(now - wal_syncs).unwrap_or(0),
                 })

@@ -125,31 +125,86 @@ fn ticked(cell: &str) -> Vec<String> {
 /// The source without comments (doc links are no imports) and without
 /// string literals' contents.
 fn code_only(source: &str) -> String {
+    let chars: Vec<char> = source.chars().collect();
     let mut out = String::with_capacity(source.len());
-    for line in source.lines() {
-        let mut kept = String::new();
-        let mut in_str = false;
-        let mut chars = line.chars().peekable();
-        while let Some(c) = chars.next() {
-            if in_str {
-                if c == '\\' {
-                    chars.next();
-                } else if c == '"' {
-                    in_str = false;
-                    kept.push('"');
+    let mut i = 0;
+    // Keeps the line breaks of what it drops, so that lines still count.
+    let keep_lines = |out: &mut String, dropped: &[char]| {
+        out.extend(dropped.iter().filter(|c| **c == '\n'));
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        let prev_ident = i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+        let raw_hashes = chars[i + 1..].iter().take_while(|c| **c == '#').count();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            // Block comments nest.
+            let start = i;
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
                 }
-                continue;
             }
-            if c == '/' && chars.peek() == Some(&'/') {
-                break;
+            keep_lines(&mut out, &chars[start..i.min(chars.len())]);
+        } else if c == 'r' && !prev_ident && chars.get(i + 1 + raw_hashes) == Some(&'"') {
+            // A raw string: r"…", r#"…"#.
+            let start = i;
+            i += 2 + raw_hashes;
+            while i < chars.len() {
+                let closes = chars[i] == '"'
+                    && chars[i + 1..]
+                        .iter()
+                        .take(raw_hashes)
+                        .filter(|c| **c == '#')
+                        .count()
+                        == raw_hashes;
+                if closes {
+                    i += 1 + raw_hashes;
+                    break;
+                }
+                i += 1;
             }
-            if c == '"' {
-                in_str = true;
+            out.push_str("\"\"");
+            keep_lines(&mut out, &chars[start..i.min(chars.len())]);
+        } else if c == '"' {
+            // A string, over as many lines as it takes.
+            let start = i;
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
             }
-            kept.push(c);
+            i += 1;
+            out.push_str("\"\"");
+            keep_lines(&mut out, &chars[start..i.min(chars.len())]);
+        } else if c == '\''
+            && !prev_ident
+            && (next == Some('\\') || chars.get(i + 2) == Some(&'\''))
+        {
+            // A character literal ('"', '\'', '\\'); a lifetime stays.
+            i += 1;
+            while i < chars.len() && chars[i] != '\'' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push_str("' '");
+        } else {
+            out.push(c);
+            i += 1;
         }
-        out.push_str(&kept);
-        out.push('\n');
     }
     out
 }
@@ -271,14 +326,29 @@ fn outside_crates(source: &str) -> BTreeSet<String> {
             // A path's later segment (`crate::sqlx`, the SDK's own
             // re-export, or `foo::sqlx`) or a longer name is no use of
             // the crate.
+            // `crate::sqlx`, `toolrunner::sqlx` (the SDK's own re-export)
+            // and a leading `::sqlx` are the crate all the same; a later
+            // segment of another path, or a longer name, is not.
+            let through = ["crate::", "toolrunner::"]
+                .iter()
+                .any(|p| code[..at].ends_with(p) && !ends_in_ident(&code[..at - p.len()]));
+            let leading = code[..at].ends_with("::") && !ends_in_ident(&code[..at - 2]);
             let inside_a_name = before.is_ascii_alphanumeric() || before == b'_' || before == b':';
-            if !inside_a_name {
+            if !inside_a_name || through || leading {
                 found.insert((*krate).to_owned());
             }
             from = at + pat.len();
         }
     }
     found
+}
+
+/// Whether `text` ends inside a name or a path (so what follows is a
+/// later segment).
+fn ends_in_ident(text: &str) -> bool {
+    text.chars()
+        .last()
+        .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
 }
 
 /// One finding of the check.
@@ -561,6 +631,31 @@ fn a_wrong_import_is_caught() {
             "names the crate sqlx",
         ),
         ("nowhere.rs", "\n", "is in no layer"),
+        (
+            "runner/call.rs",
+            "fn f(c: &mut crate::sqlx::PgConnection) {}\n",
+            "names the crate sqlx",
+        ),
+        (
+            "runner/call.rs",
+            "fn f(c: &mut ::sqlx::PgConnection) {}\n",
+            "names the crate sqlx",
+        ),
+        (
+            "api/context.rs",
+            "let s = \"a\nb\"; use crate::runner::Core;\n",
+            "crate::runner::Core",
+        ),
+        (
+            "api/context.rs",
+            "let c = '\"'; use crate::runner::Core;\n",
+            "crate::runner::Core",
+        ),
+        (
+            "api/context.rs",
+            "let s = r#\"a\"b\"#; use crate::runner::Core;\n",
+            "crate::runner::Core",
+        ),
     ];
     for (file, source, expected) in cases {
         let files = BTreeMap::from([((*file).to_owned(), (*source).to_owned())]);
@@ -581,11 +676,15 @@ fn a_wrong_import_is_caught() {
         ),
         (
             "api/context.rs",
-            "/// See [`Executor`](crate::Executor).\nlet s = \"crate::runner\";\nfn f() -> crate::sqlx::Pool { crate::protocol::X }\n",
+            "/// See [`Executor`](crate::Executor).\nlet s = \"crate::runner\";\nfn f() -> crate::protocol::X { 0 }\n",
         ),
         (
             "builder.rs",
             "use crate::runner::start;\nuse crate::tool::write;\n",
+        ),
+        (
+            "api/context.rs",
+            "/* crate::runner::Core */ fn f<'a>(x: &'a str) {}\n/** crate::runner::X */\n",
         ),
         (
             "store/sqlite.rs",

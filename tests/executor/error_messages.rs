@@ -173,3 +173,34 @@ async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
 }
+
+/// A start the platform refuses leaves nothing behind: the store's lock is
+/// free the moment `start` returns its error, so the same process can fix
+/// its settings and start again at once (review of issue 18: the dispatch
+/// queue's loop, spawned before the connect, kept the executor and its
+/// store lock alive after a failed start).
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_start_lets_go_of_the_store_at_once() -> Result<()> {
+    let env = Env::start(Opts::default(), &[READ]).await?;
+    let url = env.other_store_url("refused.db");
+    let refused = env
+        .builder("exe-refused")
+        .binding_id("bnd_nope")
+        .store_url(&url)
+        .tool(ReadTool {
+            probe: Probe::new(),
+        })
+        .build()?;
+    let e = refused
+        .start()
+        .await
+        .expect_err("an unknown binding is refused");
+    assert!(e.is_configuration(), "{e}");
+    // No await in between: nothing may still hold the executor.
+    match toolrunner::store::SqliteStore::lock(&url) {
+        Ok(Some(_)) => {}
+        Ok(None) => panic!("a file store has a lock"),
+        Err(e) => panic!("the store is still locked after a refused start: {e}"),
+    }
+    Ok(())
+}

@@ -15,7 +15,7 @@ use toolrunner_protocol::wire::{Assignment, CallState, ReceiptKind};
 
 use crate::store::{
     Attempt, Change, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, Store,
-    StoreError, StoreTransaction, TxError, now,
+    StoreError, StoreTransaction, Timestamp, TxError, now,
 };
 
 use LocalState::{
@@ -526,16 +526,17 @@ pub(crate) fn operation_key() -> String {
 
 /// A receipt of the call's current assignment at its next sequence.
 fn receipt_for(
-    executor_id: &str,
+    given: &Given<'_>,
     call: &LocalCall,
     kind: ReceiptKind,
     extra: Value,
 ) -> Result<OutboxReceipt, NotAllowed> {
+    let executor_id = given.executor_id;
     let asg = call.assignment.as_ref().ok_or(NotAllowed {
         event: "receipt without an assignment",
         from: call.state.as_str(),
     })?;
-    let id = receipt_id();
+    let id = given.receipt_id.clone();
     let mut body = json!({
         "receipt_id": id, "executor_id": executor_id, "assignment_id": asg.assignment_id,
         "sequence": call.next_sequence, "kind": kind.as_str(),
@@ -554,7 +555,7 @@ fn receipt_for(
         status: ReceiptStatus::Pending,
         attempts: 0,
         last_error: None,
-        created_at: now(),
+        created_at: given.now,
         delivered_at: None,
     })
 }
@@ -568,14 +569,15 @@ fn mark(receipt_id: &str, status: ReceiptStatus, error: Option<String>, attempt:
     }
 }
 
-fn attempt(call: &LocalCall, executor_id: &str, assignment: Option<&Assignment>) -> Change {
+fn attempt(call: &LocalCall, given: &Given<'_>, assignment: Option<&Assignment>) -> Change {
+    let executor_id = given.executor_id;
     Change::AddAttempt(Attempt {
         run_id: call.run_id.clone(),
         call_id: call.call_id.clone(),
         operation_key: call.operation_key.clone(),
         executor_id: Some(executor_id.to_owned()),
         assignment_id: assignment.map(|a| a.assignment_id.clone()),
-        created_at: now(),
+        created_at: given.now,
     })
 }
 
@@ -606,6 +608,41 @@ pub(crate) fn plan(
     event: Event,
     executor_id: &str,
 ) -> Result<Plan, NotAllowed> {
+    plan_with(snapshot, key, event, &Given::now(executor_id))
+}
+
+/// What a plan is given from outside, so that [`plan_with`] is a pure
+/// function of its arguments: who plans, the time, and the id of the
+/// receipt the transition may write.
+#[derive(Debug, Clone)]
+pub(crate) struct Given<'a> {
+    pub(crate) executor_id: &'a str,
+    pub(crate) now: Timestamp,
+    pub(crate) receipt_id: String,
+}
+
+impl<'a> Given<'a> {
+    /// The clock's time and a new receipt id.
+    pub(crate) fn now(executor_id: &'a str) -> Given<'a> {
+        Given {
+            executor_id,
+            now: now(),
+            receipt_id: receipt_id(),
+        }
+    }
+}
+
+/// [`plan`] with the clock and the ids passed in: the same arguments give
+/// the same plan.
+///
+/// # Errors
+/// As [`plan`].
+pub(crate) fn plan_with(
+    snapshot: &Snapshot,
+    key: (&str, &str),
+    event: Event,
+    given: &Given<'_>,
+) -> Result<Plan, NotAllowed> {
     let name = event.name();
     let rule = rule(name).ok_or(NotAllowed {
         event: name,
@@ -622,7 +659,7 @@ pub(crate) fn plan(
             current.map_or("a call not yet stored", |c| c.state.as_str()),
         ));
     }
-    let now = now();
+    let now = given.now;
     let mut call = match current {
         Some(c) => c.clone(),
         None => LocalCall::new(
@@ -645,7 +682,7 @@ pub(crate) fn plan(
             call.tool_name = tool_name;
             call.operation_key = operation_key;
             call.reason = None;
-            changes.push(attempt(&call, executor_id, None));
+            changes.push(attempt(&call, given, None));
         }
         Event::Retried {
             tool_name,
@@ -657,7 +694,7 @@ pub(crate) fn plan(
             call.next_sequence = 0;
             call.report = None;
             call.reason = Some("the call is pending again: a new attempt".into());
-            changes.push(attempt(&call, executor_id, None));
+            changes.push(attempt(&call, given, None));
         }
         Event::ClaimRefused { why } => call.reason = Some(why),
         Event::ClaimAnswered { assignment } => {
@@ -677,7 +714,7 @@ pub(crate) fn plan(
                     error: "assignment replaced".into(),
                 });
                 call.next_sequence = 0;
-                changes.push(attempt(&call, executor_id, Some(&assignment)));
+                changes.push(attempt(&call, given, Some(&assignment)));
             }
             call.assignment = Some(assignment);
             call.reason = None;
@@ -691,7 +728,7 @@ pub(crate) fn plan(
                 .as_ref()
                 .is_none_or(|a| a.assignment_id != assignment.assignment_id)
             {
-                changes.push(attempt(&call, executor_id, Some(&assignment)));
+                changes.push(attempt(&call, given, Some(&assignment)));
             }
             call.assignment = Some(assignment);
             // The platform holds an `accepted` at sequence 0.
@@ -726,7 +763,7 @@ pub(crate) fn plan(
             }
             call.reason = Some(format!("refused before start ({code}): {message}"));
             let r = receipt_for(
-                executor_id,
+                given,
                 &call,
                 ReceiptKind::Failed,
                 json!({"error": {"code": code, "message": message}}),
@@ -738,7 +775,7 @@ pub(crate) fn plan(
             if call.next_sequence != 0 {
                 return Err(refuse("assigned with `accepted` already saved"));
             }
-            let r = receipt_for(executor_id, &call, ReceiptKind::Accepted, json!({}))?;
+            let r = receipt_for(given, &call, ReceiptKind::Accepted, json!({}))?;
             call.next_sequence = 1;
             receipt = Some(r);
         }
@@ -761,7 +798,7 @@ pub(crate) fn plan(
         }
         Event::ProgressSaved { progress } => {
             let r = receipt_for(
-                executor_id,
+                given,
                 &call,
                 ReceiptKind::Progress,
                 json!({ "progress": progress }),
@@ -770,7 +807,7 @@ pub(crate) fn plan(
             receipt = Some(r);
         }
         Event::HandlerFinished { outcome } => {
-            let r = receipt_for(executor_id, &call, outcome.kind, outcome.extra)?;
+            let r = receipt_for(given, &call, outcome.kind, outcome.extra)?;
             call.next_sequence += 1;
             call.report = None;
             call.reason = Some(format!("the handler returned {}", outcome.kind.as_str()));
@@ -866,7 +903,7 @@ pub(crate) fn plan(
         }
         Event::HookHappened { result } => {
             let r = receipt_for(
-                executor_id,
+                given,
                 &call,
                 ReceiptKind::Completed,
                 json!({"result": result}),
@@ -878,7 +915,7 @@ pub(crate) fn plan(
         }
         Event::HookDidNotHappen => {
             let f = FinalReceipt::failed("not_performed", "the operation was not performed");
-            let r = receipt_for(executor_id, &call, f.kind, f.extra)?;
+            let r = receipt_for(given, &call, f.kind, f.extra)?;
             call.next_sequence += 1;
             call.report = None;
             call.reason = Some("automatic check: the operation did not happen".into());
@@ -911,7 +948,7 @@ pub(crate) fn plan(
             reason,
             evidence,
         } => {
-            let r = receipt_for(executor_id, &call, outcome.kind, outcome.extra)?;
+            let r = receipt_for(given, &call, outcome.kind, outcome.extra)?;
             call.next_sequence += 1;
             call.report = None;
             call.reason = Some(reason);

@@ -8,7 +8,7 @@ use crate::api::handler::ToolError;
 use crate::store::StoreTransaction;
 
 /// The call's transaction as a handler reaches it, inside
-/// [`CallContext::transaction`]: run the business writes on
+/// [`CallContext::transaction`](crate::CallContext::transaction): run the business writes on
 /// [`sqlite`](Self::sqlite) or `postgres` (the `postgres` feature),
 /// whichever the store is. The executor commits it with the final receipt,
 /// or rolls it back.
@@ -17,7 +17,7 @@ pub struct Transaction {
 }
 
 /// Where a call's transaction is kept between a handler's
-/// [`CallContext::transaction`] closures.
+/// [`CallContext::transaction`](crate::CallContext::transaction) closures.
 #[derive(Default)]
 pub(crate) struct TransactionSlot {
     pub(crate) tx: Option<Transaction>,

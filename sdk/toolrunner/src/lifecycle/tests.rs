@@ -516,3 +516,33 @@ async fn a_second_event_the_table_refuses_is_left_out() {
     let stored = store.call(KEY.0, KEY.1).await.expect("read").expect("row");
     assert_eq!((stored.state, stored.version), (Abandoned, call.version));
 }
+
+/// `plan_with` is pure: the clock and the receipt id are passed in, so the
+/// same arguments give the same plan, and the plan's times and ids are the
+/// ones given.
+#[test]
+fn a_plan_with_its_clock_and_ids_passed_in_is_pure() {
+    let s = stored(Running);
+    let given = Given {
+        executor_id: "exe_1",
+        now: chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
+            .expect("a time")
+            .with_timezone(&chrono::Utc),
+        receipt_id: "rcp_given".into(),
+    };
+    let event = || Event::HandlerFinished {
+        outcome: FinalReceipt::failed("declined", "no"),
+    };
+    let first = plan_with(&s, KEY, event(), &given).expect("allowed");
+    let second = plan_with(&s, KEY, event(), &given).expect("allowed");
+    assert_eq!(format!("{first:?}"), format!("{second:?}"));
+    assert_eq!(first.call.updated_at, given.now);
+    let r = first.receipt.as_ref().expect("a final receipt");
+    assert_eq!(r.receipt_id, "rcp_given");
+    assert_eq!(r.created_at, given.now);
+    assert!(
+        r.body.contains("\"receipt_id\":\"rcp_given\""),
+        "{}",
+        r.body
+    );
+}

@@ -372,13 +372,15 @@ impl std::fmt::Debug for RunningExecutor {
 
 pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     let mut tasks = tokio::task::JoinSet::new();
-    // First: the connect below recovers calls and hands them to it.
-    tasks.spawn(dispatch::dispatch_loop(core.clone()));
     // The identity's lease is renewed from the start: connecting and
     // recovering may take longer than a peer's takeover grace.
     #[cfg(feature = "postgres")]
     tasks.spawn(replicas::lease_loop(core.clone()));
     connection::connect(&core, connection::Patience::Once).await?;
+    // The calls the connect's recovery found wait in the queue; they run
+    // from now on. (Started only now, so that a refused start leaves no
+    // task holding the executor and its store.)
+    tasks.spawn(dispatch::dispatch_loop(core.clone()));
     tasks.spawn(connection::heartbeat_loop(core.clone()));
     tasks.spawn(claimer::claim_loop(core.clone()));
     tasks.spawn(outbox::outbox_loop(core.clone()));

@@ -52,8 +52,12 @@ pub struct PgStore {
     /// The identity this store writes for, with its lease (none for a
     /// store opened without an identity).
     hold: Option<Hold>,
-    /// The group-commit writer of the pool, started by the first commit.
-    writer: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<writer::Job>>>,
+    /// The group-commit writer of the pool, started by the first commit
+    /// (and again by the next one if its task is gone: its runtime shut
+    /// down, or it panicked).
+    writer: Arc<std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<writer::Job>>>>,
+    /// What the writer did.
+    counts: Arc<writer::Counts>,
 }
 
 /// An identity this store holds.
@@ -320,6 +324,22 @@ impl PgStore {
     }
 
     /// The identity's fencing token as this store holds it.
+    /// What this store's writer has done since it was opened: commits
+    /// asked for and the transactions that carried them (group commit puts
+    /// several in one). The server's fsyncs are its own (`pg_stat_wal`):
+    /// `fsyncs` and `checkpoints` stay 0.
+    pub fn writer_stats(&self) -> super::WriterStats {
+        super::WriterStats {
+            jobs: self.counts.jobs.load(std::sync::atomic::Ordering::Relaxed),
+            transactions: self
+                .counts
+                .transactions
+                .load(std::sync::atomic::Ordering::Relaxed),
+            checkpoints: 0,
+            fsyncs: 0,
+        }
+    }
+
     pub(crate) fn fencing_token(&self) -> Option<u64> {
         self.fence().and_then(|f| u64::try_from(f.token).ok())
     }
@@ -485,6 +505,7 @@ impl PgStore {
             options,
             hold: None,
             writer: Arc::default(),
+            counts: Arc::default(),
         })
     }
 
@@ -659,7 +680,18 @@ impl Store for PgStore {
             fence: self.fence().cloned(),
             reply,
         };
-        let writer = self.writer.get_or_init(|| writer::spawn(self.pool.clone()));
+        let writer = {
+            let mut writer = self
+                .writer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match writer.as_ref() {
+                Some(w) if !w.is_closed() => w.clone(),
+                _ => writer
+                    .insert(writer::spawn(self.pool.clone(), self.counts.clone()))
+                    .clone(),
+            }
+        };
         writer.send(job).map_err(|_| StoreError::Closed)?;
         outcome.await.map_err(|_| StoreError::Closed)?.map(|_| ())
     }

@@ -377,8 +377,17 @@ async fn prune<C: Conn>(
 /// # Errors
 /// The database's failure.
 pub(crate) async fn write_notes<C: Conn>(conn: &mut C, notes: Vec<Note>) -> Result<(), StoreError> {
-    // SQLite binds at most 32,766 parameters to a statement: 5 a row.
-    for chunk in notes.chunks(1_000) {
+    // Chunks of 64, 32, …, 1 rows: a handful of statement texts, each
+    // prepared once and cached by both backends.
+    let mut rest = notes.as_slice();
+    while !rest.is_empty() {
+        let size = if rest.len() >= 64 {
+            64
+        } else {
+            1 << (usize::BITS - 1 - rest.len().leading_zeros())
+        };
+        let (chunk, after) = rest.split_at(size);
+        rest = after;
         let mut statement = String::from(sql::INSERT_EVENTS);
         let mut params = Vec::with_capacity(chunk.len() * 5);
         for (i, n) in chunk.iter().enumerate() {

@@ -12,6 +12,9 @@
 //! each learns its own error. A failed `COMMIT` may or may not have
 //! happened: every job of the group hears that, and reads back (the
 //! lifecycle's `landed`).
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use sqlx::{Connection, PgPool};
 use tokio::sync::{mpsc, oneshot};
 
@@ -30,8 +33,15 @@ pub(super) struct Job {
     pub(super) reply: oneshot::Sender<Result<u64, StoreError>>,
 }
 
+/// What the writer has done: jobs taken, transactions committed.
+#[derive(Debug, Default)]
+pub(super) struct Counts {
+    pub(super) jobs: AtomicU64,
+    pub(super) transactions: AtomicU64,
+}
+
 /// Starts the writer of `pool`: it lives until every sender is gone.
-pub(super) fn spawn(pool: PgPool) -> mpsc::UnboundedSender<Job> {
+pub(super) fn spawn(pool: PgPool, counts: Arc<Counts>) -> mpsc::UnboundedSender<Job> {
     let (sender, mut jobs) = mpsc::unbounded_channel::<Job>();
     tokio::spawn(async move {
         while let Some(first) = jobs.recv().await {
@@ -41,7 +51,14 @@ pub(super) fn spawn(pool: PgPool) -> mpsc::UnboundedSender<Job> {
             {
                 group.push(next);
             }
-            commit_group(&pool, group).await;
+            // A caller that is gone (its executor stopped, or its task was
+            // dropped) waits for nothing: its changes are not written, as
+            // its own transaction would have rolled back.
+            group.retain(|job| !job.reply.is_closed());
+            if !group.is_empty() {
+                counts.jobs.fetch_add(group.len() as u64, Ordering::Relaxed);
+                commit_group(&pool, group, &counts).await;
+            }
         }
     });
     sender
@@ -51,23 +68,26 @@ pub(super) fn spawn(pool: PgPool) -> mpsc::UnboundedSender<Job> {
 enum GroupError {
     /// Before its `COMMIT`: nothing of it is stored.
     Before(StoreError),
-    /// At its `COMMIT`: stored or not, only a read tells.
-    Commit(StoreError),
+    /// At its `COMMIT`: stored or not, only a read tells; with each job's
+    /// own error, for the jobs whose change failed (rolled back to their
+    /// savepoint before the `COMMIT`).
+    Commit(StoreError, Vec<Option<StoreError>>),
 }
 
-async fn commit_group(pool: &PgPool, group: Vec<Job>) {
+async fn commit_group(pool: &PgPool, group: Vec<Job>, counts: &Counts) {
     let same_fence = group
         .windows(2)
         .all(|w| fence_key(&w[0]) == fence_key(&w[1]));
     if group.len() == 1 || !same_fence {
         for job in group {
-            let outcome = alone(pool, &job).await;
+            let outcome = alone(pool, &job, counts).await;
             let _ = job.reply.send(outcome);
         }
         return;
     }
     match in_one(pool, &group).await {
         Ok(outcomes) => {
+            counts.transactions.fetch_add(1, Ordering::Relaxed);
             for (job, outcome) in group.into_iter().zip(outcomes) {
                 let _ = job.reply.send(outcome);
             }
@@ -75,14 +95,19 @@ async fn commit_group(pool: &PgPool, group: Vec<Job>) {
         Err(GroupError::Before(e)) => {
             tracing::debug!(error = %e, jobs = group.len(), "a group commit failed before its COMMIT; committing each job alone");
             for job in group {
-                let outcome = alone(pool, &job).await;
+                let outcome = alone(pool, &job, counts).await;
                 let _ = job.reply.send(outcome);
             }
         }
-        Err(GroupError::Commit(e)) => {
+        Err(GroupError::Commit(e, own)) => {
+            // A job whose own change failed wrote nothing whatever the
+            // COMMIT did: it hears its own error. The others may or may
+            // not be stored.
             let message = e.to_string();
-            for job in group {
-                let _ = job.reply.send(Err(commit_failed(&message)));
+            for (job, own) in group.into_iter().zip(own) {
+                let _ = job
+                    .reply
+                    .send(Err(own.unwrap_or_else(|| commit_failed(&message))));
             }
         }
     }
@@ -145,20 +170,26 @@ async fn in_one(pool: &PgPool, group: &[Job]) -> Result<Vec<Result<u64, StoreErr
     write::write_notes(&mut super::changes::Pg(&mut tx), notes)
         .await
         .map_err(GroupError::Before)?;
-    tx.commit()
-        .await
-        .map_err(|e| GroupError::Commit(e.into()))?;
+    if let Err(e) = tx.commit().await {
+        let own = outcomes.into_iter().map(Result::err).collect();
+        return Err(GroupError::Commit(e.into(), own));
+    }
     Ok(outcomes)
 }
 
 /// One job in a transaction of its own; a deadlock or a serialization
 /// failure (which wrote nothing) is tried again.
-async fn alone(pool: &PgPool, job: &Job) -> Result<u64, StoreError> {
+async fn alone(pool: &PgPool, job: &Job, counts: &Counts) -> Result<u64, StoreError> {
     let mut tries = 0;
     loop {
         match once(pool, job).await {
             Err(e) if tries < super::RETRIES && super::retryable(&e) => tries += 1,
-            outcome => return outcome,
+            outcome => {
+                if outcome.is_ok() {
+                    counts.transactions.fetch_add(1, Ordering::Relaxed);
+                }
+                return outcome;
+            }
         }
     }
 }

@@ -1,0 +1,155 @@
+//! The claim step: the operation key saved, the claim sent, its answer recorded with the first checks.
+
+use super::*;
+
+/// Claim with the saved key. A refusal means nothing ran. Answers the row
+/// after the claim, and the receipt saved with its assignment (`accepted`,
+/// or the `failed` of a refusal before start), if one was.
+pub(super) async fn claim(
+    core: &Arc<Core>,
+    call: LocalCall,
+) -> Result<(LocalCall, Option<OutboxReceipt>), String> {
+    if core.stop.is_cancelled() {
+        // The key stays saved: the next start claims with it.
+        return Err("shutting down: the claim waits for the next start".into());
+    }
+    if !core.lease_live() {
+        return Err(LEASE_NOT_LIVE.into());
+    }
+    let key = CallKey::of(&call);
+    let used = call.operation_key.clone();
+    let mut tries = 0;
+    let claimed = loop {
+        let connection_id = connection::connection_id(core)
+            .await
+            .map_err(|e| e.to_string())?;
+        let body = Claim {
+            executor_id: core.cfg.executor_id.clone(),
+            connection_id: connection_id.clone(),
+            operation_key: used.clone(),
+        };
+        let live = || lease_live(core);
+        match core
+            .client
+            .claim(&call.run_id, &call.call_id, &body, &live)
+            .await
+        {
+            Ok(c) => break c,
+            Err(e) if tries < 3 && connection::handle_refusal(core, &connection_id, &e).await => {
+                tries += 1
+            }
+            Err(ClientError::Unreachable(m)) => return Err(m),
+            Err(e) => {
+                if e.status() == Some(401) || e.code() == Some("missing_scope") {
+                    core.fail(crate::Error::from(e.clone()));
+                    return Err(e.to_string());
+                }
+                return match e.code() {
+                    Some("capacity_exhausted" | "executor_draining") => {
+                        Err(format!("{DEFERRED}: {e}"))
+                    }
+                    Some("lease_expired" | "connection_superseded") => Err(e.to_string()),
+                    _ => {
+                        let why = format!("claim refused, nothing ran: {e}");
+                        let event = Event::ClaimRefused { why };
+                        let moved = core
+                            .advance(&key, Reads::Row, |s| {
+                                s.call
+                                    .as_ref()
+                                    .filter(|c| {
+                                        c.state == LocalState::Claiming && c.operation_key == used
+                                    })
+                                    .map(|_| event.clone())
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        row(moved).map(|c| (c, None))
+                    }
+                };
+            }
+        }
+    };
+    core.crash_point("after_claim_answer")?;
+    let fresh = call.assignment.is_none();
+    let reads = if fresh {
+        Reads::Row
+    } else {
+        Reads::RowAndReceipts
+    };
+    // A first assignment is checked at once, and saved with what the
+    // checks decide (`accepted`, or the refusal's `failed`): one durable
+    // step instead of two. A crash before it leaves the call `claiming`
+    // with its key, and the same claim brings the same assignment back.
+    let then = if fresh && claimed.call_state == CallState::Claimed {
+        Some(
+            match first_checks(core, &call.tool_name, &claimed.assignment).await {
+                Ok(()) => Event::AcceptedSaved,
+                Err((code, message)) => {
+                    tracing::info!(code, "refused before start; nothing ran");
+                    Event::RefusedBeforeStart {
+                        code: code.to_owned(),
+                        message,
+                    }
+                }
+            },
+        )
+    } else {
+        None
+    };
+    let moved = core
+        .advance_then(&key, Some(Some(call.clone())), reads, then, |s| {
+            s.call
+                .as_ref()
+                .filter(|c| c.state == LocalState::Claiming && c.operation_key == used)?;
+            let assignment = claimed.assignment.clone();
+            Some(match claimed.call_state {
+                CallState::Claimed if s.accepted_refused(&assignment.assignment_id) => {
+                    Event::ClaimReturnedRefused { assignment }
+                }
+                CallState::Claimed => Event::ClaimAnswered { assignment },
+                CallState::Pending => Event::ClaimRefused {
+                    why: "the claim came back pending: nothing ran".into(),
+                },
+                st if st.is_terminal() => Event::ClaimFoundEnded {
+                    assignment,
+                    platform: st,
+                },
+                st => Event::ClaimFoundRunning {
+                    assignment,
+                    platform: st,
+                },
+            })
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let (call, receipt) = match moved {
+        Advanced::Moved { call, receipt } => (call, receipt),
+        other => (row(other)?, None),
+    };
+    if call.assignment.is_some() && matches!(call.state, LocalState::Assigned | LocalState::Settled)
+    {
+        core.crash_point("after_assignment_saved")?;
+    }
+    match &receipt {
+        Some(r) if r.kind == ReceiptKind::Accepted => core.crash_point("after_accepted_saved")?,
+        Some(_) => core.crash_point("after_final_saved")?,
+        None => {}
+    }
+    Ok((call, receipt))
+}
+
+/// The checks before anything runs, for a call of `tool_name` (refused if
+/// this executor does not serve the tool).
+pub(super) async fn first_checks(
+    core: &Core,
+    tool_name: &str,
+    asg: &Assignment,
+) -> Result<(), checks::Refusal> {
+    match core.tools.get(tool_name).cloned() {
+        None => Err((
+            "forbidden",
+            "this executor does not serve the tool".to_owned(),
+        )),
+        Some(tool) => checks::before_start(core, tool.as_ref(), asg).await,
+    }
+}

@@ -1,0 +1,47 @@
+//! Progress receipts: stored, then sent.
+
+use super::*;
+
+/// Stores, then sends, a progress receipt (`CallContext::progress`).
+pub(crate) async fn progress(
+    core: &Arc<Core>,
+    key: &CallKey,
+    assignment_id: &str,
+    message: &str,
+    fraction: Option<f64>,
+    data: Value,
+) -> Result<(), ProgressError> {
+    let event = Event::ProgressSaved {
+        progress: json!({"message": message, "fraction": fraction, "data": data}),
+    };
+    let moved = core
+        .advance(key, Reads::Row, |s| {
+            s.call
+                .as_ref()
+                .filter(|c| {
+                    matches!(
+                        c.state,
+                        LocalState::Running | LocalState::ReconciliationRequired
+                    ) && c
+                        .assignment
+                        .as_ref()
+                        .is_some_and(|a| a.assignment_id == assignment_id)
+                })
+                .map(|_| event.clone())
+        })
+        .await
+        .map_err(|e| ProgressError(e.to_string()))?;
+    match moved {
+        Advanced::Moved {
+            receipt: Some(r), ..
+        } => {
+            outbox::deliver_one(core, &r, None).await;
+            Ok(())
+        }
+        Advanced::Moved { .. } => Err(ProgressError("no receipt was written".into())),
+        Advanced::Stayed(now) => Err(ProgressError(format!(
+            "the call is {}, no longer running",
+            now.map_or("gone", |c| c.state.as_str())
+        ))),
+    }
+}

@@ -1,0 +1,302 @@
+//! The run step: the handler under its timeout, and its outcome settled (in the handler's own transaction for a transactional tool).
+
+use super::*;
+
+/// Whether this build re-runs a write tool after a crash: a deliberate
+/// bug, compiled only with `RUSTFLAGS='--cfg toolrunner_planted="rerun"'`,
+/// which the simulation must catch (`docs/simulation.md`).
+const PLANTED_RERUN: bool = cfg!(toolrunner_planted = "rerun");
+
+/// Runs the handler (after `accepted: true`) and saves its outcome.
+pub(super) async fn run(
+    core: &Arc<Core>,
+    call: LocalCall,
+    resumed: bool,
+    cancel: &CancellationToken,
+) -> Result<(LocalCall, Option<OutboxReceipt>), String> {
+    let key = CallKey::of(&call);
+    let asg = assignment(&call)?;
+    let id = asg.assignment_id.clone();
+    let tool = core.tools.get(&call.tool_name).cloned();
+    let unknown = |why: &str| Event::OutcomeUnknown {
+        why: why.to_owned(),
+        evidence: None,
+    };
+    let stop = match &tool {
+        None => Some(unknown(
+            "running call of a tool this executor does not serve",
+        )),
+        // A transactional tool's writes commit with its final receipt: a
+        // `running` row means none of them is stored, so it runs again.
+        Some(t) if resumed && t.effect() == Effect::Write && !PLANTED_RERUN => Some(unknown(
+            "the process stopped after accepted: the outcome is unknown",
+        )),
+        // A transactional tool runs again by the rule of a re-run: after a
+        // live heartbeat (which also brings any cancellation of its run),
+        // with no cancellation seen.
+        Some(t) if resumed && t.effect() == Effect::Transactional => {
+            if super::super::connection::lease_check(core).await.is_err() {
+                return Err("a transactional call to run again waits for a live lease".into());
+            }
+            let cancelled = cancel.is_cancelled() || core.was_cancelled(&key);
+            (cancelled && !super::super::recovery::PLANTED_RESUME)
+                .then_some(Event::TransactionalEnded)
+        }
+        Some(_) => None,
+    };
+    let Some(tool) = tool.filter(|_| stop.is_none()) else {
+        let event = stop.unwrap_or_else(|| unknown("no tool"));
+        let moved = core
+            .advance(&key, Reads::Row, while_in(LocalState::Running, id, event))
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok((row(moved)?, None));
+    };
+    if core.fence.is_cancelled() {
+        return Err(super::super::CRASH.into());
+    }
+    let ctx = super::super::host::context_of(core, &call, asg, cancel.clone());
+    // Dropped before the transaction is ended below (the executor stopped
+    // or was lost): no kept task holds the call's transaction open.
+    let _ends = ctx.ends_with_task();
+    let outcome = attempt_handler(core, tool.as_ref(), &ctx, asg).await;
+    // The transaction the handler opened, if it did: committed below with
+    // a `completed` receipt, rolled back otherwise (before the call's
+    // settlement is stored).
+    let (outcome, transaction) = match ctx.end_transaction().await {
+        Ok(t) => (outcome, t),
+        Err(interrupted) => {
+            interrupted.rollback().await;
+            // Rolled back: the handler's own definite failure stands;
+            // anything else is unknown (a transactional tool's: nothing
+            // was written).
+            let outcome = match outcome {
+                Err(e @ (ToolError::Failed { .. } | ToolError::Cancelled { .. })) => Err(e),
+                _ => Err(ToolError::unknown(
+                    "the call's transaction was interrupted half-way (a dropped or panicking ctx.transaction)",
+                )),
+            };
+            (outcome, None)
+        }
+    };
+    core.crash_point("after_handler")?;
+    let transactional = tool.effect() == Effect::Transactional;
+    let event = outcome_event(asg, outcome, transactional);
+    let completed = matches!(&event, Event::HandlerFinished { outcome } if outcome.kind == ReceiptKind::Completed);
+    let transaction = match transaction {
+        Some(tx) if !completed => {
+            tx.rollback().await;
+            None
+        }
+        tx => tx,
+    };
+    let moved = match transaction {
+        Some(tx) => commit_in(core, &key, asg, tx, event.clone(), transactional).await?,
+        None => core
+            .advance_from(
+                &key,
+                Some(Some(call.clone())),
+                Reads::Row,
+                while_in(LocalState::Running, id, event.clone()),
+            )
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    match moved {
+        Advanced::Moved { call, receipt } => {
+            if receipt.is_some() {
+                core.crash_point("after_final_saved")?;
+            }
+            Ok((call, receipt))
+        }
+        Advanced::Stayed(now) => {
+            // The call moved on while the handler ran (an operator settled
+            // it): keep what the handler said, for the operator.
+            let detail = format!("{event:?}");
+            let _ = crate::lifecycle::note(
+                core.store.as_ref(),
+                (&key.run_id, &key.call_id),
+                "handler outcome after the call moved on",
+                Some(detail),
+            )
+            .await;
+            now.map(|c| (c, None))
+                .ok_or_else(|| "the call left the store".into())
+        }
+    }
+}
+
+/// Saves the call's `completed` (`event`) in the handler's own
+/// transaction, after its business writes, and commits once: both are
+/// stored or neither is. The decision is taken on the row as the
+/// transaction itself reads it, locked until the commit, so a change
+/// committed meanwhile (a progress receipt) cannot make it stale.
+pub(super) async fn commit_in(
+    core: &Arc<Core>,
+    key: &CallKey,
+    asg: &Assignment,
+    tx: StoreTransaction,
+    event: Event,
+    transactional: bool,
+) -> Result<Advanced, String> {
+    let id = asg.assignment_id.clone();
+    // Nothing of the transaction is stored: the call settles as a handler
+    // whose writes were lost (a transactional tool fails; a write tool's
+    // other effects are unknown).
+    let not_written = |e: String| {
+        let why = format!("the call's transaction could not be written: {e}");
+        outcome_event(asg, Err(ToolError::unknown(why)), transactional)
+    };
+    let held = |c: &LocalCall| {
+        c.state == LocalState::Running
+            && c.assignment
+                .as_ref()
+                .is_some_and(|a| a.assignment_id == asg.assignment_id)
+    };
+    let ended = lifecycle::advance_in(
+        core.store.as_ref(),
+        tx,
+        &core.cfg.executor_id,
+        (&key.run_id, &key.call_id),
+        // The call moved on while the handler ran: its writes roll back.
+        |now| now.call.as_ref().is_some_and(held).then_some(event),
+        || core.fence.is_cancelled(),
+    )
+    .await;
+    match ended {
+        InTransaction::Done(advanced) => Ok(advanced),
+        InTransaction::NotWritten(e) => {
+            let event = not_written(e.to_string());
+            core.advance(key, Reads::Row, while_in(LocalState::Running, id, event))
+                .await
+                .map_err(|e| e.to_string())
+        }
+        InTransaction::Refused(e) => Err(e),
+        InTransaction::Halted => Err(super::super::CRASH.into()),
+        // Not stored: the call waits in `running`, and is resumed as after
+        // a crash (a transactional tool runs again).
+        InTransaction::Lost(e) => Err(format!(
+            "the handler's transaction did not commit, so nothing of it is stored: {e}"
+        )),
+    }
+}
+
+/// The lifecycle event for a handler's outcome. A transactional tool's
+/// outcome is never unknown: whatever went wrong rolled its transaction
+/// back, so nothing was written, and the call fails.
+pub(super) fn outcome_event(
+    asg: &Assignment,
+    outcome: Result<Value, ToolError>,
+    transactional: bool,
+) -> Event {
+    match outcome_event_of(asg, outcome) {
+        Event::OutcomeUnknown { why, .. } if transactional => {
+            tracing::warn!(error = %why, "the call's transaction was rolled back: the call fails (transaction_rolled_back)");
+            Event::HandlerFinished {
+                outcome: FinalReceipt::failed(
+                    "transaction_rolled_back",
+                    &format!("{why}; the tool's transaction was rolled back: nothing was written"),
+                ),
+            }
+        }
+        Event::OutcomeUnknown { why, evidence } => {
+            tracing::warn!(error = %why, "the outcome is unknown: reconciliation required");
+            Event::OutcomeUnknown { why, evidence }
+        }
+        event => event,
+    }
+}
+
+pub(super) fn outcome_event_of(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
+    match outcome {
+        Ok(result) => match checks::check_output(asg, &result) {
+            Ok(()) => Event::HandlerFinished {
+                outcome: FinalReceipt {
+                    kind: ReceiptKind::Completed,
+                    extra: json!({ "result": result }),
+                },
+            },
+            Err(why) => Event::OutcomeUnknown {
+                why,
+                evidence: Some(result.to_string()),
+            },
+        },
+        Err(ToolError::Failed { code, message }) => Event::HandlerFinished {
+            outcome: FinalReceipt::failed(&code, &message),
+        },
+        Err(ToolError::Cancelled { reason }) => Event::HandlerFinished {
+            outcome: FinalReceipt {
+                kind: ReceiptKind::Cancelled,
+                extra: json!({ "reason": reason }),
+            },
+        },
+        Err(ToolError::Retry { reason, .. } | ToolError::Unknown { error: reason, .. }) => {
+            Event::OutcomeUnknown {
+                why: reason,
+                evidence: None,
+            }
+        }
+    }
+}
+
+pub(super) async fn attempt_handler(
+    core: &Arc<Core>,
+    tool: &dyn ErasedTool,
+    ctx: &CallContext,
+    asg: &Assignment,
+) -> Result<Value, ToolError> {
+    let mut attempt = 0;
+    let mut current = ctx.clone();
+    loop {
+        // A handler starts only on a live lease: whoever takes the identity
+        // over waits the tool's commit window from its lapse.
+        if let Err(e) = core.lease_live_or_stopped().await {
+            return Err(ToolError::unknown(e));
+        }
+        let result = tokio::time::timeout(
+            core.cfg.handler_timeout,
+            guarded(tool, &current, asg.arguments.clone()),
+        )
+        .await;
+        let result = match result {
+            Ok(r) => r,
+            Err(_) => Err(ToolError::unknown(format!(
+                "the handler timed out after {:?}",
+                core.cfg.handler_timeout
+            ))),
+        };
+        match result {
+            Err(ToolError::Retry { reason, .. }) if attempt + 1 < core.cfg.retry_attempts => {
+                tracing::info!(attempt, %reason, "handler asked to retry; nothing happened");
+                // Its transaction, if it opened one, is rolled back; the
+                // next attempt begins another, and clones kept from this
+                // one reach it no more.
+                if let Ok(Some(tx)) | Err(tx) = current.end_attempt().await {
+                    tx.rollback().await;
+                }
+                current = current.next_attempt();
+                tokio::time::sleep(super::super::pause(core, attempt)).await;
+                attempt += 1;
+            }
+            Err(ToolError::Retry { reason, .. }) => {
+                tracing::warn!(%reason, "retries exhausted");
+                return Err(ToolError::failed(
+                    "retries_exhausted",
+                    format!("the tool could not complete after {} attempts", attempt + 1),
+                ));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Runs the handler so that a panic is an unknown outcome, not a crash.
+pub(super) async fn guarded(
+    tool: &dyn ErasedTool,
+    ctx: &CallContext,
+    arguments: Value,
+) -> Result<Value, ToolError> {
+    super::super::unwind::catch(tool.call(ctx, arguments))
+        .await
+        .unwrap_or_else(|_| Err(ToolError::unknown("the handler panicked")))
+}
