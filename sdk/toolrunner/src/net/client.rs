@@ -115,15 +115,14 @@ impl Client {
     ) -> Result<Client, ClientBuildError> {
         // TLS of this client only (also for http URLs: without it reqwest
         // would look for a process-wide provider).
-        let tls = crate::net::tls::client_config().map_err(ClientBuildError)?;
-        let http = reqwest::Client::builder()
+        let http = crate::net::tls::http_builder(base)
+            .map_err(ClientBuildError)?
             .timeout(timeout)
             .connect_timeout(timeout)
             // A burst of claims opens many connections; past it, a few
             // kept alive serve the steady traffic, and the rest (with
             // their buffers) are closed instead of idling in the pool.
             .pool_max_idle_per_host(IDLE_CONNECTIONS)
-            .tls_backend_preconfigured(tls)
             .build()
             .map_err(|e| ClientBuildError(e.to_string()))?;
         Ok(Client {

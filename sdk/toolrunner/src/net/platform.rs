@@ -178,18 +178,10 @@ impl Platform {
     /// # Errors
     /// The HTTP client cannot be built.
     pub fn new(base_url: &str, token: &str) -> Result<Platform> {
-        let tls = crate::net::tls::client_config().map_err(|e| Error::new(Kind::Builder, e))?;
-        let mut builder = reqwest::Client::builder()
+        let builder = crate::net::tls::http_builder(base_url)
+            .map_err(|e| Error::new(Kind::Builder, e))?
             .timeout(Duration::from_secs(30))
-            .retry(reqwest::retry::never())
-            .tls_backend_preconfigured(tls);
-        let host = base_url
-            .split_once("://")
-            .map_or("", |(_, rest)| rest.split(['/', ':']).next().unwrap_or(""));
-        if crate::net::tls::is_loopback(host) {
-            // No proxy ever stands between a process and its own machine.
-            builder = builder.no_proxy();
-        }
+            .retry(reqwest::retry::never());
         let http = builder
             .build()
             .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?;

@@ -26,3 +26,19 @@ pub(crate) fn is_loopback(host: &str) -> bool {
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
 }
+
+/// The start of every HTTP client of the SDK (the executor's and
+/// [`Platform`](crate::platform::Platform)): TLS of its own, and no proxy
+/// between a process and its own machine when `base_url` is on it. Each
+/// client adds its timeouts.
+pub(crate) fn http_builder(base_url: &str) -> Result<reqwest::ClientBuilder, String> {
+    let builder = reqwest::Client::builder().tls_backend_preconfigured(client_config()?);
+    let host = base_url
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.split(['/', ':']).next().unwrap_or(""));
+    Ok(if is_loopback(host) {
+        builder.no_proxy()
+    } else {
+        builder
+    })
+}
