@@ -660,7 +660,7 @@ pub(crate) fn plan_with(
         ));
     }
     let now = given.now;
-    let mut call = match current {
+    let call = match current {
         Some(c) => c.clone(),
         None => LocalCall::new(
             key.0.to_owned(),
@@ -671,301 +671,19 @@ pub(crate) fn plan_with(
         ),
     };
     let from_state = current.map(|c| c.state);
-    let mut changes = Vec::new();
-    let mut receipt = None;
-    let mut note: Option<(String, Option<String>)> = None;
-    match event {
-        Event::Discovered {
-            tool_name,
-            operation_key,
-        } => {
-            call.tool_name = tool_name;
-            call.operation_key = operation_key;
-            call.reason = None;
-            changes.push(attempt(&call, given, None));
-        }
-        Event::Retried {
-            tool_name,
-            operation_key,
-        } => {
-            call.tool_name = tool_name;
-            call.operation_key = operation_key;
-            call.assignment = None;
-            call.next_sequence = 0;
-            call.report = None;
-            call.reason = Some("the call is pending again: a new attempt".into());
-            changes.push(attempt(&call, given, None));
-        }
-        Event::ClaimRefused { why } => call.reason = Some(why),
-        Event::ClaimAnswered { assignment } => {
-            let replaced = call
-                .assignment
-                .as_ref()
-                .is_none_or(|a| a.assignment_id != assignment.assignment_id);
-            if replaced {
-                // A fresh assignment replaces a released one: the old
-                // one's unsent receipts are never sent.
-                changes.push(Change::SettlePending {
-                    run_id: call.run_id.clone(),
-                    call_id: call.call_id.clone(),
-                    keep: Some(assignment.assignment_id.clone()),
-                    only_kind: None,
-                    status: ReceiptStatus::Superseded,
-                    error: "assignment replaced".into(),
-                });
-                call.next_sequence = 0;
-                changes.push(attempt(&call, given, Some(&assignment)));
-            }
-            call.assignment = Some(assignment);
-            call.reason = None;
-        }
-        Event::ClaimFoundRunning {
-            assignment,
-            platform,
-        } => {
-            if call
-                .assignment
-                .as_ref()
-                .is_none_or(|a| a.assignment_id != assignment.assignment_id)
-            {
-                changes.push(attempt(&call, given, Some(&assignment)));
-            }
-            call.assignment = Some(assignment);
-            // The platform holds an `accepted` at sequence 0.
-            call.next_sequence = call.next_sequence.max(1);
-            call.reason = Some(format!(
-                "the claim came back {} but this store never saw it accepted",
-                platform.as_str()
-            ));
-            call.report =
-                (platform == CallState::Running).then_some(PendingReport::ReconciliationRequired);
-        }
-        Event::ClaimFoundEnded {
-            assignment,
-            platform,
-        } => {
-            call.reason = Some(format!(
-                "the claim came back {}; nothing ran here",
-                platform.as_str()
-            ));
-            call.assignment = Some(assignment);
-        }
-        Event::ClaimReturnedRefused { assignment } => {
-            call.reason = Some(
-                "the platform kept an assignment whose accepted it refused: given back".into(),
-            );
-            call.assignment = Some(assignment);
-            call.report = Some(PendingReport::Released);
-        }
-        Event::RefusedBeforeStart { code, message } => {
-            if call.next_sequence != 0 {
-                return Err(refuse("assigned with `accepted` already saved"));
-            }
-            call.reason = Some(format!("refused before start ({code}): {message}"));
-            let r = receipt_for(
-                given,
-                &call,
-                ReceiptKind::Failed,
-                json!({"error": {"code": code, "message": message}}),
-            )?;
-            call.next_sequence += 1;
-            receipt = Some(r);
-        }
-        Event::AcceptedSaved => {
-            if call.next_sequence != 0 {
-                return Err(refuse("assigned with `accepted` already saved"));
-            }
-            let r = receipt_for(given, &call, ReceiptKind::Accepted, json!({}))?;
-            call.next_sequence = 1;
-            receipt = Some(r);
-        }
-        Event::AcceptConfirmed { receipt_id } => {
-            changes.push(mark(&receipt_id, ReceiptStatus::Delivered, None, true));
-            call.reason = None;
-        }
-        Event::AcceptRefusedPending { receipt_id, why }
-        | Event::AcceptRefused { receipt_id, why } => {
-            changes.push(mark(
-                &receipt_id,
-                ReceiptStatus::Rejected,
-                Some(why.clone()),
-                true,
-            ));
-            call.reason = Some(why);
-        }
-        Event::ClaimLapsed => {
-            call.reason = Some("the claim may have lapsed while the executor was away".into());
-        }
-        Event::ProgressSaved { progress } => {
-            let r = receipt_for(
-                given,
-                &call,
-                ReceiptKind::Progress,
-                json!({ "progress": progress }),
-            )?;
-            call.next_sequence += 1;
-            receipt = Some(r);
-        }
-        Event::HandlerFinished { outcome } => {
-            let r = receipt_for(given, &call, outcome.kind, outcome.extra)?;
-            call.next_sequence += 1;
-            call.report = None;
-            call.reason = Some(format!("the handler returned {}", outcome.kind.as_str()));
-            receipt = Some(r);
-        }
-        Event::OutcomeUnknown { why, evidence } => {
-            call.report = Some(PendingReport::ReconciliationRequired);
-            call.reason = Some(why.clone());
-            if let Some(evidence) = evidence {
-                note = Some((
-                    "evidence kept".into(),
-                    Some(clip(format!("{why}; the output was: {evidence}"))),
-                ));
-            }
-        }
-        Event::Delivered { receipt_id } => {
-            changes.push(mark(&receipt_id, ReceiptStatus::Delivered, None, true));
-            call.report = None;
-        }
-        Event::DeliveryDeferred => {
-            if call.report.is_none() {
-                call.report = Some(PendingReport::PendingDelivery);
-            }
-        }
-        Event::FinalRefusedNothingRan { receipt_id, error }
-        | Event::FinalRejected { receipt_id, error } => {
-            changes.push(mark(
-                &receipt_id,
-                ReceiptStatus::Rejected,
-                Some(error.clone()),
-                true,
-            ));
-            call.report = None;
-            call.reason = Some(error);
-        }
-        Event::FinalOrphaned { receipt_id, error } => {
-            changes.push(mark(
-                &receipt_id,
-                ReceiptStatus::Orphaned,
-                Some(error.clone()),
-                true,
-            ));
-            call.report = None;
-            call.reason = Some(error);
-        }
-        Event::FinalRefused { receipt_id, error } => {
-            changes.push(mark(
-                &receipt_id,
-                ReceiptStatus::Rejected,
-                Some(error.clone()),
-                true,
-            ));
-            call.report = Some(PendingReport::ReconciliationRequired);
-            call.reason = Some(error);
-        }
-        Event::Reported { outcome } => {
-            call.report = None;
-            note = Some(("reported".into(), Some(outcome)));
-        }
-        Event::UnknownToPlatform { why } => {
-            call.report = None;
-            call.reason = Some(why.clone());
-            if from_state == Some(ReconciliationRequired) {
-                note = Some((OUTCOME_UNKNOWN_NOTE.into(), Some(why.clone())));
-            }
-            changes.push(Change::SettlePending {
-                run_id: call.run_id.clone(),
-                call_id: call.call_id.clone(),
-                keep: None,
-                only_kind: None,
-                status: ReceiptStatus::Orphaned,
-                error: why,
-            });
-        }
-        Event::GiveBack => {
-            call.report = Some(PendingReport::Released);
-            note = Some((
-                "give back".into(),
-                Some("the platform still holds the claim".into()),
-            ));
-        }
-        Event::OutstandingClaimed => {
-            call.reason =
-                Some("claimed by this executor id but unknown to its store: released".into());
-            call.report = Some(PendingReport::Released);
-        }
-        Event::OutstandingRunning => {
-            call.reason = Some("unknown_to_executor".into());
-            call.report = Some(PendingReport::ReconciliationRequired);
-        }
-        Event::OutstandingReconciling => {
-            call.reason = Some("unknown_to_executor".into());
-        }
-        Event::HookHappened { result } => {
-            let r = receipt_for(
-                given,
-                &call,
-                ReceiptKind::Completed,
-                json!({"result": result}),
-            )?;
-            call.next_sequence += 1;
-            call.report = None;
-            call.reason = Some("automatic check: the operation happened".into());
-            receipt = Some(r);
-        }
-        Event::HookDidNotHappen => {
-            let f = FinalReceipt::failed("not_performed", "the operation was not performed");
-            let r = receipt_for(given, &call, f.kind, f.extra)?;
-            call.next_sequence += 1;
-            call.report = None;
-            call.reason = Some("automatic check: the operation did not happen".into());
-            receipt = Some(r);
-        }
-        Event::HookRerun => {
-            if snapshot.accepted_confirmed() != Some(true) {
-                return Err(refuse(
-                    "reconciliation_required without a confirmed `accepted`",
-                ));
-            }
-            call.report = None;
-            call.reason =
-                Some("automatic check: the operation did not happen; running it again".into());
-        }
-        Event::TransactionalEnded => {
-            call.report = None;
-            call.reason = Some(
-                "the platform ended the call while its transactional handler was not running: none of its writes was committed".into(),
-            );
-        }
-        Event::HookRunCancelled => {
-            call.report = None;
-            call.reason = Some(
-                "automatic check: the operation did not happen, and the run was cancelled".into(),
-            );
-        }
-        Event::OperatorResolved {
-            outcome,
-            reason,
-            evidence,
-        } => {
-            let r = receipt_for(given, &call, outcome.kind, outcome.extra)?;
-            call.next_sequence += 1;
-            call.report = None;
-            call.reason = Some(reason);
-            note = Some(("resolved by operator".into(), Some(evidence)));
-            receipt = Some(r);
-        }
-        Event::OperatorCompensated { reason, evidence } => {
-            call.reason = Some(reason);
-            note = Some(("compensated".into(), Some(evidence)));
-        }
-        Event::OperatorClosed { reason, evidence } => {
-            // Only the unknown-outcome ones: the `Reconciler` reads the
-            // timeline first.
-            call.reason = Some(reason);
-            note = Some((OPERATOR_CLOSED_NOTE.into(), Some(evidence)));
-        }
-    }
+    let mut draft = Draft {
+        call,
+        changes: Vec::new(),
+        receipt: None,
+        note: None,
+    };
+    apply_event(&mut draft, event, snapshot, from_state, given)?;
+    let Draft {
+        mut call,
+        mut changes,
+        receipt,
+        note,
+    } = draft;
     // The state comes from the table, and from nowhere else.
     if let To::State(s) = rule.to {
         call.state = s;
@@ -1018,6 +736,324 @@ pub(crate) fn plan_with(
         changes: all,
         receipt,
     })
+}
+
+/// What a transition writes, as its event fills it in ([`apply_event`]).
+struct Draft {
+    call: LocalCall,
+    changes: Vec<Change>,
+    receipt: Option<OutboxReceipt>,
+    note: Option<(String, Option<String>)>,
+}
+
+/// The event's own part of a plan: what it sets on the row and what it
+/// writes with it (the state itself comes from the table, in
+/// [`plan_with`]).
+fn apply_event(
+    d: &mut Draft,
+    event: Event,
+    snapshot: &Snapshot,
+    from_state: Option<LocalState>,
+    given: &Given<'_>,
+) -> Result<(), NotAllowed> {
+    let name = event.name();
+    let refuse = |from: &'static str| NotAllowed { event: name, from };
+    match event {
+        Event::Discovered {
+            tool_name,
+            operation_key,
+        } => {
+            d.call.tool_name = tool_name;
+            d.call.operation_key = operation_key;
+            d.call.reason = None;
+            d.changes.push(attempt(&d.call, given, None));
+        }
+        Event::Retried {
+            tool_name,
+            operation_key,
+        } => {
+            d.call.tool_name = tool_name;
+            d.call.operation_key = operation_key;
+            d.call.assignment = None;
+            d.call.next_sequence = 0;
+            d.call.report = None;
+            d.call.reason = Some("the d.call is pending again: a new attempt".into());
+            d.changes.push(attempt(&d.call, given, None));
+        }
+        Event::ClaimRefused { why } => d.call.reason = Some(why),
+        Event::ClaimAnswered { assignment } => {
+            let replaced = d
+                .call
+                .assignment
+                .as_ref()
+                .is_none_or(|a| a.assignment_id != assignment.assignment_id);
+            if replaced {
+                // A fresh assignment replaces a released one: the old
+                // one's unsent receipts are never sent.
+                d.changes.push(Change::SettlePending {
+                    run_id: d.call.run_id.clone(),
+                    call_id: d.call.call_id.clone(),
+                    keep: Some(assignment.assignment_id.clone()),
+                    only_kind: None,
+                    status: ReceiptStatus::Superseded,
+                    error: "assignment replaced".into(),
+                });
+                d.call.next_sequence = 0;
+                d.changes.push(attempt(&d.call, given, Some(&assignment)));
+            }
+            d.call.assignment = Some(assignment);
+            d.call.reason = None;
+        }
+        Event::ClaimFoundRunning {
+            assignment,
+            platform,
+        } => {
+            if d.call
+                .assignment
+                .as_ref()
+                .is_none_or(|a| a.assignment_id != assignment.assignment_id)
+            {
+                d.changes.push(attempt(&d.call, given, Some(&assignment)));
+            }
+            d.call.assignment = Some(assignment);
+            // The platform holds an `accepted` at sequence 0.
+            d.call.next_sequence = d.call.next_sequence.max(1);
+            d.call.reason = Some(format!(
+                "the claim came back {} but this store never saw it accepted",
+                platform.as_str()
+            ));
+            d.call.report =
+                (platform == CallState::Running).then_some(PendingReport::ReconciliationRequired);
+        }
+        Event::ClaimFoundEnded {
+            assignment,
+            platform,
+        } => {
+            d.call.reason = Some(format!(
+                "the claim came back {}; nothing ran here",
+                platform.as_str()
+            ));
+            d.call.assignment = Some(assignment);
+        }
+        Event::ClaimReturnedRefused { assignment } => {
+            d.call.reason = Some(
+                "the platform kept an assignment whose accepted it refused: given back".into(),
+            );
+            d.call.assignment = Some(assignment);
+            d.call.report = Some(PendingReport::Released);
+        }
+        Event::RefusedBeforeStart { code, message } => {
+            if d.call.next_sequence != 0 {
+                return Err(refuse("assigned with `accepted` already saved"));
+            }
+            d.call.reason = Some(format!("refused before start ({code}): {message}"));
+            let r = receipt_for(
+                given,
+                &d.call,
+                ReceiptKind::Failed,
+                json!({"error": {"code": code, "message": message}}),
+            )?;
+            d.call.next_sequence += 1;
+            d.receipt = Some(r);
+        }
+        Event::AcceptedSaved => {
+            if d.call.next_sequence != 0 {
+                return Err(refuse("assigned with `accepted` already saved"));
+            }
+            let r = receipt_for(given, &d.call, ReceiptKind::Accepted, json!({}))?;
+            d.call.next_sequence = 1;
+            d.receipt = Some(r);
+        }
+        Event::AcceptConfirmed { receipt_id } => {
+            d.changes
+                .push(mark(&receipt_id, ReceiptStatus::Delivered, None, true));
+            d.call.reason = None;
+        }
+        Event::AcceptRefusedPending { receipt_id, why }
+        | Event::AcceptRefused { receipt_id, why } => {
+            d.changes.push(mark(
+                &receipt_id,
+                ReceiptStatus::Rejected,
+                Some(why.clone()),
+                true,
+            ));
+            d.call.reason = Some(why);
+        }
+        Event::ClaimLapsed => {
+            d.call.reason = Some("the claim may have lapsed while the executor was away".into());
+        }
+        Event::ProgressSaved { progress } => {
+            let r = receipt_for(
+                given,
+                &d.call,
+                ReceiptKind::Progress,
+                json!({ "progress": progress }),
+            )?;
+            d.call.next_sequence += 1;
+            d.receipt = Some(r);
+        }
+        Event::HandlerFinished { outcome } => {
+            let r = receipt_for(given, &d.call, outcome.kind, outcome.extra)?;
+            d.call.next_sequence += 1;
+            d.call.report = None;
+            d.call.reason = Some(format!("the handler returned {}", outcome.kind.as_str()));
+            d.receipt = Some(r);
+        }
+        Event::OutcomeUnknown { why, evidence } => {
+            d.call.report = Some(PendingReport::ReconciliationRequired);
+            d.call.reason = Some(why.clone());
+            if let Some(evidence) = evidence {
+                d.note = Some((
+                    "evidence kept".into(),
+                    Some(clip(format!("{why}; the output was: {evidence}"))),
+                ));
+            }
+        }
+        Event::Delivered { receipt_id } => {
+            d.changes
+                .push(mark(&receipt_id, ReceiptStatus::Delivered, None, true));
+            d.call.report = None;
+        }
+        Event::DeliveryDeferred => {
+            if d.call.report.is_none() {
+                d.call.report = Some(PendingReport::PendingDelivery);
+            }
+        }
+        Event::FinalRefusedNothingRan { receipt_id, error }
+        | Event::FinalRejected { receipt_id, error } => {
+            d.changes.push(mark(
+                &receipt_id,
+                ReceiptStatus::Rejected,
+                Some(error.clone()),
+                true,
+            ));
+            d.call.report = None;
+            d.call.reason = Some(error);
+        }
+        Event::FinalOrphaned { receipt_id, error } => {
+            d.changes.push(mark(
+                &receipt_id,
+                ReceiptStatus::Orphaned,
+                Some(error.clone()),
+                true,
+            ));
+            d.call.report = None;
+            d.call.reason = Some(error);
+        }
+        Event::FinalRefused { receipt_id, error } => {
+            d.changes.push(mark(
+                &receipt_id,
+                ReceiptStatus::Rejected,
+                Some(error.clone()),
+                true,
+            ));
+            d.call.report = Some(PendingReport::ReconciliationRequired);
+            d.call.reason = Some(error);
+        }
+        Event::Reported { outcome } => {
+            d.call.report = None;
+            d.note = Some(("reported".into(), Some(outcome)));
+        }
+        Event::UnknownToPlatform { why } => {
+            d.call.report = None;
+            d.call.reason = Some(why.clone());
+            if from_state == Some(ReconciliationRequired) {
+                d.note = Some((OUTCOME_UNKNOWN_NOTE.into(), Some(why.clone())));
+            }
+            d.changes.push(Change::SettlePending {
+                run_id: d.call.run_id.clone(),
+                call_id: d.call.call_id.clone(),
+                keep: None,
+                only_kind: None,
+                status: ReceiptStatus::Orphaned,
+                error: why,
+            });
+        }
+        Event::GiveBack => {
+            d.call.report = Some(PendingReport::Released);
+            d.note = Some((
+                "give back".into(),
+                Some("the platform still holds the claim".into()),
+            ));
+        }
+        Event::OutstandingClaimed => {
+            d.call.reason =
+                Some("claimed by this executor id but unknown to its store: released".into());
+            d.call.report = Some(PendingReport::Released);
+        }
+        Event::OutstandingRunning => {
+            d.call.reason = Some("unknown_to_executor".into());
+            d.call.report = Some(PendingReport::ReconciliationRequired);
+        }
+        Event::OutstandingReconciling => {
+            d.call.reason = Some("unknown_to_executor".into());
+        }
+        Event::HookHappened { result } => {
+            let r = receipt_for(
+                given,
+                &d.call,
+                ReceiptKind::Completed,
+                json!({"result": result}),
+            )?;
+            d.call.next_sequence += 1;
+            d.call.report = None;
+            d.call.reason = Some("automatic check: the operation happened".into());
+            d.receipt = Some(r);
+        }
+        Event::HookDidNotHappen => {
+            let f = FinalReceipt::failed("not_performed", "the operation was not performed");
+            let r = receipt_for(given, &d.call, f.kind, f.extra)?;
+            d.call.next_sequence += 1;
+            d.call.report = None;
+            d.call.reason = Some("automatic check: the operation did not happen".into());
+            d.receipt = Some(r);
+        }
+        Event::HookRerun => {
+            if snapshot.accepted_confirmed() != Some(true) {
+                return Err(refuse(
+                    "reconciliation_required without a confirmed `accepted`",
+                ));
+            }
+            d.call.report = None;
+            d.call.reason =
+                Some("automatic check: the operation did not happen; running it again".into());
+        }
+        Event::TransactionalEnded => {
+            d.call.report = None;
+            d.call.reason = Some(
+                "the platform ended the d.call while its transactional handler was not running: none of its writes was committed".into(),
+            );
+        }
+        Event::HookRunCancelled => {
+            d.call.report = None;
+            d.call.reason = Some(
+                "automatic check: the operation did not happen, and the run was cancelled".into(),
+            );
+        }
+        Event::OperatorResolved {
+            outcome,
+            reason,
+            evidence,
+        } => {
+            let r = receipt_for(given, &d.call, outcome.kind, outcome.extra)?;
+            d.call.next_sequence += 1;
+            d.call.report = None;
+            d.call.reason = Some(reason);
+            d.note = Some(("resolved by operator".into(), Some(evidence)));
+            d.receipt = Some(r);
+        }
+        Event::OperatorCompensated { reason, evidence } => {
+            d.call.reason = Some(reason);
+            d.note = Some(("compensated".into(), Some(evidence)));
+        }
+        Event::OperatorClosed { reason, evidence } => {
+            // Only the unknown-outcome ones: the `Reconciler` reads the
+            // timeline first.
+            d.call.reason = Some(reason);
+            d.note = Some((OPERATOR_CLOSED_NOTE.into(), Some(evidence)));
+        }
+    }
+    Ok(())
 }
 
 /// How [`advance`] ended.
