@@ -1,4 +1,5 @@
-//! The bare protocol loop: the requests the executor makes for one call, and nothing else.
+//! The bare protocol loop: the requests the executor makes for one call,
+//! and nothing else.
 
 use super::*;
 

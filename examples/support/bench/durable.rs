@@ -1,4 +1,5 @@
-//! The durable side's store: a SQLite file or a PostgreSQL schema, and what its writer did.
+//! The durable side's store: a SQLite file or a PostgreSQL schema, and what
+//! its writer did.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! The claim step: the operation key saved, the claim sent, its answer recorded with the first checks.
+//! The claim step: the operation key saved, the claim sent, its answer
+//! recorded with the first checks.
 
 use super::*;
 

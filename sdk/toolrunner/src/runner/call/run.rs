@@ -1,4 +1,5 @@
-//! The run step: the handler under its timeout, and its outcome settled (in the handler's own transaction for a transactional tool).
+//! The run step: the handler under its timeout, and its outcome settled (in
+//! the handler's own transaction for a transactional tool).
 
 use super::*;
 
