@@ -29,6 +29,7 @@ mod columns;
 mod postgres;
 mod rows;
 mod sqlite;
+mod sqlx_conn;
 mod transaction;
 pub(crate) mod write;
 

@@ -18,7 +18,6 @@ use super::{
 };
 
 use super::rows::{call_row, receipt_row};
-pub(crate) mod changes;
 mod lease;
 mod writer;
 
@@ -527,7 +526,7 @@ impl PgStore {
         }
         let mut notes = Vec::new();
         let mut pruned = 0;
-        let mut conn = changes::Pg(&mut tx);
+        let mut conn = super::sqlx_conn::Pg(&mut tx);
         for change in changes {
             pruned += write::apply(&mut conn, change, &mut notes).await?;
         }

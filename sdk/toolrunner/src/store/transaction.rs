@@ -3,7 +3,7 @@
 //! ([`CallContext::transaction`](crate::CallContext::transaction)): the
 //! executor adds the final receipt to it and commits once, so the
 //! business rows and the receipt are both stored or both absent.
-use super::write::{self, Conn, Param, SqlFailure};
+use super::write::{self, Conn};
 use super::{Change, LocalCall, StoreError};
 
 /// An open transaction of the store's database (see
@@ -123,14 +123,14 @@ impl StoreTransaction {
         let changes = &*super::columns::storable_changes(changes);
         match self.inner {
             Inner::Sqlite(mut tx) => {
-                apply_all(&mut SqliteTx(&mut tx), changes)
+                apply_all(&mut super::sqlx_conn::SqliteTx(&mut tx), changes)
                     .await
                     .map_err(TxError::NotWritten)?;
                 tx.commit().await.map_err(|e| TxError::Unknown(e.into()))?;
             }
             #[cfg(feature = "postgres")]
             Inner::Postgres(mut tx) => {
-                apply_all(&mut super::postgres::changes::Pg(&mut tx), changes)
+                apply_all(&mut super::sqlx_conn::Pg(&mut tx), changes)
                     .await
                     .map_err(TxError::NotWritten)?;
                 tx.commit().await.map_err(|e| TxError::Unknown(e.into()))?;
@@ -155,68 +155,6 @@ impl std::fmt::Display for TxError {
             TxError::NotWritten(e) => write!(f, "not written: {e}"),
             TxError::Unknown(e) => write!(f, "the commit failed: {e}"),
         }
-    }
-}
-
-/// A handler's transaction on SQLite (sqlx), running the store's
-/// statements ([`crate::store::write`]).
-struct SqliteTx<'c>(&'c mut sqlx::SqliteConnection);
-
-/// A constraint the schema enforces failed: a row that must never exist.
-fn failure(e: sqlx::Error) -> SqlFailure {
-    use sqlx::error::ErrorKind;
-    if let sqlx::Error::Database(d) = &e
-        && matches!(
-            d.kind(),
-            ErrorKind::UniqueViolation
-                | ErrorKind::ForeignKeyViolation
-                | ErrorKind::NotNullViolation
-                | ErrorKind::CheckViolation
-        )
-    {
-        return SqlFailure::Constraint(d.message().to_owned());
-    }
-    SqlFailure::Other(e.into())
-}
-
-fn query<'q>(
-    sql: &'q str,
-    params: &'q [Param],
-) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for p in params {
-        q = match p {
-            Param::Text(s) => q.bind(s.as_deref()),
-            Param::Int(n) => q.bind(*n),
-        };
-    }
-    q
-}
-
-impl Conn for SqliteTx<'_> {
-    const LOCK_ROWS: &'static str = "";
-
-    async fn execute(&mut self, sql: &str, params: &[Param]) -> Result<u64, SqlFailure> {
-        query(sql, params)
-            .execute(&mut *self.0)
-            .await
-            .map(|done| done.rows_affected())
-            .map_err(failure)
-    }
-
-    async fn rows(&mut self, sql: &str, params: &[Param]) -> Result<Vec<Vec<String>>, SqlFailure> {
-        use sqlx::Row;
-        let rows = query(sql, params)
-            .fetch_all(&mut *self.0)
-            .await
-            .map_err(failure)?;
-        rows.iter()
-            .map(|row| {
-                (0..row.len())
-                    .map(|i| row.try_get::<String, _>(i).map_err(failure))
-                    .collect()
-            })
-            .collect()
     }
 }
 

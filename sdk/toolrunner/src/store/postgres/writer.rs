@@ -141,7 +141,7 @@ async fn in_one(pool: &PgPool, group: &[Job]) -> Result<Vec<Result<u64, StoreErr
     for job in group {
         let mut savepoint = tx.begin().await.map_err(before)?;
         let mark = notes.len();
-        let mut conn = super::changes::Pg(&mut savepoint);
+        let mut conn = crate::store::sqlx_conn::Pg(&mut savepoint);
         let mut outcome = Ok(0);
         for change in &job.changes {
             match write::apply(&mut conn, change, &mut notes).await {
@@ -167,7 +167,7 @@ async fn in_one(pool: &PgPool, group: &[Job]) -> Result<Vec<Result<u64, StoreErr
             }
         }
     }
-    write::write_notes(&mut super::changes::Pg(&mut tx), notes)
+    write::write_notes(&mut crate::store::sqlx_conn::Pg(&mut tx), notes)
         .await
         .map_err(GroupError::Before)?;
     if let Err(e) = tx.commit().await {
@@ -201,7 +201,7 @@ async fn once(pool: &PgPool, job: &Job) -> Result<u64, StoreError> {
     }
     let mut notes = Vec::new();
     let mut pruned = 0;
-    let mut conn = super::changes::Pg(&mut tx);
+    let mut conn = crate::store::sqlx_conn::Pg(&mut tx);
     for change in &job.changes {
         pruned += write::apply(&mut conn, change, &mut notes).await?;
     }
