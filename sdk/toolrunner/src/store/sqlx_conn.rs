@@ -32,7 +32,7 @@ macro_rules! sqlx_conn {
         impl $name<'_> {
             fn query<'q>(
                 sql: &'q str,
-                params: &'q [Param],
+                params: &'q [Param<'q>],
             ) -> sqlx::query::Query<'q, $db, $args> {
                 let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for p in params {
@@ -48,7 +48,7 @@ macro_rules! sqlx_conn {
         impl crate::store::write::Conn for $name<'_> {
             const LOCK_ROWS: &'static str = $lock;
 
-            async fn execute(&mut self, sql: &str, params: &[Param]) -> Result<u64, SqlFailure> {
+            async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SqlFailure> {
                 Self::query(sql, params)
                     .execute(&mut *self.0)
                     .await
@@ -59,7 +59,7 @@ macro_rules! sqlx_conn {
             async fn rows(
                 &mut self,
                 sql: &str,
-                params: &[Param],
+                params: &[Param<'_>],
             ) -> Result<Vec<Vec<String>>, SqlFailure> {
                 use sqlx::Row;
                 let rows = Self::query(sql, params)

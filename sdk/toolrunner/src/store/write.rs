@@ -4,58 +4,60 @@
 //! each through the small [`Conn`] adapter that binds parameters and says
 //! which failures are a constraint the schema enforces. Parameters are
 //! written `$1`…`$n` (SQLite reads them by name, PostgreSQL by position).
+use std::borrow::Cow;
 use std::future::Future;
 
 use super::columns::{assignment_json, report_str, seq};
 use super::{Change, LocalCall, ReceiptStatus, StoreError, Timestamp, now_rfc3339, rfc3339};
 
-/// A value bound to a statement.
+/// A value bound to a statement; text is borrowed from the change where it
+/// can be (a receipt's body is not copied to be written).
 #[derive(Debug, Clone)]
-pub(crate) enum Param {
+pub(crate) enum Param<'a> {
     /// Text, or `NULL`.
-    Text(Option<String>),
+    Text(Option<Cow<'a, str>>),
     /// An integer.
     Int(i64),
 }
 
-impl From<&str> for Param {
-    fn from(s: &str) -> Param {
-        Param::Text(Some(s.to_owned()))
+impl<'a> From<&'a str> for Param<'a> {
+    fn from(s: &'a str) -> Param<'a> {
+        Param::Text(Some(Cow::Borrowed(s)))
     }
 }
 
-impl From<&String> for Param {
-    fn from(s: &String) -> Param {
-        Param::Text(Some(s.clone()))
+impl<'a> From<&'a String> for Param<'a> {
+    fn from(s: &'a String) -> Param<'a> {
+        Param::Text(Some(Cow::Borrowed(s)))
     }
 }
 
-impl From<String> for Param {
-    fn from(s: String) -> Param {
-        Param::Text(Some(s))
+impl From<String> for Param<'_> {
+    fn from(s: String) -> Self {
+        Param::Text(Some(Cow::Owned(s)))
     }
 }
 
-impl From<Option<String>> for Param {
-    fn from(s: Option<String>) -> Param {
-        Param::Text(s)
+impl From<Option<String>> for Param<'_> {
+    fn from(s: Option<String>) -> Self {
+        Param::Text(s.map(Cow::Owned))
     }
 }
 
-impl From<&Option<String>> for Param {
-    fn from(s: &Option<String>) -> Param {
-        Param::Text(s.clone())
+impl<'a> From<&'a Option<String>> for Param<'a> {
+    fn from(s: &'a Option<String>) -> Param<'a> {
+        Param::Text(s.as_deref().map(Cow::Borrowed))
     }
 }
 
-impl From<Option<&str>> for Param {
-    fn from(s: Option<&str>) -> Param {
-        Param::Text(s.map(str::to_owned))
+impl<'a> From<Option<&'a str>> for Param<'a> {
+    fn from(s: Option<&'a str>) -> Param<'a> {
+        Param::Text(s.map(Cow::Borrowed))
     }
 }
 
-impl From<i64> for Param {
-    fn from(n: i64) -> Param {
+impl From<i64> for Param<'_> {
+    fn from(n: i64) -> Self {
         Param::Int(n)
     }
 }
@@ -81,14 +83,14 @@ pub(crate) trait Conn {
     fn execute(
         &mut self,
         sql: &str,
-        params: &[Param],
+        params: &[Param<'_>],
     ) -> impl Future<Output = Result<u64, SqlFailure>> + Send;
 
     /// Runs a statement that returns rows of text columns.
     fn rows(
         &mut self,
         sql: &str,
-        params: &[Param],
+        params: &[Param<'_>],
     ) -> impl Future<Output = Result<Vec<Vec<String>>, SqlFailure>> + Send;
 }
 

@@ -35,14 +35,55 @@ fn failure(e: rusqlite::Error) -> SqlFailure {
     SqlFailure::Other(db(e))
 }
 
-impl ToSql for Param {
+impl ToSql for Param<'_> {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
         Ok(match self {
-            Param::Text(Some(s)) => ToSqlOutput::from(s.as_str()),
+            Param::Text(Some(s)) => ToSqlOutput::from(s.as_ref()),
             Param::Text(None) => ToSqlOutput::Owned(Value::Null),
             Param::Int(n) => ToSqlOutput::from(*n),
         })
     }
+}
+
+/// Where SQLite put each `$n` of `sql` (`$1` first): it numbers named
+/// parameters in the order they first appear. Worked out once per
+/// statement text and kept.
+fn indexes_of(sql: &str) -> std::rc::Rc<Vec<Option<usize>>> {
+    thread_local! {
+        static KNOWN: std::cell::RefCell<std::collections::HashMap<String, std::rc::Rc<Vec<Option<usize>>>>> =
+            std::cell::RefCell::default();
+    }
+    KNOWN.with(|known| {
+        if let Some(found) = known.borrow().get(sql) {
+            return found.clone();
+        }
+        let mut seen: Vec<usize> = Vec::new();
+        let bytes = sql.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'$' {
+                let digits = bytes[i + 1..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .count();
+                if let Ok(n) = sql[i + 1..i + 1 + digits].parse::<usize>()
+                    && !seen.contains(&n)
+                {
+                    seen.push(n);
+                }
+                i += 1 + digits;
+            } else {
+                i += 1;
+            }
+        }
+        let most = seen.iter().copied().max().unwrap_or(0);
+        let indexes: Vec<Option<usize>> = (1..=most)
+            .map(|n| seen.iter().position(|m| *m == n).map(|p| p + 1))
+            .collect();
+        let indexes = std::rc::Rc::new(indexes);
+        known.borrow_mut().insert(sql.to_owned(), indexes.clone());
+        indexes
+    })
 }
 
 /// The writer's connection inside its transaction.
@@ -53,24 +94,25 @@ impl Writer<'_> {
     fn prepared(
         &self,
         sql: &str,
-        params: &[Param],
+        params: &[Param<'_>],
     ) -> rusqlite::Result<rusqlite::CachedStatement<'_>> {
         let mut statement = self.0.prepare_cached(sql)?;
-        for (i, p) in params.iter().enumerate() {
-            if let Some(index) = statement.parameter_index(&format!("${}", i + 1))? {
-                statement.raw_bind_parameter(index, p)?;
+        let indexes = indexes_of(sql);
+        for (p, index) in params.iter().zip(indexes.iter()) {
+            if let Some(index) = index {
+                statement.raw_bind_parameter(*index, p)?;
             }
         }
         Ok(statement)
     }
 
-    fn run(&self, sql: &str, params: &[Param]) -> Result<u64, SqlFailure> {
+    fn run(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, SqlFailure> {
         let mut statement = self.prepared(sql, params).map_err(failure)?;
         let changed = statement.raw_execute().map_err(failure)?;
         Ok(changed as u64)
     }
 
-    fn fetch(&self, sql: &str, params: &[Param]) -> Result<Vec<Vec<String>>, SqlFailure> {
+    fn fetch(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<String>>, SqlFailure> {
         let mut statement = self.prepared(sql, params).map_err(failure)?;
         let columns = statement.column_count();
         let mut rows = statement.raw_query();
@@ -92,7 +134,7 @@ impl Conn for Writer<'_> {
     fn execute(
         &mut self,
         sql: &str,
-        params: &[Param],
+        params: &[Param<'_>],
     ) -> impl Future<Output = Result<u64, SqlFailure>> + Send {
         std::future::ready(self.run(sql, params))
     }
@@ -100,7 +142,7 @@ impl Conn for Writer<'_> {
     fn rows(
         &mut self,
         sql: &str,
-        params: &[Param],
+        params: &[Param<'_>],
     ) -> impl Future<Output = Result<Vec<Vec<String>>, SqlFailure>> + Send {
         std::future::ready(self.fetch(sql, params))
     }
@@ -110,4 +152,18 @@ impl Conn for Writer<'_> {
 pub(super) fn now<T>(work: impl Future<Output = T>) -> T {
     futures_util::FutureExt::now_or_never(work)
         .expect("the SQLite writer's statements complete at once")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::indexes_of;
+
+    /// SQLite numbers named parameters as they first appear: `$3` first is
+    /// index 1, and a `$n` used twice keeps its index.
+    #[test]
+    fn each_dollar_parameter_is_found_where_sqlite_put_it() {
+        let sql = "UPDATE t SET a = $3, b = $4 WHERE k = $1 AND l = $2 AND (CAST($4 AS TEXT) IS NULL OR m = $4)";
+        assert_eq!(*indexes_of(sql), vec![Some(3), Some(4), Some(1), Some(2)]);
+        assert_eq!(*indexes_of("SELECT $2"), vec![None, Some(1)]);
+    }
 }
