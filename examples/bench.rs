@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, Semaphore};
 use toolrunner::platform::{NewToolCall, Platform};
 use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{
+use toolrunner::testing::store::{
     Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, OutboxSummary,
     ReceiptStatus, SqliteStore, Store, StoreError, Timestamp,
 };

@@ -49,7 +49,7 @@ struct Api {
 impl Api {
     async fn send(
         &self,
-        method: reqwest::Method,
+        method: toolrunner::platform::Method,
         path: &str,
         token: &str,
         body: Option<Value>,
@@ -71,8 +71,14 @@ impl Api {
     }
 
     async fn post(&self, path: &str, token: &str, body: Value) -> Result<Value> {
-        self.send(reqwest::Method::POST, path, token, Some(body), None)
-            .await
+        self.send(
+            toolrunner::platform::Method::POST,
+            path,
+            token,
+            Some(body),
+            None,
+        )
+        .await
     }
 }
 
@@ -241,7 +247,7 @@ async fn worker(
         accepted["kind"] = json!("accepted");
         let a = api
             .send(
-                reqwest::Method::POST,
+                toolrunner::platform::Method::POST,
                 &path,
                 EXEC,
                 Some(accepted),
@@ -257,7 +263,7 @@ async fn worker(
         completed["kind"] = json!("completed");
         completed["result"] = json!({"echo": call_id});
         api.send(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             &path,
             EXEC,
             Some(completed),

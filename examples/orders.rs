@@ -143,7 +143,7 @@ async fn rows(store_url: &str) -> Result<Vec<(String, String, i64)>> {
 fn own_store(store_url: &str, executor_id: &str) -> String {
     #[cfg(feature = "postgres")]
     if store_url.starts_with("postgres") && !store_url.contains("search_path") {
-        let schema = toolrunner::store::PgStore::identity_schema(executor_id);
+        let schema = toolrunner::postgres_schema(executor_id);
         let sep = if store_url.contains('?') { '&' } else { '?' };
         return format!("{store_url}{sep}options=-c%20search_path%3D{schema}");
     }
@@ -238,12 +238,11 @@ async fn main() -> Result<()> {
     table.set_header(["call", "state", "order row"]);
     let mut placed = 0;
     for call in &run.tool_calls {
-        let key = store
+        let timeline = store
             .show(&run.run_id, &call.call_id)
             .await
-            .context("the call is in the store")?
-            .call
-            .operation_key;
+            .context("the call is in the store")?;
+        let key = timeline.call().operation_key();
         let stored: Vec<_> = orders.iter().filter(|(id, ..)| *id == key).collect();
         let state = call.state.as_str();
         match state {

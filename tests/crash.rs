@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use toolrunner::store::{
+use toolrunner::testing::store::{
     CallFilter, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store,
 };
 use toolrunner::{
@@ -186,7 +186,7 @@ async fn fresh_store(dir: &std::path::Path) -> String {
 #[cfg(feature = "postgres")]
 async fn pg_schema(pg: &str) -> String {
     let schema = format!("crash_{:08x}", rand::random::<u32>());
-    toolrunner::store::PgStore::connect_in_schema(pg, &schema)
+    toolrunner::testing::store::PgStore::connect_in_schema(pg, &schema)
         .await
         .unwrap_or_else(|e| panic!("PostgreSQL at {PG_URL_VAR} answers: {e}"));
     SCHEMAS.lock().expect("lock").push(schema.clone());
@@ -204,7 +204,7 @@ async fn open_store(url: &str) -> Arc<dyn Store> {
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres") {
         return Arc::new(
-            toolrunner::store::PgStore::connect(url)
+            toolrunner::testing::store::PgStore::connect(url)
                 .await
                 .expect("the store opens for inspection"),
         );
@@ -313,12 +313,16 @@ impl Platform {
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        self.send(self.http.request(reqwest::Method::POST, path).json(&body))
-            .await
+        self.send(
+            self.http
+                .request(toolrunner::platform::Method::POST, path)
+                .json(&body),
+        )
+        .await
     }
 
     async fn get(&self, path: &str) -> Value {
-        self.send(self.http.request(reqwest::Method::GET, path))
+        self.send(self.http.request(toolrunner::platform::Method::GET, path))
             .await
     }
 }
@@ -984,7 +988,7 @@ fn expired_claim_is_claimed_again_with_a_new_assignment() {
             .http
             .with_token(EXEC_TOKEN)
             .request(
-                reqwest::Method::POST,
+                toolrunner::platform::Method::POST,
                 &format!("/runs/{}/tool-calls/{}/receipts", row.run_id, row.call_id),
             )
             .header("Tool-Grant", old.grant.expose())
@@ -1218,7 +1222,7 @@ fn after_handler_write_tool_with_reconcile_hook_settles_once() {
             .await
             .expect("readable")
             .into_iter()
-            .map(|e| format!("{} {} {:?}", e.at, e.what, e.detail))
+            .map(|e| format!("{} {} {:?}", e.at(), e.what(), e.detail()))
             .collect();
         let context = format!(
             "local state {} (reason {:?}); outbox {summary:#?}; timeline {timeline:#?}",

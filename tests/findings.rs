@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use toolrunner::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store};
+use toolrunner::testing::store::{
+    LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store,
+};
 use toolrunner::{
     AuthorizationRequest, Authorizer, CallContext, Denied, Effect, Evidence, Executor,
     ExecutorBuilder, Outcome, Reconciled, Reconciler, RunningExecutor, Shutdown, Tool, ToolError,
@@ -360,7 +362,7 @@ impl World {
     /// A request with `token` to `path` (under `/v1`).
     fn request(
         &self,
-        method: reqwest::Method,
+        method: toolrunner::platform::Method,
         path: &str,
         token: &str,
     ) -> toolrunner::platform::RawRequest {
@@ -373,7 +375,9 @@ impl World {
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        let req = self.request(reqwest::Method::POST, path, ADMIN).json(&body);
+        let req = self
+            .request(toolrunner::platform::Method::POST, path, ADMIN)
+            .json(&body);
         let (status, v) = self.send(req).await;
         assert_eq!(status, 200, "POST {path}: {v}");
         v
@@ -381,7 +385,7 @@ impl World {
 
     async fn faults(&self, error_rate: f64) {
         let req = self
-            .request(reqwest::Method::PUT, "/dev/faults", ADMIN)
+            .request(toolrunner::platform::Method::PUT, "/dev/faults", ADMIN)
             .json(&json!({"error_rate": error_rate}));
         let (status, v) = self.send(req).await;
         assert_eq!(status, 200, "faults: {v}");
@@ -409,7 +413,11 @@ impl World {
     }
 
     async fn platform_call(&self, run_id: &str, call_id: &str) -> Value {
-        let req = self.request(reqwest::Method::GET, &format!("/runs/{run_id}"), ADMIN);
+        let req = self.request(
+            toolrunner::platform::Method::GET,
+            &format!("/runs/{run_id}"),
+            ADMIN,
+        );
         let (_, run) = self.send(req).await;
         run["tool_calls"]
             .as_array()
@@ -475,11 +483,7 @@ fn kinds(call: &Value) -> Vec<(String, u64)> {
 }
 
 fn evidence() -> Evidence {
-    Evidence {
-        who: "on-call".into(),
-        why: "checked the bank".into(),
-        reference: Some("INC-1".into()),
-    }
+    Evidence::new("on-call", "checked the bank").with_reference("INC-1")
 }
 
 /// Executor `exe-a` saves `accepted` and then cannot send it (the platform
@@ -535,7 +539,9 @@ async fn accepted_left_behind(world: &World) -> (String, String) {
 }
 
 type BeforeCommit = Box<
-    dyn Fn(&[toolrunner::store::Change]) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+    dyn Fn(
+            &[toolrunner::testing::store::Change],
+        ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
         + Send
         + Sync,
 >;
@@ -562,8 +568,8 @@ impl Hooked {
 impl Store for Hooked {
     async fn commit(
         &self,
-        changes: Vec<toolrunner::store::Change>,
-    ) -> Result<(), toolrunner::store::StoreError> {
+        changes: Vec<toolrunner::testing::store::Change>,
+    ) -> Result<(), toolrunner::testing::store::StoreError> {
         (self.before_commit)(&changes).await;
         self.inner.commit(changes).await
     }
@@ -571,13 +577,13 @@ impl Store for Hooked {
         &self,
         run_id: &str,
         call_id: &str,
-    ) -> Result<Option<LocalCall>, toolrunner::store::StoreError> {
+    ) -> Result<Option<LocalCall>, toolrunner::testing::store::StoreError> {
         Ok(self.inner.call(run_id, call_id).await?.map(&self.on_read))
     }
     async fn calls(
         &self,
-        filter: &toolrunner::store::CallFilter,
-    ) -> Result<Vec<LocalCall>, toolrunner::store::StoreError> {
+        filter: &toolrunner::testing::store::CallFilter,
+    ) -> Result<Vec<LocalCall>, toolrunner::testing::store::StoreError> {
         Ok(self
             .inner
             .calls(filter)
@@ -588,40 +594,43 @@ impl Store for Hooked {
     }
     async fn count_by_state(
         &self,
-    ) -> Result<std::collections::BTreeMap<LocalState, u64>, toolrunner::store::StoreError> {
+    ) -> Result<std::collections::BTreeMap<LocalState, u64>, toolrunner::testing::store::StoreError>
+    {
         self.inner.count_by_state().await
     }
     async fn receipts(
         &self,
         run_id: &str,
         call_id: &str,
-    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
+    ) -> Result<Vec<OutboxReceipt>, toolrunner::testing::store::StoreError> {
         self.inner.receipts(run_id, call_id).await
     }
     async fn receipt(
         &self,
         receipt_id: &str,
-    ) -> Result<Option<OutboxReceipt>, toolrunner::store::StoreError> {
+    ) -> Result<Option<OutboxReceipt>, toolrunner::testing::store::StoreError> {
         self.inner.receipt(receipt_id).await
     }
     async fn receipts_with(
         &self,
         status: ReceiptStatus,
-    ) -> Result<Vec<OutboxReceipt>, toolrunner::store::StoreError> {
+    ) -> Result<Vec<OutboxReceipt>, toolrunner::testing::store::StoreError> {
         self.inner.receipts_with(status).await
     }
     async fn events(
         &self,
         run_id: &str,
         call_id: &str,
-    ) -> Result<Vec<toolrunner::store::Event>, toolrunner::store::StoreError> {
+    ) -> Result<Vec<toolrunner::testing::store::Event>, toolrunner::testing::store::StoreError>
+    {
         self.inner.events(run_id, call_id).await
     }
     async fn attempts(
         &self,
         run_id: &str,
         call_id: &str,
-    ) -> Result<Vec<toolrunner::store::Attempt>, toolrunner::store::StoreError> {
+    ) -> Result<Vec<toolrunner::testing::store::Attempt>, toolrunner::testing::store::StoreError>
+    {
         self.inner.attempts(run_id, call_id).await
     }
 }
@@ -654,9 +663,9 @@ fn finding_a_an_accepted_left_by_a_lapsed_claim_is_superseded() {
             .await
             .expect("outbox");
         assert!(
-            outbox.pending.is_empty(),
+            outbox.pending().is_empty(),
             "the store of exe-a still holds undelivered receipts: {:?} (call {:?})",
-            outbox.pending,
+            outbox.pending(),
             settled
         );
         let accepted: Vec<_> = receipts(&store_a, &run_id, &call_id)
@@ -759,7 +768,7 @@ async fn awaiting_reconciliation(world: &World) -> (RunningExecutor, String, Str
 async fn take_the_cancel_notice(world: &World, connection_id: &Value, call_id: &str) {
     let beat = world
         .request(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             "/executors/exe-a/heartbeat",
             EXEC_TOKEN,
         )
@@ -837,7 +846,11 @@ fn finding_b_no_rerun_after_a_cancel_while_down() {
         // lost before it acted on it (or whose heartbeat's answer was
         // lost): the next one hears nothing.
         let connect = world
-            .request(reqwest::Method::POST, "/executors/connect", EXEC_TOKEN)
+            .request(
+                toolrunner::platform::Method::POST,
+                "/executors/connect",
+                EXEC_TOKEN,
+            )
             .json(
                 &json!({"executor_id": "exe-a", "binding_id": world.binding_id,
                           "tools": [TOOL], "capacity": 1}),
@@ -870,7 +883,7 @@ fn finding_b_no_rerun_when_the_cancel_notice_was_lost() {
         // connection: this one, whose answer the executor never sees.
         let agent_id = world.agent_id.clone();
         let diagnostics = world.request(
-            reqwest::Method::GET,
+            toolrunner::platform::Method::GET,
             &format!(
                 "/agents/{agent_id}/executor-bindings/{}/diagnostics",
                 world.binding_id
@@ -918,7 +931,7 @@ async fn running_behind_the_stores_back(
     // From outside: connect as exe-a, replay the claim, send `accepted`.
     let post = |path: String, body: Value| {
         world
-            .request(reqwest::Method::POST, &path, EXEC_TOKEN)
+            .request(toolrunner::platform::Method::POST, &path, EXEC_TOKEN)
             .json(&body)
     };
     let (status, conn) = world
@@ -1034,7 +1047,7 @@ fn finding_g_claim_replay_in_running_moves_the_sequence_past_accepted() {
             )
             .await
             .expect("resolved");
-        assert!(resolved.delivered, "{resolved:?}");
+        assert!(resolved.delivered(), "{resolved:?}");
         let c = world.wait_platform(&run_id, &call_id, "failed").await;
         assert_eq!(
             kinds(&c),
@@ -1242,7 +1255,7 @@ fn finding_f_progress_cannot_undo_an_operator_resolve() {
         let (h, r) = (held.clone(), release.clone());
         store.before_commit = Box::new(move |changes| {
             let progress = changes.iter().any(|c| {
-                matches!(c, toolrunner::store::Change::AddReceipt(r) if r.kind.as_str() == "progress")
+                matches!(c, toolrunner::testing::store::Change::AddReceipt(r) if r.kind.as_str() == "progress")
             });
             let (h, r) = (h.clone(), r.clone());
             Box::pin(async move {
@@ -1277,7 +1290,7 @@ fn finding_f_progress_cannot_undo_an_operator_resolve() {
             )
             .await
             .expect("resolved");
-        assert!(resolved.delivered);
+        assert!(resolved.delivered());
         release.notify_one();
         tokio::time::sleep(Duration::from_millis(1000)).await;
         let reader = world.store("a.db").await;
@@ -1293,7 +1306,7 @@ fn finding_f_progress_cannot_undo_an_operator_resolve() {
             .filter(|r| r.kind.is_final())
             .collect();
         assert_eq!(finals.len(), 1, "{finals:#?}");
-        assert_eq!(finals[0].receipt_id, resolved.receipt_id);
+        assert_eq!(finals[0].receipt_id, resolved.receipt_id());
         drop(a);
     });
 }
@@ -1367,17 +1380,14 @@ fn finding_g_invalid_grant_without_a_release_does_not_loop() {
             kinds(&c),
             [("accepted".to_owned(), 0), ("completed".to_owned(), 1)]
         );
-        let attempts = Reconciler::open(&world.store_url("a.db"))
+        let timeline = Reconciler::open(&world.store_url("a.db"))
             .await
             .expect("opens")
             .show(&run_id, &calls[0])
             .await
-            .expect("timeline")
-            .attempts;
-        let assignments: Vec<_> = attempts
-            .iter()
-            .filter_map(|a| a.assignment_id.clone())
-            .collect();
+            .expect("timeline");
+        let attempts = timeline.attempts();
+        let assignments: Vec<_> = attempts.iter().filter_map(|a| a.assignment_id()).collect();
         assert_eq!(
             assignments.len(),
             2,
@@ -1412,15 +1422,14 @@ fn finding_g_output_failing_its_schema_is_kept_as_evidence() {
             .show(&run_id, &calls[0])
             .await
             .expect("timeline");
-        let kept = timeline.events.iter().any(|e| {
-            e.detail
-                .as_deref()
-                .is_some_and(|d| d.contains(r#"{"n":99}"#))
-        });
+        let kept = timeline
+            .events()
+            .iter()
+            .any(|e| e.detail().is_some_and(|d| d.contains(r#"{"n":99}"#)));
         assert!(
             kept,
             "the refused output is not in the timeline: {:#?}",
-            timeline.events
+            timeline.events()
         );
         drop(a);
     });
@@ -1441,7 +1450,7 @@ fn review_a_running_row_another_writer_wrote_is_resumed_not_run() {
         let raced = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = raced.clone();
         store.before_commit = Box::new(move |changes| {
-            use toolrunner::store::Change;
+            use toolrunner::testing::store::Change;
             let confirming = changes.iter().find_map(|c| match c {
                 Change::UpdateCall {
                     expect_version,

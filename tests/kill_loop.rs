@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
-use toolrunner::store::{CallFilter, LocalState, ReceiptStatus, SqliteStore, Store};
+use toolrunner::testing::store::{CallFilter, LocalState, ReceiptStatus, SqliteStore, Store};
 use toolrunner_devserver::{DevServer, Faults};
 
 const ADMIN: &str = "dev-admin";
@@ -113,17 +113,23 @@ impl Admin {
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        let req = self.http.request(reqwest::Method::POST, path).json(&body);
+        let req = self
+            .http
+            .request(toolrunner::platform::Method::POST, path)
+            .json(&body);
         self.send(format!("POST {path}"), req).await
     }
 
     async fn put(&self, path: &str, body: Value) -> Value {
-        let req = self.http.request(reqwest::Method::PUT, path).json(&body);
+        let req = self
+            .http
+            .request(toolrunner::platform::Method::PUT, path)
+            .json(&body);
         self.send(format!("PUT {path}"), req).await
     }
 
     async fn get(&self, path: &str) -> Value {
-        let req = self.http.request(reqwest::Method::GET, path);
+        let req = self.http.request(toolrunner::platform::Method::GET, path);
         self.send(format!("GET {path}"), req).await
     }
 }
@@ -593,7 +599,7 @@ async fn ledger_survives_repeated_sigkill() {
             );
         }
         for e in store.events(&c.run_id, &c.call_id).await.expect("readable") {
-            println!("  {} {} {:?}", e.at, e.what, e.detail);
+            println!("  {} {} {:?}", e.at(), e.what(), e.detail());
         }
         println!("  platform: {}", by_id[c.call_id.as_str()]);
     }

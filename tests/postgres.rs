@@ -71,7 +71,7 @@ mod suite {
     use serde::{Deserialize, Serialize};
     use serde_json::json;
     use toolrunner::platform::{NewToolCall, Platform};
-    use toolrunner::store::{LocalState, PgStore, Store};
+    use toolrunner::testing::store::{LocalState, PgStore, Store};
     use toolrunner::{CallContext, Executor, Shutdown, ToolError};
 
     use super::store_contract;
@@ -557,7 +557,7 @@ mod suite {
         // The operator's API opens the same database by its URL.
         let operator = toolrunner::Reconciler::open(&url).await?;
         let listed = operator
-            .list(&toolrunner::store::CallFilter::default())
+            .list(&toolrunner::testing::store::CallFilter::default())
             .await?;
         if listed.len() != CALLS as usize {
             bail!("the Reconciler lists {} calls of {CALLS}", listed.len());

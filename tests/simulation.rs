@@ -47,8 +47,8 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use toolrunner::protocol::json::{canonical, parse_strict};
-use toolrunner::store::{CallFilter, LocalState, ReceiptStatus, SqliteStore, Store};
 use toolrunner::testing::ProcessFaults;
+use toolrunner::testing::store::{CallFilter, LocalState, ReceiptStatus, SqliteStore, Store};
 
 /// With `--features postgres`, the stores are schemas of the PostgreSQL
 /// database at this URL instead of SQLite files.
@@ -400,7 +400,7 @@ impl World {
     async fn get(&self, path: &str) -> Option<Value> {
         let resp = self
             .http
-            .request(reqwest::Method::GET, path)
+            .request(toolrunner::platform::Method::GET, path)
             .send()
             .await
             .ok()?;
@@ -1022,7 +1022,7 @@ impl Seed {
         let req = self
             .world
             .http
-            .request(reqwest::Method::POST, path)
+            .request(toolrunner::platform::Method::POST, path)
             .json(&body);
         self.send(req, path).await
     }
@@ -1362,10 +1362,7 @@ impl Seed {
         self.reap();
         self.stop_for_a_restart(slot).await;
         let store = self.reader(&self.slots[slot].store_url.clone()).await?;
-        let running = CallFilter {
-            states: vec![LocalState::Running],
-            ..CallFilter::default()
-        };
+        let running = CallFilter::new().states([LocalState::Running]);
         Ok(store
             .calls(&running)
             .await
@@ -1391,34 +1388,30 @@ impl Seed {
         for slot in 0..self.slots.len() {
             let url = self.slots[slot].store_url.clone();
             let reconciler = Reconciler::open(&url).await.map_err(|e| e.to_string())?;
-            let filter = CallFilter {
-                states: vec![LocalState::Orphaned],
-                ..CallFilter::default()
-            };
+            let filter = CallFilter::new().states([LocalState::Orphaned]);
             let mut unknown = Vec::new();
             for c in reconciler.list(&filter).await.map_err(|e| e.to_string())? {
                 let t = reconciler
-                    .show(&c.run_id, &c.call_id)
+                    .show(c.run_id(), c.call_id())
                     .await
                     .map_err(|e| e.to_string())?;
-                let noted = |what: &str| t.events.iter().any(|e| e.what == what);
+                let noted = |what: &str| t.events().iter().any(|e| e.what() == what);
                 if noted("orphaned_outcome_unknown") && !noted("operator_closed") {
                     unknown.push(c);
                 }
             }
-            unknown.sort_by(|a, b| a.call_id.cmp(&b.call_id));
+            unknown.sort_by(|a, b| a.call_id().cmp(b.call_id()));
             for c in unknown.iter().step_by(2) {
-                let evidence = Evidence {
-                    who: "sim-operator".into(),
-                    why: "the ledger has no such payment".into(),
-                    reference: Some(c.operation_key.clone()),
-                };
+                let evidence = Evidence::new("sim-operator", "the ledger has no such payment")
+                    .with_reference(c.operation_key());
                 reconciler
-                    .close(&c.run_id, &c.call_id, &evidence)
+                    .close(c.run_id(), c.call_id(), &evidence)
                     .await
-                    .map_err(|e| format!("closing orphaned {}: {e}", c.call_id))?;
+                    .map_err(|e| format!("closing orphaned {}: {e}", c.call_id()))?;
                 self.stats.closed += 1;
-                self.retained.must_keep.remove(&(slot, c.call_id.clone()));
+                self.retained
+                    .must_keep
+                    .remove(&(slot, c.call_id().to_owned()));
             }
         }
         Ok(())
@@ -1485,19 +1478,19 @@ impl Seed {
         } else {
             self.slots[slot].running.is_none()
         };
-        let err = |e: toolrunner::store::StoreError| format!("retention on {url}: {e}");
+        let err = |e: toolrunner::testing::store::StoreError| format!("retention on {url}: {e}");
         // The clock moved on past every retention period for everything
         // stored until now: whatever changed since (while the executors
         // run) is not taken, so the snapshot below shows every call the
         // pass takes as it is taken.
-        let began = toolrunner::store::Timestamp::from(
+        let began = toolrunner::testing::store::Timestamp::from(
             std::time::SystemTime::now() - Duration::from_millis(1),
         );
         let mut before = Vec::new();
         for c in store.calls(&CallFilter::default()).await.map_err(err)? {
             let receipts = store.receipts(&c.run_id, &c.call_id).await.map_err(err)?;
             let events = store.events(&c.run_id, &c.call_id).await.map_err(err)?;
-            let noted = |what: &str| events.iter().any(|e| e.what == what);
+            let noted = |what: &str| events.iter().any(|e| e.what() == what);
             let unknown_orphan = c.state == LocalState::Orphaned
                 && noted("orphaned_outcome_unknown")
                 && !noted("operator_closed");
@@ -1588,49 +1581,42 @@ impl Seed {
         let reconciler = reconciler
             .with_platform(&self.world.base, EXEC)
             .map_err(|e| e.to_string())?;
-        let filter = CallFilter {
-            states: vec![
-                LocalState::ReconciliationRequired,
-                LocalState::Rejected,
-                LocalState::Orphaned,
-            ],
-            ..CallFilter::default()
-        };
+        let filter = CallFilter::new().states([
+            LocalState::ReconciliationRequired,
+            LocalState::Rejected,
+            LocalState::Orphaned,
+        ]);
         let mut calls = Vec::new();
         for c in reconciler.list(&filter).await.map_err(|e| e.to_string())? {
-            if c.state == LocalState::Orphaned {
+            if c.state() == LocalState::Orphaned {
                 // Only an orphaned call whose outcome was unknown, not yet
                 // closed, needs a person.
                 let t = reconciler
-                    .show(&c.run_id, &c.call_id)
+                    .show(c.run_id(), c.call_id())
                     .await
                     .map_err(|e| e.to_string())?;
-                let noted = |what: &str| t.events.iter().any(|e| e.what == what);
+                let noted = |what: &str| t.events().iter().any(|e| e.what() == what);
                 if !noted("orphaned_outcome_unknown") || noted("operator_closed") {
                     continue;
                 }
             }
             calls.push(c);
         }
-        let evidence = Evidence {
-            who: "sim-operator".into(),
-            why: "looked it up".into(),
-            reference: None,
-        };
+        let evidence = Evidence::new("sim-operator", "looked it up");
         if !calls.is_empty() {
             let c = &calls[pick as usize % calls.len()];
             let happened = self
-                .happened(&c.tool_name, &c.call_id, &c.operation_key)
+                .happened(c.tool_name(), c.call_id(), c.operation_key())
                 .await?;
-            let result = if c.state == LocalState::Orphaned {
-                let closed = reconciler.close(&c.run_id, &c.call_id, &evidence).await;
+            let result = if c.state() == LocalState::Orphaned {
+                let closed = reconciler.close(c.run_id(), c.call_id(), &evidence).await;
                 if closed.is_ok() {
                     self.stats.closed += 1;
                 }
                 closed
-            } else if c.state == LocalState::Rejected && pick.is_multiple_of(2) {
+            } else if c.state() == LocalState::Rejected && pick.is_multiple_of(2) {
                 reconciler
-                    .compensated(&c.run_id, &c.call_id, &evidence)
+                    .compensated(c.run_id(), c.call_id(), &evidence)
                     .await
                     .map(|_| ())
             } else {
@@ -1643,15 +1629,17 @@ impl Seed {
                     }
                 };
                 reconciler
-                    .resolve(&c.run_id, &c.call_id, outcome, &evidence)
+                    .resolve(c.run_id(), c.call_id(), outcome, &evidence)
                     .await
                     .map(|_| ())
             };
             log(self.verbose, || {
-                format!("operator on {}: {result:?}", c.call_id)
+                format!("operator on {}: {result:?}", c.call_id())
             });
             if result.is_ok() {
-                self.retained.must_keep.remove(&(slot, c.call_id.clone()));
+                self.retained
+                    .must_keep
+                    .remove(&(slot, c.call_id().to_owned()));
             }
         }
         let redelivered = reconciler.redeliver(None).await;
@@ -1749,14 +1737,14 @@ impl Seed {
                 out.push_str(&format!(
                     "{} {} {} {}: {:?}\n",
                     s.id,
-                    c.tool_name,
-                    c.call_id,
-                    c.state.as_str(),
-                    c.reason
+                    c.tool_name(),
+                    c.call_id(),
+                    c.state().as_str(),
+                    c.reason()
                 ));
-                if let Ok(t) = r.show(&c.run_id, &c.call_id).await {
-                    for e in t.events {
-                        out.push_str(&format!("    {} {} {:?}\n", e.at, e.what, e.detail));
+                if let Ok(t) = r.show(c.run_id(), c.call_id()).await {
+                    for e in t.events() {
+                        out.push_str(&format!("    {} {} {:?}\n", e.at(), e.what(), e.detail()));
                     }
                 }
             }
@@ -1903,7 +1891,7 @@ fn pg_url() -> Option<String> {
 async fn open_store(url: &str) -> Result<Arc<dyn Store>, String> {
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres") {
-        let store = toolrunner::store::PgStore::connect(url)
+        let store = toolrunner::testing::store::PgStore::connect(url)
             .await
             .map_err(|e| e.to_string())?;
         return Ok(Arc::new(store));
@@ -2028,7 +2016,7 @@ async fn watch_writers(urls: Vec<String>, pg: Option<String>, seed_tag: String, 
 async fn pg_schema(pg: &str, schema: &str, application: &str) -> Result<String, String> {
     #[cfg(feature = "postgres")]
     {
-        toolrunner::store::PgStore::connect_in_schema(pg, schema)
+        toolrunner::testing::store::PgStore::connect_in_schema(pg, schema)
             .await
             .map_err(|e| format!("PostgreSQL at {PG_URL_VAR}: {e}"))?;
         let sep = if pg.contains('?') { '&' } else { '?' };

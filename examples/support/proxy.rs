@@ -106,7 +106,7 @@ async fn connection(sock: tokio::net::TcpStream, http: Platform, rule: Arc<Rule>
             let headers = vec![("content-type".to_owned(), "application/json".to_owned())];
             (reqwest::StatusCode::UNAUTHORIZED, headers, refusal.to_vec())
         } else {
-            let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
+            let Some(method) = toolrunner::platform::Method::parse(method.as_str()) else {
                 return;
             };
             // Forwarded as it came: its own token and headers, through the

@@ -197,7 +197,7 @@ async fn a_refused_start_lets_go_of_the_store_at_once() -> Result<()> {
         .expect_err("an unknown binding is refused");
     assert!(e.is_configuration(), "{e}");
     // No await in between: nothing may still hold the executor.
-    match toolrunner::store::SqliteStore::lock(&url) {
+    match toolrunner::testing::store::SqliteStore::lock(&url) {
         Ok(Some(_)) => {}
         Ok(None) => panic!("a file store has a lock"),
         Err(e) => panic!("the store is still locked after a refused start: {e}"),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::json;
 use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{LocalState, Store};
+use toolrunner::testing::store::{LocalState, Store};
 
 use crate::fixture::*;
 use crate::tools::*;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use toolrunner::store::SqliteStore;
+use toolrunner::testing::store::SqliteStore;
 use toolrunner::{Executor, ExecutorBuilder, Shutdown};
 use toolrunner_devserver::DevServer;
 
@@ -226,7 +226,10 @@ impl Env {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> Result<Value> {
-        let req = self.http.request(reqwest::Method::POST, path).json(&body);
+        let req = self
+            .http
+            .request(toolrunner::platform::Method::POST, path)
+            .json(&body);
         answer(req, "POST", path).await
     }
 
@@ -240,7 +243,7 @@ impl Env {
     }
 
     pub async fn get(&self, path: &str) -> Result<Value> {
-        let req = self.http.request(reqwest::Method::GET, path);
+        let req = self.http.request(toolrunner::platform::Method::GET, path);
         answer(req, "GET", path).await
     }
 }

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{
+use toolrunner::testing::store::{
     Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store, StoreError,
 };
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::{Value, json};
-use toolrunner::store::{LocalState, ReceiptStatus, Store};
+use toolrunner::testing::store::{LocalState, ReceiptStatus, Store};
 
 use crate::fixture::*;
 use crate::tools::*;

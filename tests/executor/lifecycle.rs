@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde_json::json;
 use toolrunner::Shutdown;
-use toolrunner::store::{LocalState, Store};
+use toolrunner::testing::store::{LocalState, Store};
 
 use crate::fixture::*;
 use crate::tools::*;

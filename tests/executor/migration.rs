@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use toolrunner::store::{LocalState, ReceiptStatus, SqliteStore, Store};
+use toolrunner::testing::store::{LocalState, ReceiptStatus, SqliteStore, Store};
 use toolrunner::{CallContext, Effect, Executor, Reconciled, Tool, ToolError, async_trait};
 use toolrunner_devserver::DevServer;
 

@@ -22,7 +22,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use toolrunner::store::{LocalState, SqliteStore, Store};
+use toolrunner::testing::store::{LocalState, SqliteStore, Store};
 use toolrunner::{
     AuthorizationRequest, Authorizer, CallContext, Denied, Effect, Executor, Tool, ToolError,
     async_trait,
@@ -87,7 +87,7 @@ struct World {
 impl World {
     async fn admin(
         &self,
-        method: reqwest::Method,
+        method: toolrunner::platform::Method,
         path: &str,
         body: Option<Value>,
     ) -> Result<Value> {
@@ -118,7 +118,11 @@ impl World {
 
     async fn call_state(&self, run_id: &str) -> Result<String> {
         let run = self
-            .admin(reqwest::Method::GET, &format!("/runs/{run_id}"), None)
+            .admin(
+                toolrunner::platform::Method::GET,
+                &format!("/runs/{run_id}"),
+                None,
+            )
             .await?;
         Ok(run["tool_calls"][0]["state"]
             .as_str()
@@ -148,7 +152,7 @@ async fn missing_scope_on_accepted_keeps_the_call() -> Result<()> {
     };
     let agent = w
         .admin(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             "/agents",
             Some(json!({"name": "review"})),
         )
@@ -156,7 +160,7 @@ async fn missing_scope_on_accepted_keeps_the_call() -> Result<()> {
     let agent_id = agent["agent_id"].as_str().context("agent_id")?.to_owned();
     let binding = w
         .admin(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             "/executor-bindings",
             Some(json!({"agent_id": agent_id, "name": "main", "tool_names": [TOOL]})),
         )
@@ -171,7 +175,7 @@ async fn missing_scope_on_accepted_keeps_the_call() -> Result<()> {
     let exec1 = w.builder(FULL).authorizer(Stuck(asked.clone())).build()?;
     let version = w
         .admin(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             &format!("/agents/{agent_id}/versions"),
             Some(json!({"tools": exec1.tool_definitions()})),
         )
@@ -179,7 +183,7 @@ async fn missing_scope_on_accepted_keeps_the_call() -> Result<()> {
     let agv = version["agent_version"].as_str().context("agv")?.to_owned();
     let run = w
         .admin(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             "/runs",
             Some(json!({"agent_version": agv, "subject": "u1",
                         "tool_calls": [{"tool_name": TOOL, "arguments": {"amount": 3}}]})),

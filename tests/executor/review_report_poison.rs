@@ -22,7 +22,7 @@ use anyhow::Result;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use toolrunner::store::{Change, LocalCall, LocalState, PendingReport, Store};
+use toolrunner::testing::store::{Change, LocalCall, LocalState, PendingReport, Store};
 use toolrunner::{CallContext, Effect, Tool, ToolError, async_trait};
 
 use fixture::*;
@@ -65,7 +65,7 @@ async fn one_unknown_call_does_not_block_every_report() -> Result<()> {
     let env = Env::start(Opts::default(), &[TOOL]).await?;
     // A call flagged for reporting whose run the platform no longer knows.
     let store = env.open_store().await?;
-    let now: toolrunner::store::Timestamp = "2024-01-01T00:00:00.000Z".parse()?;
+    let now: toolrunner::testing::store::Timestamp = "2024-01-01T00:00:00.000Z".parse()?;
     store
         .commit(vec![Change::InsertCall(LocalCall {
             run_id: "run_0190aaaaaaaaaaaaaaaaaaaaaaaaaaaa".into(),

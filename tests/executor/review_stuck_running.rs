@@ -24,7 +24,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{
+use toolrunner::testing::store::{
     CallFilter, Change, Event, LocalCall, OutboxReceipt, ReceiptStatus, SqliteStore, Store,
     StoreError,
 };
@@ -90,7 +90,8 @@ impl Store for OnceFlaky {
     }
     async fn count_by_state(
         &self,
-    ) -> Result<std::collections::BTreeMap<toolrunner::store::LocalState, u64>, StoreError> {
+    ) -> Result<std::collections::BTreeMap<toolrunner::testing::store::LocalState, u64>, StoreError>
+    {
         self.inner.count_by_state().await
     }
     async fn receipts(
@@ -113,7 +114,7 @@ impl Store for OnceFlaky {
         &self,
         run_id: &str,
         call_id: &str,
-    ) -> Result<Vec<toolrunner::store::Attempt>, StoreError> {
+    ) -> Result<Vec<toolrunner::testing::store::Attempt>, StoreError> {
         self.inner.attempts(run_id, call_id).await
     }
 }

@@ -2,7 +2,7 @@
 //! `flat_cost`): those of the store contract, and a fresh SQLite store.
 
 use anyhow::Result;
-use toolrunner::store::SqliteStore;
+use toolrunner::testing::store::SqliteStore;
 
 pub(crate) use crate::store_contract::rows::*;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::json;
 use toolrunner::Executor;
-use toolrunner::store::{CallFilter, Store};
+use toolrunner::testing::store::{CallFilter, Store};
 use tracing_subscriber::fmt::format::FmtSpan;
 
 use crate::fixture::*;

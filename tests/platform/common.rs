@@ -310,7 +310,7 @@ impl Srv {
 /// One request, built step by step.
 #[derive(Clone)]
 pub struct Req {
-    pub method: reqwest::Method,
+    pub method: toolrunner::platform::Method,
     pub path: String,
     pub absolute: bool,
     pub token: Option<String>,
@@ -320,7 +320,7 @@ pub struct Req {
 }
 
 impl Req {
-    pub fn new(method: reqwest::Method, path: &str) -> Req {
+    pub fn new(method: toolrunner::platform::Method, path: &str) -> Req {
         Req {
             method,
             path: path.to_string(),
@@ -332,13 +332,13 @@ impl Req {
         }
     }
     pub fn get(path: &str) -> Req {
-        Req::new(reqwest::Method::GET, path)
+        Req::new(toolrunner::platform::Method::GET, path)
     }
     pub fn post(path: &str) -> Req {
-        Req::new(reqwest::Method::POST, path)
+        Req::new(toolrunner::platform::Method::POST, path)
     }
     pub fn put(path: &str) -> Req {
-        Req::new(reqwest::Method::PUT, path)
+        Req::new(toolrunner::platform::Method::PUT, path)
     }
     /// `path` is taken relative to the base URL, not to `/v1`.
     pub fn absolute(mut self) -> Req {

@@ -228,7 +228,7 @@ async fn error_envelope_shape_on_every_4xx() {
             ),
             409,
         ),
-        (Req::new(reqwest::Method::DELETE, "/agents").token(ADMIN), 405),
+        (Req::new(toolrunner::platform::Method::DELETE, "/agents").token(ADMIN), 405),
     ];
     for (r, status) in cases {
         let what = format!("{} {}", r.method, r.path);
@@ -629,7 +629,13 @@ async fn unknown_route_is_404_and_wrong_method_is_405() {
         .err(404, "unknown_route");
     let r = fx
         .srv
-        .send(Req::new(reqwest::Method::DELETE, &format!("/runs/{}", "run_x")).token(ADMIN))
+        .send(
+            Req::new(
+                toolrunner::platform::Method::DELETE,
+                &format!("/runs/{}", "run_x"),
+            )
+            .token(ADMIN),
+        )
         .await;
     r.err_typed(405, "invalid_request_error", "method_not_allowed");
     fx.srv.get(ADMIN, "/agents").await.err_typed(

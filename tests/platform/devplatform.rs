@@ -35,7 +35,7 @@ async fn shutdown_frees_the_port() {
     let base = s.base.clone();
     s.stop().await;
     let r = api(&base)
-        .request(reqwest::Method::GET, "/runs/run_x")
+        .request(toolrunner::platform::Method::GET, "/runs/run_x")
         .send()
         .await;
     assert!(r.is_err(), "server still answers after shutdown: {r:?}");
@@ -162,7 +162,7 @@ async fn lease_ttl_and_heartbeat_interval_default_to_15000_and_5000() {
     let http = api(&base);
     let post = |path: &str, tok: &str, body: Value| {
         let req = http
-            .request(reqwest::Method::POST, path)
+            .request(toolrunner::platform::Method::POST, path)
             .token(Some(tok))
             .json(&body);
         async move {

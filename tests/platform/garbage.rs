@@ -189,7 +189,7 @@ fn mutations(template: &Value, optional: &[&str], skip: &[&str]) -> Vec<(String,
 
 /// The full battery for a body endpoint.
 fn body_battery(
-    method: reqwest::Method,
+    method: toolrunner::platform::Method,
     path: &str,
     token: &str,
     grant: Option<&str>,
@@ -248,7 +248,7 @@ fn body_battery(
 
 /// Requests to `path` variants with nonsense ids (all must be 4xx).
 fn path_battery(
-    method: reqwest::Method,
+    method: toolrunner::platform::Method,
     token: &str,
     paths: &[String],
     body: Option<&Value>,
@@ -291,7 +291,7 @@ async fn garbage_post_agents() {
     run_battery(
         &cx,
         body_battery(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             "/agents",
             ADMIN,
             None,
@@ -310,7 +310,7 @@ async fn garbage_post_executor_bindings() {
     run_battery(
         &cx,
         body_battery(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             "/executor-bindings",
             ADMIN,
             None,
@@ -328,7 +328,7 @@ async fn garbage_post_agent_versions() {
     let t = json!({"tools": [read_tool(&cx.fx.binding_id)], "tool_search": false});
     let path = format!("/agents/{}/versions", cx.fx.agent_id);
     let mut reqs = body_battery(
-        reqwest::Method::POST,
+        toolrunner::platform::Method::POST,
         &path,
         ADMIN,
         None,
@@ -340,7 +340,12 @@ async fn garbage_post_agent_versions() {
         .iter()
         .map(|g| format!("/agents/{g}/versions"))
         .collect();
-    reqs.extend(path_battery(reqwest::Method::POST, ADMIN, &paths, Some(&t)));
+    reqs.extend(path_battery(
+        toolrunner::platform::Method::POST,
+        ADMIN,
+        &paths,
+        Some(&t),
+    ));
     // garbage inside a tool definition
     for (k, raw) in [
         ("name", "5"),
@@ -368,7 +373,7 @@ async fn garbage_get_agent_version() {
         paths.push(format!("/agents/{}/versions/{g}", cx.fx.agent_id));
         paths.push(format!("/agents/{g}/versions/{}", cx.fx.agent_version));
     }
-    let mut reqs = path_battery(reqwest::Method::GET, ADMIN, &paths, None);
+    let mut reqs = path_battery(toolrunner::platform::Method::GET, ADMIN, &paths, None);
     let good = format!(
         "/agents/{}/versions/{}",
         cx.fx.agent_id, cx.fx.agent_version
@@ -385,7 +390,7 @@ async fn garbage_get_executor_bindings() {
         .iter()
         .map(|g| format!("/executor-bindings?agent_id={g}"))
         .collect();
-    let mut reqs = path_battery(reqwest::Method::GET, ADMIN, &paths, None);
+    let mut reqs = path_battery(toolrunner::platform::Method::GET, ADMIN, &paths, None);
     reqs.push(("no Authorization".into(), Req::get("/executor-bindings")));
     run_battery(&cx, reqs).await;
 }
@@ -404,7 +409,7 @@ async fn garbage_get_binding_diagnostics() {
             cx.fx.binding_id
         ));
     }
-    let mut reqs = path_battery(reqwest::Method::GET, ADMIN, &paths, None);
+    let mut reqs = path_battery(toolrunner::platform::Method::GET, ADMIN, &paths, None);
     reqs.push((
         "no Authorization".into(),
         Req::get(&format!(
@@ -421,7 +426,7 @@ async fn garbage_post_tools_dry_run() {
     let t = json!({"agent_version": cx.fx.agent_version, "tool_name": READ, "arguments": {},
                    "mock_receipts": [{"receipt_id": "m", "kind": "completed", "result": {}}]});
     let mut reqs = body_battery(
-        reqwest::Method::POST,
+        toolrunner::platform::Method::POST,
         "/tools/dry-run",
         ADMIN,
         None,
@@ -451,7 +456,7 @@ async fn garbage_post_executors_connect() {
     let cx = ctx().await;
     let t = cx.fx.connect_body("exe_a", &[READ, CHARGE, NOTE], 8);
     let mut reqs = body_battery(
-        reqwest::Method::POST,
+        toolrunner::platform::Method::POST,
         "/executors/connect",
         EXEC,
         None,
@@ -481,7 +486,7 @@ async fn garbage_post_executor_heartbeat() {
     let t = json!({"connection_id": cx.conn.connection_id, "in_flight": [{"run_id": cx.run.run_id, "call_id": cx.run.calls[1]}]});
     let path = "/executors/exe_a/heartbeat";
     let mut reqs = body_battery(
-        reqwest::Method::POST,
+        toolrunner::platform::Method::POST,
         path,
         EXEC,
         None,
@@ -499,7 +504,12 @@ async fn garbage_post_executor_heartbeat() {
         .iter()
         .map(|g| format!("/executors/{g}/heartbeat"))
         .collect();
-    reqs.extend(path_battery(reqwest::Method::POST, EXEC, &paths, Some(&t)));
+    reqs.extend(path_battery(
+        toolrunner::platform::Method::POST,
+        EXEC,
+        &paths,
+        Some(&t),
+    ));
     run_battery(&cx, reqs).await;
 }
 
@@ -528,7 +538,7 @@ async fn garbage_get_executor_pending() {
     for g in garbage_ids() {
         paths.push(format!("/executors/{g}/pending?connection_id={con}"));
     }
-    let mut reqs = path_battery(reqwest::Method::GET, EXEC, &paths, None);
+    let mut reqs = path_battery(toolrunner::platform::Method::GET, EXEC, &paths, None);
     reqs.push((
         "no Authorization".into(),
         Req::get(&format!("/executors/exe_a/pending?connection_id={con}")),
@@ -553,7 +563,7 @@ async fn garbage_get_executor_stream() {
     for g in garbage_ids() {
         paths.push(format!("/executors/{g}/stream?connection_id={con}"));
     }
-    let mut reqs = path_battery(reqwest::Method::GET, EXEC, &paths, None);
+    let mut reqs = path_battery(toolrunner::platform::Method::GET, EXEC, &paths, None);
     reqs.push((
         "no Authorization".into(),
         Req::get(&format!("/executors/exe_a/stream?connection_id={con}")),
@@ -585,7 +595,15 @@ async fn garbage_post_executor_calls_report() {
     let t = json!({"connection_id": cx.conn.connection_id,
                    "calls": [{"run_id": cx.run.run_id, "call_id": cx.run.calls[1], "state": "pending_delivery"}]});
     let path = "/executors/exe_a/calls/report";
-    let mut reqs = body_battery(reqwest::Method::POST, path, EXEC, None, Some(&t), &[], &[]);
+    let mut reqs = body_battery(
+        toolrunner::platform::Method::POST,
+        path,
+        EXEC,
+        None,
+        Some(&t),
+        &[],
+        &[],
+    );
     for raw in [
         r#"[{"run_id": 5, "call_id": "x", "state": "released"}]"#,
         r#"[{"state": "released"}]"#,
@@ -607,7 +625,12 @@ async fn garbage_post_executor_calls_report() {
         .iter()
         .map(|g| format!("/executors/{g}/calls/report"))
         .collect();
-    reqs.extend(path_battery(reqwest::Method::POST, EXEC, &paths, Some(&t)));
+    reqs.extend(path_battery(
+        toolrunner::platform::Method::POST,
+        EXEC,
+        &paths,
+        Some(&t),
+    ));
     run_battery(&cx, reqs).await;
 }
 
@@ -616,7 +639,15 @@ async fn garbage_post_executor_disconnect() {
     let cx = ctx().await;
     let t = json!({"connection_id": cx.conn.connection_id, "mode": "drain"});
     let path = "/executors/exe_a/disconnect";
-    let mut reqs = body_battery(reqwest::Method::POST, path, EXEC, None, Some(&t), &[], &[]);
+    let mut reqs = body_battery(
+        toolrunner::platform::Method::POST,
+        path,
+        EXEC,
+        None,
+        Some(&t),
+        &[],
+        &[],
+    );
     for mode in ["\"DRAIN\"", "\"\"", "\"detach \""] {
         reqs.push((
             format!("mode = {mode}"),
@@ -627,7 +658,12 @@ async fn garbage_post_executor_disconnect() {
         .iter()
         .map(|g| format!("/executors/{g}/disconnect"))
         .collect();
-    reqs.extend(path_battery(reqwest::Method::POST, EXEC, &paths, Some(&t)));
+    reqs.extend(path_battery(
+        toolrunner::platform::Method::POST,
+        EXEC,
+        &paths,
+        Some(&t),
+    ));
     run_battery(&cx, reqs).await;
 }
 
@@ -641,13 +677,26 @@ async fn garbage_post_claim() {
         "/runs/{}/tool-calls/{}/claim",
         cx.run.run_id, cx.run.calls[0]
     );
-    let mut reqs = body_battery(reqwest::Method::POST, &path, EXEC, None, Some(&t), &[], &[]);
+    let mut reqs = body_battery(
+        toolrunner::platform::Method::POST,
+        &path,
+        EXEC,
+        None,
+        Some(&t),
+        &[],
+        &[],
+    );
     for g in garbage_ids() {
         let paths = [
             format!("/runs/{g}/tool-calls/{}/claim", cx.run.calls[0]),
             format!("/runs/{}/tool-calls/{g}/claim", cx.run.run_id),
         ];
-        reqs.extend(path_battery(reqwest::Method::POST, EXEC, &paths, Some(&t)));
+        reqs.extend(path_battery(
+            toolrunner::platform::Method::POST,
+            EXEC,
+            &paths,
+            Some(&t),
+        ));
     }
     run_battery(&cx, reqs).await;
 }
@@ -659,7 +708,7 @@ async fn garbage_post_receipts() {
     let t = progress(a, 2);
     let path = format!("/runs/{}/tool-calls/{}/receipts", a.run_id, a.call_id);
     let mut reqs = body_battery(
-        reqwest::Method::POST,
+        toolrunner::platform::Method::POST,
         &path,
         EXEC,
         Some(&a.grant),
@@ -727,7 +776,7 @@ async fn garbage_post_runs() {
     let t = json!({"agent_version": cx.fx.agent_version, "subject": "u",
                    "tool_calls": [{"tool_name": READ, "arguments": {}}]});
     let mut reqs = body_battery(
-        reqwest::Method::POST,
+        toolrunner::platform::Method::POST,
         "/runs",
         ADMIN,
         None,
@@ -765,7 +814,7 @@ async fn garbage_post_run_tool_calls() {
     let t = json!({"tool_calls": [{"tool_name": READ, "arguments": {}}]});
     let path = format!("/runs/{}/tool-calls", cx.run.run_id);
     let mut reqs = body_battery(
-        reqwest::Method::POST,
+        toolrunner::platform::Method::POST,
         &path,
         ADMIN,
         None,
@@ -789,7 +838,12 @@ async fn garbage_post_run_tool_calls() {
         .iter()
         .map(|g| format!("/runs/{g}/tool-calls"))
         .collect();
-    reqs.extend(path_battery(reqwest::Method::POST, ADMIN, &paths, Some(&t)));
+    reqs.extend(path_battery(
+        toolrunner::platform::Method::POST,
+        ADMIN,
+        &paths,
+        Some(&t),
+    ));
     run_battery(&cx, reqs).await;
 }
 
@@ -797,7 +851,15 @@ async fn garbage_post_run_tool_calls() {
 async fn garbage_post_run_cancel() {
     let cx = ctx().await;
     let path = format!("/runs/{}/cancel", cx.run.run_id);
-    let mut reqs = body_battery(reqwest::Method::POST, &path, ADMIN, None, None, &[], &[]);
+    let mut reqs = body_battery(
+        toolrunner::platform::Method::POST,
+        &path,
+        ADMIN,
+        None,
+        None,
+        &[],
+        &[],
+    );
     reqs.push((
         "runtime:read token".into(),
         Req::post(&path).token(RUNTIME_READ),
@@ -806,7 +868,12 @@ async fn garbage_post_run_cancel() {
         .iter()
         .map(|g| format!("/runs/{g}/cancel"))
         .collect();
-    reqs.extend(path_battery(reqwest::Method::POST, ADMIN, &paths, None));
+    reqs.extend(path_battery(
+        toolrunner::platform::Method::POST,
+        ADMIN,
+        &paths,
+        None,
+    ));
     run_battery(&cx, reqs).await;
     assert_eq!(cx.fx.get_run(&cx.run.run_id).await["status"], "active");
 }
@@ -815,7 +882,7 @@ async fn garbage_post_run_cancel() {
 async fn garbage_get_run() {
     let cx = ctx().await;
     let paths: Vec<String> = garbage_ids().iter().map(|g| format!("/runs/{g}")).collect();
-    let mut reqs = path_battery(reqwest::Method::GET, ADMIN, &paths, None);
+    let mut reqs = path_battery(toolrunner::platform::Method::GET, ADMIN, &paths, None);
     reqs.push((
         "no Authorization".into(),
         Req::get(&format!("/runs/{}", cx.run.run_id)),
@@ -832,7 +899,7 @@ async fn garbage_put_dev_faults() {
     let cx = ctx().await;
     let t = json!({"error_rate": 0.0, "drop_response_rate": 0.0, "latency_ms": 0, "seed": 7});
     let mut reqs = body_battery(
-        reqwest::Method::PUT,
+        toolrunner::platform::Method::PUT,
         "/dev/faults",
         ADMIN,
         None,

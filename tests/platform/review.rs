@@ -87,7 +87,7 @@ impl T {
 
     async fn raw(
         &self,
-        method: reqwest::Method,
+        method: toolrunner::platform::Method,
         token: &str,
         path: &str,
         body: Option<Vec<u8>>,
@@ -116,7 +116,7 @@ impl T {
 
     async fn post(&self, token: &str, path: &str, body: Value) -> R {
         self.raw(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             token,
             path,
             Some(serde_json::to_vec(&body).unwrap()),
@@ -127,7 +127,7 @@ impl T {
     }
 
     async fn get(&self, token: &str, path: &str) -> R {
-        self.raw(reqwest::Method::GET, token, path, None, None)
+        self.raw(toolrunner::platform::Method::GET, token, path, None, None)
             .await
             .expect("transport")
     }
@@ -183,7 +183,7 @@ impl T {
 
     async fn receipt_raw(&self, run: &str, call: &str, grant: &str, body: &[u8]) -> R {
         self.raw(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             EXEC,
             &format!("/runs/{run}/tool-calls/{call}/receipts"),
             Some(body.to_vec()),
@@ -245,7 +245,7 @@ async fn pending_cursor_at_u64_max_is_400_invalid_cursor_not_a_panic() {
     let con = t.connect("exe_a", "i1").await;
     let r = t
         .raw(
-            reqwest::Method::GET,
+            toolrunner::platform::Method::GET,
             EXEC,
             &format!(
                 "/executors/exe_a/pending?connection_id={con}&cursor=cur_18446744073709551615"

@@ -21,7 +21,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use toolrunner::platform::Platform;
 use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{CallFilter, LocalState, PgStore, ReceiptStatus, Store};
+use toolrunner::testing::store::{CallFilter, LocalState, PgStore, ReceiptStatus, Store};
 use toolrunner_devserver::{DevServer, Faults};
 
 const CALLS: usize = 36;
@@ -161,10 +161,7 @@ async fn store_of(url: &str, id: &str) -> Result<PgStore> {
 /// Calls of an identity's store that may have had their effect and are not
 /// delivered yet (`running`, `settled`).
 async fn in_flight(store: &PgStore) -> Result<usize> {
-    let filter = CallFilter {
-        states: vec![LocalState::Running, LocalState::Settled],
-        ..CallFilter::default()
-    };
+    let filter = CallFilter::new().states([LocalState::Running, LocalState::Settled]);
     Ok(store.calls(&filter).await?.len())
 }
 
@@ -256,7 +253,7 @@ async fn play(url: &str, bin: &Path, ids: &[String]) -> Result<()> {
     });
     let published = admin
         .request(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             &format!("/agents/{}/versions", agent.agent_id),
         )
         .json(&json!({ "tools": [tool] }))
@@ -555,10 +552,7 @@ async fn play(url: &str, bin: &Path, ids: &[String]) -> Result<()> {
             "{id}'s store still has {open} open calls and {pending} pending receipts:\n{rows}"
         );
         let stuck = s
-            .calls(&CallFilter {
-                states: vec![LocalState::ReconciliationRequired],
-                ..CallFilter::default()
-            })
+            .calls(&CallFilter::new().states([LocalState::ReconciliationRequired]))
             .await?;
         ensure!(stuck.is_empty(), "{id} left calls to reconcile");
     }

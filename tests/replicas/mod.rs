@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use sqlx::Connection;
 use toolrunner::platform::Platform;
-use toolrunner::store::{CallFilter, LocalState, PgStore, Store};
+use toolrunner::testing::store::{CallFilter, LocalState, PgStore, Store};
 use toolrunner_devserver::DevServer;
 
 /// A lease row: `(token, holder, adopted_by, milliseconds since renewed)`.
@@ -64,7 +64,7 @@ pub(crate) async fn clean_up(url: &str, ids: &[String]) -> Result<()> {
 /// (or an adopter) took the lease, the older one's writes are refused, and
 /// nothing of them is stored; the newer one writes.
 pub(crate) async fn a_write_with_an_older_token_is_refused(url: &str) -> Result<()> {
-    use toolrunner::store::{Change, StoreError};
+    use toolrunner::testing::store::{Change, StoreError};
     let id = format!("fence-{:08x}", rand::random::<u32>());
     let binding = format!("bnd_{:08x}", rand::random::<u32>());
     let old = PgStore::connect_as(url, &id, &binding, "ins_old").await?;

@@ -14,7 +14,7 @@ use serde_json::json;
 use sqlx::Connection;
 use toolrunner::platform::{NewToolCall, Platform};
 use toolrunner::protocol::wire::CallState;
-use toolrunner::store::PgStore;
+use toolrunner::testing::store::PgStore;
 use toolrunner::{
     CallContext, Effect, Executor, Reconciled, RunningExecutor, Shutdown, Tool, ToolError,
     async_trait,
@@ -947,7 +947,7 @@ pub(crate) async fn an_adopter_superseded_by_a_process_without_the_lease_connect
         let rogue = w
             .admin
             .with_token("dev-executor")
-            .request(reqwest::Method::POST, "/executors/connect")
+            .request(toolrunner::platform::Method::POST, "/executors/connect")
             .json(&json!({"executor_id": a, "instance_id": "ins_rogue", "binding_id": w.binding_id,
                           "tools": ["probe.write"], "capacity": 1}))
             .send()

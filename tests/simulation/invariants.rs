@@ -34,7 +34,8 @@ impl Seed {
             self.forgotten.values().flatten().cloned().collect();
         self.stats.calls = forgotten_calls.len() as u64;
         self.stats.reconciliation_required = 0;
-        let mut local: HashMap<String, Vec<(usize, toolrunner::store::LocalCall)>> = HashMap::new();
+        let mut local: HashMap<String, Vec<(usize, toolrunner::testing::store::LocalCall)>> =
+            HashMap::new();
         let mut local_receipts: HashMap<String, (usize, String, ReceiptStatus)> = HashMap::new();
         for (i, s) in self.slots.iter().enumerate() {
             let store = self.reader(&s.store_url).await?;

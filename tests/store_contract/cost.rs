@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{
+use toolrunner::testing::store::{
     Attempt, Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store,
 };
 
@@ -34,14 +34,14 @@ fn receipt(
 }
 
 fn attempt(call_id: &str) -> Attempt {
-    Attempt {
-        run_id: "run_1".into(),
-        call_id: call_id.into(),
-        operation_key: format!("op_{call_id}"),
-        executor_id: Some("exe".into()),
-        assignment_id: Some(format!("asg_{call_id}")),
-        created_at: at(LONG_AGO),
-    }
+    Attempt::seed(
+        "run_1",
+        call_id,
+        &format!("op_{call_id}"),
+        Some("exe"),
+        Some(&format!("asg_{call_id}")),
+        at(LONG_AGO),
+    )
 }
 
 /// Only calls settled for good before the cut-off go, with everything kept
@@ -52,7 +52,7 @@ pub(crate) async fn prune_takes_only_calls_settled_for_good_before_the_cut_off(
     store: &dyn Store,
 ) -> Result<()> {
     let mut reported = call("reported", LocalState::Delivered, LONG_AGO);
-    reported.report = Some(toolrunner::store::PendingReport::PendingDelivery);
+    reported.report = Some(toolrunner::testing::store::PendingReport::PendingDelivery);
     store
         .commit(vec![
             Change::InsertCall(call("old_done", LocalState::Delivered, LONG_AGO)),
@@ -234,11 +234,8 @@ pub(crate) async fn an_operator_closes_an_unknown_outcome_orphaned_call(
         ])
         .await?;
     let reconciler = toolrunner::Reconciler::new(store.clone());
-    let evidence = toolrunner::Evidence {
-        who: "ops".into(),
-        why: "the provider has no charge for this key".into(),
-        reference: Some("TICKET-1".into()),
-    };
+    let evidence = toolrunner::Evidence::new("ops", "the provider has no charge for this key")
+        .with_reference("TICKET-1");
     for refused in ["known", "waiting"] {
         let closed = reconciler.close("run_1", refused, &evidence).await;
         anyhow::ensure!(closed.is_err(), "{refused} was closed: {closed:?}");
@@ -257,8 +254,10 @@ pub(crate) async fn an_operator_closes_an_unknown_outcome_orphaned_call(
     );
     let events = store.events("run_1", "unknown").await?;
     anyhow::ensure!(
-        events.iter().any(|e| e.what == "operator_closed"
-            && e.detail.as_deref().is_some_and(|d| d.contains("TICKET-1"))),
+        events
+            .iter()
+            .any(|e| e.what() == "operator_closed"
+                && e.detail().is_some_and(|d| d.contains("TICKET-1"))),
         "the close is not in the timeline: {events:?}"
     );
     let row = store.call("run_1", "unknown").await?.expect("kept");

@@ -1,4 +1,4 @@
-//! The store contract: what every backend of `toolrunner::store::Store`
+//! The store contract: what every backend of `toolrunner::testing::store::Store`
 //! must do, written once against `&dyn Store`. The SQLite tests
 //! (`tests/executor`) and the PostgreSQL suite (`tests/postgres.rs`) run
 //! the same bodies, each on a fresh store of its own.

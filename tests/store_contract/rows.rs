@@ -1,7 +1,7 @@
 //! Rows for the store's own tests: a call and a receipt of run `run_1`.
 
 use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Timestamp};
+use toolrunner::testing::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Timestamp};
 
 /// The time the rows carry unless a test says otherwise.
 pub(crate) const TIME: &str = "2026-12-01T00:00:00.000Z";

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{
+use toolrunner::testing::store::{
     Change, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, Store, StoreError,
 };
 
@@ -166,8 +166,8 @@ pub(crate) async fn text_with_nul_characters_is_stored(store: &dyn Store) -> Res
     assert_eq!(r.last_error.as_deref(), Some("later\u{2400}error"));
     let events = store.events("run_1", "call_1").await?;
     assert!(
-        events.iter().any(|e| e.what == "note\u{2400}what"
-            && e.detail.as_deref() == Some("evidence\u{2400}detail")),
+        events.iter().any(|e| e.what() == "note\u{2400}what"
+            && e.detail() == Some("evidence\u{2400}detail")),
         "{events:?}"
     );
     Ok(())

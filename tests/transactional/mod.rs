@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use toolrunner::platform::{NewToolCall, Platform};
 use toolrunner::protocol::wire::ReceiptKind;
-use toolrunner::store::{LocalState, ReceiptStatus, Store};
+use toolrunner::testing::store::{LocalState, ReceiptStatus, Store};
 use toolrunner::{CallContext, Executor, RunningExecutor, Shutdown, ToolError, Transaction, sqlx};
 use toolrunner_devserver::DevServer;
 

@@ -14,7 +14,7 @@ pub(crate) async fn bare(
     let api = Platform::new(base, EXEC)?;
     let executor_id = "bench-bare";
     let connected = api
-        .request(reqwest::Method::POST, "/executors/connect")
+        .request(toolrunner::platform::Method::POST, "/executors/connect")
         .json(
             &json!({"executor_id": executor_id, "binding_id": binding_id,
             "tools": ["bench.noop"], "capacity": capacity}),
@@ -33,7 +33,7 @@ pub(crate) async fn bare(
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let _ = api
                     .request(
-                        reqwest::Method::POST,
+                        toolrunner::platform::Method::POST,
                         &format!("/executors/{executor_id}/heartbeat"),
                     )
                     .json(&json!({"connection_id": connection_id, "in_flight": []}))
@@ -61,7 +61,7 @@ pub(crate) async fn bare(
             free.min(100)
         );
         let page = api
-            .request(reqwest::Method::GET, &path)
+            .request(toolrunner::platform::Method::GET, &path)
             .send()
             .await?
             .json();

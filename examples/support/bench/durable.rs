@@ -17,11 +17,11 @@ pub(crate) struct StoreStats {
 pub(crate) enum DurableStore {
     Sqlite {
         store: SqliteStore,
-        _lock: toolrunner::store::StoreLock,
+        _lock: toolrunner::testing::store::StoreLock,
     },
     #[cfg(feature = "postgres")]
     Postgres {
-        store: Box<toolrunner::store::PgStore>,
+        store: Box<toolrunner::testing::store::PgStore>,
         url: String,
         schema: String,
         wal_syncs: i64,
@@ -42,12 +42,12 @@ impl DurableStore {
             #[cfg(feature = "postgres")]
             Some(url) => {
                 let schema = format!("bench_{:08x}", rand::random::<u32>());
-                toolrunner::store::PgStore::connect_in_schema(url, &schema).await?;
+                toolrunner::testing::store::PgStore::connect_in_schema(url, &schema).await?;
                 // Held as the executor holds it: every write checks the
                 // identity's fencing token first.
                 let sep = if url.contains('?') { '&' } else { '?' };
                 let in_schema = format!("{url}{sep}options=-c%20search_path%3D{schema}");
-                let store = toolrunner::store::PgStore::connect_as(
+                let store = toolrunner::testing::store::PgStore::connect_as(
                     &in_schema,
                     &format!("bench-durable-{schema}"),
                     "bnd_bench",

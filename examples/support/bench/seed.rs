@@ -6,7 +6,7 @@ use super::*;
 /// ago (each with its `accepted` and `completed` receipts, an attempt and
 /// its timeline) and `unsettled` calls waiting for reconciliation.
 pub(crate) async fn seed(store: &SqliteStore, settled: usize, unsettled: usize) -> Result<()> {
-    let long_ago: toolrunner::store::Timestamp = "2026-01-01T00:00:00.000Z".parse()?;
+    let long_ago: toolrunner::testing::store::Timestamp = "2026-01-01T00:00:00.000Z".parse()?;
     let row = |n: usize, state: LocalState| LocalCall {
         run_id: format!("run_seed_{}", n / 100),
         call_id: format!("call_seed_{n}"),
@@ -74,7 +74,10 @@ pub(crate) async fn one_call(
 ) -> Result<()> {
     let call_path = format!("/runs/{run_id}/tool-calls/{call_id}");
     let claim = api
-        .request(reqwest::Method::POST, &format!("{call_path}/claim"))
+        .request(
+            toolrunner::platform::Method::POST,
+            &format!("{call_path}/claim"),
+        )
         .json(
             &json!({"executor_id": executor_id, "connection_id": connection_id,
             "operation_key": format!("op-{call_id}")}),
@@ -99,7 +102,7 @@ pub(crate) async fn one_call(
     };
     let path = format!("{call_path}/receipts");
     let accepted = api
-        .request(reqwest::Method::POST, &path)
+        .request(toolrunner::platform::Method::POST, &path)
         .header("Tool-Grant", grant)
         .json(&receipt(0, "accepted", json!({})))
         .send()
@@ -109,7 +112,7 @@ pub(crate) async fn one_call(
         bail!("accepted was not confirmed: {accepted}");
     }
     let completed = api
-        .request(reqwest::Method::POST, &path)
+        .request(toolrunner::platform::Method::POST, &path)
         .header("Tool-Grant", grant)
         .json(&receipt(1, "completed", json!({"result": {"n": n}})))
         .send()

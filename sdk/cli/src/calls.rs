@@ -1,7 +1,7 @@
 //! `toolrunner calls list|show`.
 use std::time::Duration;
 
-use toolrunner::store::{CallFilter, LocalState};
+use toolrunner::{CallFilter, LocalState};
 
 use crate::output::{self, DbArg};
 use crate::{Failure, Outcome};
@@ -39,7 +39,7 @@ pub(crate) enum CallsCommand {
 
 pub(crate) fn parse_state(s: &str) -> Result<LocalState, String> {
     LocalState::parse(s).ok_or_else(|| {
-        let names: Vec<&str> = toolrunner::store::ALL_STATES
+        let names: Vec<&str> = toolrunner::LocalState::ALL
             .iter()
             .map(|s| s.as_str())
             .collect();
@@ -64,12 +64,13 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
                     .and_then(|d| chrono::Utc::now().checked_sub_signed(d))
                     .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC)
             });
-            let filter = CallFilter {
-                states: state.into_iter().collect(),
-                tool_name: tool,
-                updated_before,
-                ..CallFilter::default()
-            };
+            let mut filter = CallFilter::new().states(state);
+            if let Some(tool) = tool {
+                filter = filter.tool_name(tool);
+            }
+            if let Some(t) = updated_before {
+                filter = filter.updated_before(t);
+            }
             let calls = r.list(&filter).await?;
             if json {
                 return output::json(&serde_json::json!({"calls": calls}));
@@ -78,11 +79,11 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
                 .iter()
                 .map(|c| {
                     vec![
-                        format!("{}/{}", c.run_id, c.call_id),
-                        c.tool_name.clone(),
-                        c.state.as_str().to_owned(),
-                        stamp(&c.updated_at),
-                        c.reason.clone().unwrap_or_default(),
+                        format!("{}/{}", c.run_id(), c.call_id()),
+                        c.tool_name().to_owned(),
+                        c.state().as_str().to_owned(),
+                        stamp(&c.updated_at()),
+                        c.reason().unwrap_or_default().to_owned(),
                     ]
                 })
                 .collect();
@@ -100,29 +101,26 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
             if json {
                 return output::json(&t);
             }
-            let c = &t.call;
-            println!("call          {}/{}", c.run_id, c.call_id);
-            println!("tool          {}", c.tool_name);
-            println!("state         {}", c.state.as_str());
-            println!("operation key {}", c.operation_key);
-            println!(
-                "assignment    {}",
-                c.assignment_id.as_deref().unwrap_or("-")
-            );
-            println!("subject       {}", c.subject.as_deref().unwrap_or("-"));
-            println!("reason        {}", c.reason.as_deref().unwrap_or("-"));
+            let c = &t.call();
+            println!("call          {}/{}", c.run_id(), c.call_id());
+            println!("tool          {}", c.tool_name());
+            println!("state         {}", c.state().as_str());
+            println!("operation key {}", c.operation_key());
+            println!("assignment    {}", c.assignment_id().unwrap_or("-"));
+            println!("subject       {}", c.subject().unwrap_or("-"));
+            println!("reason        {}", c.reason().unwrap_or("-"));
             let receipts = t
-                .receipts
+                .receipts()
                 .iter()
                 .map(|r| {
                     vec![
-                        r.sequence.to_string(),
-                        r.kind.as_str().to_owned(),
-                        r.receipt_id.clone(),
-                        r.status.as_str().to_owned(),
-                        r.attempts.to_string(),
-                        r.last_error.clone().unwrap_or_default(),
-                        r.body.clone(),
+                        r.sequence().to_string(),
+                        r.kind().as_str().to_owned(),
+                        r.receipt_id().to_owned(),
+                        r.status().as_str().to_owned(),
+                        r.attempts().to_string(),
+                        r.last_error().unwrap_or_default().to_owned(),
+                        r.body().to_owned(),
                     ]
                 })
                 .collect();
@@ -142,13 +140,13 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
                 )
             );
             let events = t
-                .events
+                .events()
                 .iter()
                 .map(|e| {
                     vec![
-                        stamp(&e.at),
-                        e.what.clone(),
-                        e.detail.clone().unwrap_or_default(),
+                        stamp(&e.at()),
+                        e.what().to_owned(),
+                        e.detail().unwrap_or_default().to_owned(),
                     ]
                 })
                 .collect();
@@ -162,6 +160,6 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
 }
 
 /// A time as the tables show it (RFC 3339, milliseconds).
-pub(crate) fn stamp(t: &toolrunner::store::Timestamp) -> String {
+pub(crate) fn stamp(t: &toolrunner::Timestamp) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

@@ -34,26 +34,26 @@ pub(crate) async fn run(cmd: OutboxCommand) -> Outcome {
                 return output::json(&s);
             }
             let counts = s
-                .by_status
+                .by_status()
                 .iter()
                 .map(|(k, v)| vec![k.clone(), v.to_string()])
                 .collect();
             println!("{}", output::table(&["status", "receipts"], counts));
             println!(
                 "oldest undelivered: {}",
-                s.oldest_pending_at
+                s.oldest_pending_at()
                     .as_ref()
                     .map_or_else(|| "none".to_owned(), crate::calls::stamp)
             );
             let rows = s
-                .pending
+                .pending()
                 .iter()
                 .map(|r| {
                     vec![
-                        r.receipt_id.clone(),
-                        r.kind.as_str().to_owned(),
-                        r.attempts.to_string(),
-                        r.last_error.clone().unwrap_or_default(),
+                        r.receipt_id().to_owned(),
+                        r.kind().as_str().to_owned(),
+                        r.attempts().to_string(),
+                        r.last_error().unwrap_or_default().to_owned(),
                     ]
                 })
                 .collect();
@@ -85,7 +85,7 @@ pub(crate) async fn run(cmd: OutboxCommand) -> Outcome {
             println!("{} receipts sent", done.len());
             let stuck = done
                 .iter()
-                .filter(|(_, s)| *s == toolrunner::store::ReceiptStatus::Pending)
+                .filter(|(_, s)| *s == toolrunner::ReceiptStatus::Pending)
                 .count();
             if stuck > 0 {
                 return Err(Failure::Refused(format!(

@@ -79,10 +79,10 @@ impl EvidenceArgs {
                 "--evidence must say what was checked".into(),
             ));
         }
-        Ok(Evidence {
-            who: self.who.clone(),
-            why: self.evidence.clone(),
-            reference: self.reference.clone(),
+        let evidence = Evidence::new(&self.who, &self.evidence);
+        Ok(match &self.reference {
+            Some(r) => evidence.with_reference(r),
+            None => evidence,
         })
     }
 }
@@ -137,15 +137,15 @@ pub(crate) async fn run(cmd: ReconcileCommand) -> Outcome {
             if json {
                 return output::json(&done);
             }
-            let how = if done.delivered {
+            let how = if done.delivered() {
                 "delivered"
             } else {
                 "saved; the running executor's outbox delivers it"
             };
             println!(
                 "resolved {run_id}/{call_id}: receipt {} {how} (state {})",
-                done.receipt_id,
-                done.state.as_str()
+                done.receipt_id(),
+                done.state().as_str()
             );
             Ok(())
         }

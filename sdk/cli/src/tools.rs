@@ -211,7 +211,7 @@ fn platform(base_url: &str, token: &str) -> Result<Platform, Failure> {
 
 async fn dry_run(base_url: &str, token: &str, body: Value) -> Outcome {
     let resp = platform(base_url, token)?
-        .request(reqwest::Method::POST, "/tools/dry-run")
+        .request(toolrunner::platform::Method::POST, "/tools/dry-run")
         .json(&body)
         .send()
         .await

@@ -39,15 +39,19 @@ impl Platform {
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        self.send(self.http.request(reqwest::Method::POST, path).json(&body))
-            .await
+        self.send(
+            self.http
+                .request(toolrunner::platform::Method::POST, path)
+                .json(&body),
+        )
+        .await
     }
 
     async fn run(&self, run_id: &str) -> Value {
-        self.send(
-            self.http
-                .request(reqwest::Method::GET, &format!("/runs/{run_id}")),
-        )
+        self.send(self.http.request(
+            toolrunner::platform::Method::GET,
+            &format!("/runs/{run_id}"),
+        ))
         .await
     }
 

@@ -227,8 +227,10 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
         #[derive(Debug, Clone, Copy)]
         #vis struct #ident;
 
+        impl ::toolrunner::__private::Sealed for #ident {}
+
         impl ::toolrunner::IntoTool for #ident {
-            fn into_tool(self) -> ::toolrunner::Registered {
+            fn into_tool(self) -> ::toolrunner::__private::Registered {
                 ::toolrunner::IntoTool::into_tool(
                     #constructor(#name, #inner)
                         .describe(#description)

@@ -14,7 +14,7 @@ use crate::gate::Gate;
 use crate::net::client::{Backoff, Client};
 use crate::runner::template::Template;
 use crate::runner::{Config, CrashPlan, RunningExecutor};
-use crate::store::{DEFAULT_LEASE_TTL, Store};
+use crate::store::DEFAULT_LEASE_TTL;
 
 /// Builds an [`Executor`]. Settings are checked at [`build`](Self::build).
 #[must_use]
@@ -328,7 +328,9 @@ impl ExecutorBuilder {
     /// # Errors
     /// A missing base URL, token, executor id, binding id or authorizer; an
     /// invalid executor id; capacity 0; no tools; duplicate tool names; a
-    /// tool whose schemas fail the protocol's tool-definition checks.
+    /// tool whose schemas fail the protocol's tool-definition checks. A
+    /// `postgres://` store URL without the `postgres` feature is
+    /// [`is_missing_feature`](Error::is_missing_feature).
     pub fn build(self) -> Result<Executor> {
         let missing = |what: &str, var: &str| {
             Error::new(
@@ -374,6 +376,14 @@ impl ExecutorBuilder {
         }
         if self.capacity == 0 {
             return Err(Error::new(Kind::Builder, "capacity must be at least 1"));
+        }
+        // Said at build(), not at start(): the build lacks what the URL asks.
+        #[cfg(not(feature = "postgres"))]
+        if crate::store::is_postgres(&self.store_url) {
+            return Err(crate::error::missing_feature(
+                "a postgres:// store",
+                "postgres",
+            ));
         }
         if self.takeover_grace.is_some() && !crate::store::is_postgres(&self.store_url) {
             return Err(Error::new(
@@ -618,15 +628,20 @@ impl Executor {
         self.template.start().await
     }
 
-    /// Like [`start`](Self::start) with a store of your own. No lock is
-    /// taken: never let two executor processes drive one store (for a
-    /// [`SqliteStore`](crate::store::SqliteStore), hold
-    /// [`SqliteStore::lock`](crate::store::SqliteStore::lock) for as long
-    /// as the executor runs).
+    /// Like [`start`](Self::start) with a store of the testing seam
+    /// ([`testing::store`](crate::testing::store)). No lock is taken: never
+    /// let two executor processes drive one store (for a
+    /// [`SqliteStore`](crate::testing::store::SqliteStore), hold
+    /// [`SqliteStore::lock`](crate::testing::store::SqliteStore::lock) for
+    /// as long as the executor runs).
     ///
     /// # Errors
     /// The platform refuses the connect.
-    pub async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
+    #[cfg(feature = "testing")]
+    pub async fn start_with_store(
+        self,
+        store: Arc<dyn crate::store::Store>,
+    ) -> Result<RunningExecutor> {
         self.template.start_with_store(store).await
     }
 }

@@ -25,6 +25,7 @@ pub(crate) enum Kind {
     Platform,
     Unreachable,
     Refused,
+    MissingFeature,
 }
 
 impl Error {
@@ -93,6 +94,13 @@ impl Error {
         self.kind == Kind::Refused
     }
 
+    /// What was asked needs a cargo feature this build of the SDK lacks
+    /// (a `postgres://` store without the `postgres` feature): turn the
+    /// feature on in your `Cargo.toml`.
+    pub fn is_missing_feature(&self) -> bool {
+        self.kind == Kind::MissingFeature
+    }
+
     /// The platform could not be reached after retries.
     pub fn is_unreachable(&self) -> bool {
         self.kind == Kind::Unreachable
@@ -158,6 +166,17 @@ pub(crate) fn from_api(api: ApiError) -> Error {
     Error::new(kind, message).with_api(api)
 }
 
+/// The error for `what`, which needs the cargo feature `feature`.
+#[cfg_attr(feature = "postgres", allow(dead_code))]
+pub(crate) fn missing_feature(what: &str, feature: &str) -> Error {
+    Error::new(
+        Kind::MissingFeature,
+        format!(
+            "{what} needs the `{feature}` feature of toolrunner: toolrunner = {{ version = \"0.1\", features = [\"{feature}\"] }}"
+        ),
+    )
+}
+
 /// A `Result` with the SDK's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -182,5 +201,21 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_feature_is_its_own_kind_and_says_what_to_turn_on() {
+        let e = missing_feature("a postgres:// store", "postgres");
+        assert!(e.is_missing_feature());
+        assert!(!e.is_configuration() && !e.is_builder() && !e.is_store());
+        assert_eq!(
+            e.to_string(),
+            "a postgres:// store needs the `postgres` feature of toolrunner: toolrunner = { version = \"0.1\", features = [\"postgres\"] }"
+        );
     }
 }

@@ -12,7 +12,13 @@ mod lifecycle;
 mod net;
 mod reconciler;
 mod runner;
-pub mod store;
+// The persistence SPI stays inside the crate: its `pub` items are reached
+// only through the `testing` seam (`toolrunner::testing::store`).
+#[cfg_attr(
+    not(feature = "testing"),
+    allow(unreachable_pub, dead_code, unused_imports)
+)]
+mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -21,8 +27,6 @@ pub use net::platform;
 pub use api::authorizer::{AllowAll, AuthorizationRequest, Authorizer, Denied};
 pub use api::context::{CallContext, CommitPointError, Progress, ProgressError};
 pub use api::function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
-#[doc(hidden)]
-pub use api::function::{Registered, StateNeed, States};
 pub use api::handler::{DEFAULT_COMMIT_WINDOW, Effect, OutcomeExt, Reconciled, Tool, ToolError};
 pub use api::transaction::Transaction;
 pub use builder::ENV_VARS;
@@ -41,6 +45,18 @@ pub use reconciler::{
     CallSummary, Evidence, OutboxStatus, Outcome, ReceiptView, Reconciler, Resolved, Timeline,
 };
 pub use runner::{RunningExecutor, Shutdown};
+pub use store::{
+    Attempt, CallFilter, Event as TimelineEvent, LocalState, ReceiptStatus, Timestamp, UnknownName,
+};
+
+/// The PostgreSQL schema that holds the store of the executor identity
+/// `executor_id` on a `postgres://` store: the schema a transactional
+/// tool's own tables go in, so that its writes and the call's receipt
+/// commit in one transaction (`examples/orders.rs`).
+#[cfg(feature = "postgres")]
+pub fn postgres_schema(executor_id: &str) -> String {
+    store::PgStore::identity_schema(executor_id)
+}
 
 /// Re-exported for `#[async_trait]` on handlers.
 pub use async_trait::async_trait;
@@ -51,3 +67,11 @@ pub use schemars;
 pub use sqlx;
 /// The protocol's types and rules.
 pub use toolrunner_protocol as protocol;
+
+/// What the `#[toolrunner::tool]` attribute's expansion names. Not part of
+/// the API: nothing here is for you to name or implement, and it changes
+/// without notice.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::api::function::{Registered, Sealed, StateNeed, States};
+}

@@ -22,26 +22,68 @@ use crate::store::{
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct CallSummary {
+    pub(crate) run_id: String,
+    pub(crate) call_id: String,
+    pub(crate) tool_name: String,
+    pub(crate) state: LocalState,
+    pub(crate) operation_key: String,
+    pub(crate) assignment_id: Option<String>,
+    pub(crate) subject: Option<String>,
+    pub(crate) reason: Option<String>,
+    pub(crate) created_at: Timestamp,
+    pub(crate) updated_at: Timestamp,
+}
+
+impl CallSummary {
     /// Run.
-    pub run_id: String,
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
     /// Call.
-    pub call_id: String,
+    pub fn call_id(&self) -> &str {
+        &self.call_id
+    }
+
     /// Tool.
-    pub tool_name: String,
+    pub fn tool_name(&self) -> &str {
+        &self.tool_name
+    }
+
     /// Local state.
-    pub state: LocalState,
+    pub fn state(&self) -> LocalState {
+        self.state
+    }
+
     /// The operation key (the idempotency key handlers passed downstream).
-    pub operation_key: String,
+    pub fn operation_key(&self) -> &str {
+        &self.operation_key
+    }
+
     /// The assignment, if any.
-    pub assignment_id: Option<String>,
+    pub fn assignment_id(&self) -> Option<&str> {
+        self.assignment_id.as_deref()
+    }
+
     /// Whom the run acts for.
-    pub subject: Option<String>,
+    pub fn subject(&self) -> Option<&str> {
+        self.subject.as_deref()
+    }
+
     /// Why it is in its state.
-    pub reason: Option<String>,
+    pub fn reason(&self) -> Option<&str> {
+        self.reason.as_deref()
+    }
+
     /// When this store first held the call.
-    pub created_at: Timestamp,
+    pub fn created_at(&self) -> Timestamp {
+        self.created_at
+    }
+
     /// When it last changed.
-    pub updated_at: Timestamp,
+    pub fn updated_at(&self) -> Timestamp {
+        self.updated_at
+    }
 }
 
 impl From<&LocalCall> for CallSummary {
@@ -65,26 +107,68 @@ impl From<&LocalCall> for CallSummary {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ReceiptView {
+    pub(crate) receipt_id: String,
+    pub(crate) kind: ReceiptKind,
+    pub(crate) sequence: u64,
+    pub(crate) assignment_id: String,
+    pub(crate) status: ReceiptStatus,
+    pub(crate) attempts: u32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) created_at: Timestamp,
+    pub(crate) delivered_at: Option<Timestamp>,
+    pub(crate) body: String,
+}
+
+impl ReceiptView {
     /// Id.
-    pub receipt_id: String,
+    pub fn receipt_id(&self) -> &str {
+        &self.receipt_id
+    }
+
     /// Kind.
-    pub kind: ReceiptKind,
+    pub fn kind(&self) -> ReceiptKind {
+        self.kind
+    }
+
     /// Sequence.
-    pub sequence: u64,
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
     /// Assignment.
-    pub assignment_id: String,
+    pub fn assignment_id(&self) -> &str {
+        &self.assignment_id
+    }
+
     /// Delivery status.
-    pub status: ReceiptStatus,
+    pub fn status(&self) -> &ReceiptStatus {
+        &self.status
+    }
+
     /// Delivery attempts.
-    pub attempts: u32,
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
     /// Last delivery error.
-    pub last_error: Option<String>,
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
     /// When it was saved.
-    pub created_at: Timestamp,
+    pub fn created_at(&self) -> Timestamp {
+        self.created_at
+    }
+
     /// When the platform acknowledged it.
-    pub delivered_at: Option<Timestamp>,
+    pub fn delivered_at(&self) -> Option<Timestamp> {
+        self.delivered_at
+    }
+
     /// The stored bytes, exactly as sent.
-    pub body: String,
+    pub fn body(&self) -> &str {
+        &self.body
+    }
 }
 
 impl From<&OutboxReceipt> for ReceiptView {
@@ -108,14 +192,32 @@ impl From<&OutboxReceipt> for ReceiptView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Timeline {
+    pub(crate) call: CallSummary,
+    pub(crate) receipts: Vec<ReceiptView>,
+    pub(crate) events: Vec<TimelineEvent>,
+    pub(crate) attempts: Vec<Attempt>,
+}
+
+impl Timeline {
     /// The call.
-    pub call: CallSummary,
+    pub fn call(&self) -> &CallSummary {
+        &self.call
+    }
+
     /// Its receipts in sequence order.
-    pub receipts: Vec<ReceiptView>,
+    pub fn receipts(&self) -> &[ReceiptView] {
+        &self.receipts
+    }
+
     /// Every state change and action, oldest first.
-    pub events: Vec<TimelineEvent>,
+    pub fn events(&self) -> &[TimelineEvent] {
+        &self.events
+    }
+
     /// Every operation key and assignment the call had, oldest first.
-    pub attempts: Vec<Attempt>,
+    pub fn attempts(&self) -> &[Attempt] {
+        &self.attempts
+    }
 }
 
 /// How an operator settles a call.
@@ -139,39 +241,105 @@ pub enum Outcome {
 }
 
 /// Who decided, why, and where the proof is.
+///
+/// ```
+/// let evidence = toolrunner::Evidence::new("on-call", "the provider shows the charge")
+///     .with_reference("INC-7");
+/// # let _ = evidence;
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Evidence {
+    pub(crate) who: String,
+    pub(crate) why: String,
+    pub(crate) reference: Option<String>,
+}
+
+impl Evidence {
+    /// Evidence given by `who` (the operator), saying `why` the outcome is
+    /// right; both must be non-empty when it is used.
+    pub fn new(who: impl Into<String>, why: impl Into<String>) -> Evidence {
+        Evidence {
+            who: who.into(),
+            why: why.into(),
+            reference: None,
+        }
+    }
+
+    /// Where the proof is: a ticket, a provider's transaction id, ….
+    #[must_use]
+    pub fn with_reference(mut self, reference: impl Into<String>) -> Evidence {
+        self.reference = Some(reference.into());
+        self
+    }
+
     /// Operator.
-    pub who: String,
+    pub fn who(&self) -> &str {
+        &self.who
+    }
+
     /// Why this outcome is right.
-    pub why: String,
-    /// A reference (ticket, provider transaction id, …).
-    pub reference: Option<String>,
+    pub fn why(&self) -> &str {
+        &self.why
+    }
+
+    /// The reference (ticket, provider transaction id, …), if one was given.
+    pub fn reference(&self) -> Option<&str> {
+        self.reference.as_deref()
+    }
 }
 
 /// What a resolve did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Resolved {
+    pub(crate) receipt_id: String,
+    pub(crate) state: LocalState,
+    pub(crate) delivered: bool,
+}
+
+impl Resolved {
     /// The new final receipt.
-    pub receipt_id: String,
+    pub fn receipt_id(&self) -> &str {
+        &self.receipt_id
+    }
+
     /// The call's local state afterwards.
-    pub state: LocalState,
+    pub fn state(&self) -> LocalState {
+        self.state
+    }
+
     /// Whether it was delivered now (otherwise the running executor's
     /// outbox delivers it).
-    pub delivered: bool,
+    pub fn delivered(&self) -> bool {
+        self.delivered
+    }
 }
 
 /// Counts of the outbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct OutboxStatus {
+    pub(crate) by_status: std::collections::BTreeMap<String, usize>,
+    pub(crate) oldest_pending_at: Option<Timestamp>,
+    pub(crate) pending: Vec<ReceiptView>,
+}
+
+impl OutboxStatus {
     /// Receipts by delivery status.
-    pub by_status: std::collections::BTreeMap<String, usize>,
+    pub fn by_status(&self) -> &std::collections::BTreeMap<String, usize> {
+        &self.by_status
+    }
+
     /// The oldest undelivered receipt's creation time.
-    pub oldest_pending_at: Option<Timestamp>,
+    pub fn oldest_pending_at(&self) -> Option<Timestamp> {
+        self.oldest_pending_at
+    }
+
     /// The undelivered receipts.
-    pub pending: Vec<ReceiptView>,
+    pub fn pending(&self) -> &[ReceiptView] {
+        &self.pending
+    }
 }
 
 /// Why a request was refused (exit code 1 in the CLI).
@@ -185,24 +353,19 @@ fn refused(msg: impl Into<String>) -> Error {
 ///
 /// ```rust,no_run
 /// # async fn demo() -> toolrunner::Result<()> {
-/// use toolrunner::store::{CallFilter, LocalState};
-/// use toolrunner::{Evidence, Outcome, Reconciler};
+/// use toolrunner::{CallFilter, Evidence, LocalState, Outcome, Reconciler};
 ///
 /// let reconciler = Reconciler::open("sqlite:///var/lib/app/toolrunner.db")
 ///     .await?
 ///     .with_platform("https://platform.example", "…")?;
 /// let waiting = reconciler
-///     .list(&CallFilter { states: vec![LocalState::ReconciliationRequired], ..Default::default() })
+///     .list(&CallFilter::new().state(LocalState::ReconciliationRequired))
 ///     .await?;
 /// for call in waiting {
-///     // Look call.operation_key up in the business system first.
-///     let evidence = Evidence {
-///         who: "on-call".into(),
-///         why: "the provider shows the charge".into(),
-///         reference: Some("INC-7".into()),
-///     };
+///     // Look call.operation_key() up in the business system first.
+///     let evidence = Evidence::new("on-call", "the provider shows the charge").with_reference("INC-7");
 ///     let outcome = Outcome::Completed(serde_json::json!({"charge_id": "ch_9"}));
-///     reconciler.resolve(&call.run_id, &call.call_id, outcome, &evidence).await?;
+///     reconciler.resolve(call.run_id(), call.call_id(), outcome, &evidence).await?;
 /// }
 /// # Ok(()) }
 /// ```
@@ -244,7 +407,8 @@ impl Reconciler {
         })
     }
 
-    /// Over a store of your own.
+    /// Over a store of the testing seam ([`testing::store`](crate::testing::store)).
+    #[cfg(feature = "testing")]
     pub fn new(store: Arc<dyn Store>) -> Reconciler {
         Reconciler {
             store,

@@ -491,3 +491,16 @@ impl TestKit {
 }
 
 pub use crate::gate::ProcessFaults;
+
+/// The store's rows and writes, for tests that seed or read raw rows
+/// (a backfill, a corrupt row, a store that fails on purpose) and for
+/// benchmarks that time the store alone.
+///
+/// This is a seam for tests, not an extension point: the `Store` trait,
+/// [`Change`](store::Change) and the rows follow the executor's schema
+/// and change in any release, without notice. A product reads its calls
+/// through [`Reconciler`](crate::Reconciler) and writes them only through
+/// the executor.
+pub mod store {
+    pub use crate::store::*;
+}

@@ -14,7 +14,7 @@ use assert_cmd::Command;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use toolrunner::protocol::wire::{Assignment, Grant, ReceiptKind};
-use toolrunner::store::{
+use toolrunner::testing::store::{
     Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, SqliteStore,
     Store,
 };
@@ -54,7 +54,7 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-fn now() -> toolrunner::store::Timestamp {
+fn now() -> toolrunner::testing::store::Timestamp {
     let t = chrono::Utc::now();
     chrono::DurationRound::duration_trunc(t, chrono::TimeDelta::milliseconds(1)).unwrap_or(t)
 }
@@ -550,7 +550,7 @@ impl Platform {
 
     fn send(
         &self,
-        method: reqwest::Method,
+        method: toolrunner::platform::Method,
         path: &str,
         token: &str,
         body: Option<&Value>,
@@ -570,7 +570,13 @@ impl Platform {
     }
 
     fn post(&self, path: &str, token: &str, body: &Value, grant: Option<&str>) -> (u16, Value) {
-        self.send(reqwest::Method::POST, path, token, Some(body), grant)
+        self.send(
+            toolrunner::platform::Method::POST,
+            path,
+            token,
+            Some(body),
+            grant,
+        )
     }
 
     fn agent_id(&self) -> String {
@@ -578,7 +584,7 @@ impl Platform {
     }
 
     fn get(&self, path: &str, token: &str) -> (u16, Value) {
-        self.send(reqwest::Method::GET, path, token, None, None)
+        self.send(toolrunner::platform::Method::GET, path, token, None, None)
     }
 
     /// Starts a run with one `ledger.post` call, claims it as `executor_id`
@@ -621,7 +627,7 @@ impl Platform {
             let resp = self
                 .http
                 .request(
-                    reqwest::Method::POST,
+                    toolrunner::platform::Method::POST,
                     &format!("/runs/{run_id}/tool-calls/{call_id}/receipts"),
                 )
                 .token(Some(EXEC))

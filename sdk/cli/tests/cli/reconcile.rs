@@ -48,10 +48,10 @@ fn resolution_note(f: &Fixture, call_ref: &str) -> Value {
     let events = f.events(call_ref);
     let notes: Vec<&Event> = events
         .iter()
-        .filter(|e| e.what == "resolved by operator")
+        .filter(|e| e.what() == "resolved by operator")
         .collect();
     assert_eq!(notes.len(), 1, "{events:?}");
-    let detail = notes[0].detail.as_deref().expect("the note has a detail");
+    let detail = notes[0].detail().expect("the note has a detail");
     serde_json::from_str(detail).expect("the detail is the evidence as JSON")
 }
 
@@ -407,7 +407,7 @@ fn resolve_refuses_a_result_that_breaks_the_output_schema_and_changes_nothing() 
         assert!(
             !f.events(RECON)
                 .iter()
-                .any(|e| e.what == "resolved by operator")
+                .any(|e| e.what() == "resolved by operator")
         );
     }
     // Text that is not acceptable JSON is refused as well.
@@ -669,12 +669,9 @@ fn compensated_records_a_rejected_call() {
     let events = f.events(REJECTED);
     let note = events
         .iter()
-        .find(|e| {
-            e.what == "compensated" && e.detail.as_deref().is_some_and(|d| d.contains("re_77"))
-        })
+        .find(|e| e.what() == "compensated" && e.detail().is_some_and(|d| d.contains("re_77")))
         .expect("the evidence is in the timeline");
-    let detail: Value =
-        serde_json::from_str(note.detail.as_deref().expect("detail")).expect("JSON");
+    let detail: Value = serde_json::from_str(note.detail().expect("detail")).expect("JSON");
     assert_eq!(
         detail,
         json!({"who": "frank", "why": "refund re_77 issued", "reference": "re_77"})

@@ -136,10 +136,32 @@ impl From<String> for Progress {
     }
 }
 
-/// Why a progress report could not be stored.
+/// Why a progress report was not stored (nor sent).
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("progress could not be stored: {0}")]
-pub struct ProgressError(pub(crate) String);
+#[non_exhaustive]
+pub enum ProgressError {
+    /// The call is no longer running for this handler (it settled, its
+    /// run was cancelled, or its assignment moved on): stop reporting.
+    #[error(
+        "progress was not stored: the call is {}, no longer running",
+        state.map_or("gone", crate::store::LocalState::as_str)
+    )]
+    NotRunning {
+        /// The call's local state now (`None` if the store no longer
+        /// holds it).
+        state: Option<crate::store::LocalState>,
+    },
+    /// The call's transaction is open on a SQLite store, whose write lock
+    /// the progress receipt would wait for: report progress before
+    /// [`CallContext::transaction`].
+    #[error(
+        "progress cannot be stored while the call's transaction holds the SQLite store's write lock: report it before ctx.transaction(…)"
+    )]
+    TransactionOpen,
+    /// The store failed: whether the report was kept is unknown.
+    #[error("progress could not be stored: {0}")]
+    Store(#[source] crate::Error),
+}
 
 /// The context of one call: owned and cheap to clone, so a handler may
 /// hand it to tasks of its own.
@@ -397,9 +419,7 @@ impl CallContext {
         // On SQLite the open transaction holds the write lock the progress
         // receipt would wait for: say so at once instead of waiting.
         if self.sqlite_open.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(ProgressError(
-                "progress cannot be stored while the call's transaction holds the SQLite store's write lock: report it before ctx.transaction(…)".into(),
-            ));
+            return Err(ProgressError::TransactionOpen);
         }
         let p = progress.into();
         self.host

@@ -77,8 +77,8 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct State<T>(pub T);
 
-/// The shared states by type (the executor's business).
-#[doc(hidden)]
+/// The shared states by type (the executor's business; it appears only in
+/// the sealed handler traits' hidden methods).
 #[derive(Clone, Default)]
 pub struct States(HashMap<TypeId, Arc<dyn Any + Send + Sync>>);
 
@@ -99,8 +99,7 @@ impl States {
     }
 }
 
-/// A state type a handler takes.
-#[doc(hidden)]
+/// A state type a handler takes (the executor's business, as `States`).
 #[derive(Debug, Clone, Copy)]
 pub struct StateNeed {
     id: TypeId,
@@ -133,7 +132,7 @@ fn missing<T>() -> ToolError {
     note = "a tool handler is `async fn(ctx: CallContext, input: Input) -> Result<Output, ToolError>`, with `Input: Deserialize + JsonSchema` and `Output: Serialize + JsonSchema` (derive them, or put #[toolrunner::schema] on the types)",
     note = "shared state comes first: `async fn(State(db): State<Db>, ctx: CallContext, input: Input) -> Result<Output, ToolError>`"
 )]
-pub trait Handler<Args, I, O>: Clone + Send + Sync + 'static {
+pub trait Handler<Args, I, O>: sealed::Handler<Args, I, O> + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     fn call(&self, states: &States, ctx: CallContext, input: I) -> BoxFuture<Result<O, ToolError>>;
     #[doc(hidden)]
@@ -183,7 +182,9 @@ where
     note = "a reconcile hook is `async fn(ctx: CallContext) -> Reconciled<Output>` with the tool's own Output type; it looks ctx.operation_key() up in the business system",
     note = "shared state comes first: `async fn(State(db): State<Db>, ctx: CallContext) -> Reconciled<Output>`"
 )]
-pub trait ReconcileHandler<Args, O>: Clone + Send + Sync + 'static {
+pub trait ReconcileHandler<Args, O>:
+    sealed::ReconcileHandler<Args, O> + Clone + Send + Sync + 'static
+{
     #[doc(hidden)]
     fn call(&self, states: &States, ctx: CallContext) -> BoxFuture<Reconciled<O>>;
     #[doc(hidden)]
@@ -393,15 +394,60 @@ impl<O: Serialize + Send + 'static> FnTool<O> {
     label = "not a tool",
     note = "give `.tool(..)` a function marked #[toolrunner::tool(name = \"…\", effect = write)], a `toolrunner::tool::write(\"name\", handler)`, or a type that implements `toolrunner::Tool`"
 )]
-pub trait IntoTool {
+pub trait IntoTool: Sealed {
     /// Registers it (the executor's business).
     #[doc(hidden)]
     fn into_tool(self) -> Registered;
 }
 
-/// A tool as registered, before the executor binds its state.
-#[doc(hidden)]
+/// A tool as registered, before the executor binds its state (named only
+/// by the `#[toolrunner::tool]` expansion, through `__private`).
 pub struct Registered(pub(crate) Kind);
+
+/// What may be an [`IntoTool`]: a [`Tool`](crate::Tool), an [`FnTool`],
+/// or the type `#[toolrunner::tool]` makes (its expansion implements this
+/// through `toolrunner::__private`; nothing else should).
+pub trait Sealed {}
+
+impl<T: Tool> Sealed for T {}
+impl<O> Sealed for FnTool<O> {}
+
+/// The seals of the handler traits: implemented here for the function
+/// shapes, and nameable nowhere else.
+mod sealed {
+    use super::{CallContext, Reconciled, State, ToolError};
+    use std::future::Future;
+
+    #[allow(unreachable_pub)]
+    pub trait Handler<Args, I, O> {}
+    impl<F, Fut, I, O> Handler<(CallContext, I), I, O> for F
+    where
+        F: Fn(CallContext, I) -> Fut,
+        Fut: Future<Output = Result<O, ToolError>>,
+    {
+    }
+    impl<F, Fut, S, I, O> Handler<(State<S>, CallContext, I), I, O> for F
+    where
+        F: Fn(State<S>, CallContext, I) -> Fut,
+        Fut: Future<Output = Result<O, ToolError>>,
+    {
+    }
+
+    #[allow(unreachable_pub)]
+    pub trait ReconcileHandler<Args, O> {}
+    impl<F, Fut, O> ReconcileHandler<(CallContext,), O> for F
+    where
+        F: Fn(CallContext) -> Fut,
+        Fut: Future<Output = Reconciled<O>>,
+    {
+    }
+    impl<F, Fut, S, O> ReconcileHandler<(State<S>, CallContext), O> for F
+    where
+        F: Fn(State<S>, CallContext) -> Fut,
+        Fut: Future<Output = Reconciled<O>>,
+    {
+    }
+}
 
 pub(crate) enum Kind {
     Trait(Arc<dyn ErasedTool>),

@@ -46,6 +46,46 @@ pub use toolrunner_protocol::wire::{
 use crate::error::{Error, Kind, Result};
 use toolrunner_protocol::error::{ApiError, ErrorEnvelope};
 
+/// The method of a request of your own ([`Platform::request`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Method(reqwest::Method);
+
+impl Method {
+    /// `GET`.
+    pub const GET: Method = Method(reqwest::Method::GET);
+    /// `POST`.
+    pub const POST: Method = Method(reqwest::Method::POST);
+    /// `PUT`.
+    pub const PUT: Method = Method(reqwest::Method::PUT);
+    /// `PATCH`.
+    pub const PATCH: Method = Method(reqwest::Method::PATCH);
+    /// `DELETE`.
+    pub const DELETE: Method = Method(reqwest::Method::DELETE);
+    /// `HEAD`.
+    pub const HEAD: Method = Method(reqwest::Method::HEAD);
+    /// `OPTIONS`.
+    pub const OPTIONS: Method = Method(reqwest::Method::OPTIONS);
+
+    /// The method named `name` (any HTTP token, case-sensitive as HTTP
+    /// methods are), or `None` if it is not a valid method name.
+    pub fn parse(name: &str) -> Option<Method> {
+        reqwest::Method::from_bytes(name.as_bytes())
+            .ok()
+            .map(Method)
+    }
+
+    /// Its name, as sent (`GET`, `POST`, …).
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The platform's configuration and run endpoints.
 #[derive(Clone)]
 pub struct Platform {
@@ -199,16 +239,16 @@ impl Platform {
 
     /// A request of your own to `path` (under `/v1`, e.g. `/runs`), with
     /// this client's token.
-    pub fn request(&self, method: reqwest::Method, path: &str) -> RawRequest {
+    pub fn request(&self, method: Method, path: &str) -> RawRequest {
         self.request_to(method, &format!("/v1{path}"))
     }
 
     /// A request of your own to `path` taken from the base URL itself (not
     /// under `/v1`), with this client's token.
-    pub fn request_to(&self, method: reqwest::Method, path: &str) -> RawRequest {
+    pub fn request_to(&self, method: Method, path: &str) -> RawRequest {
         RawRequest {
             http: self.http.clone(),
-            method,
+            method: method.0,
             url: format!("{}{path}", self.base),
             token: Some(self.token.clone()),
             headers: Vec::new(),
@@ -226,7 +266,7 @@ impl Platform {
 
     async fn call<T: DeserializeOwned>(
         &self,
-        method: reqwest::Method,
+        method: Method,
         path: &str,
         body: Option<Value>,
     ) -> Result<T> {
@@ -268,12 +308,8 @@ impl Platform {
     /// # Errors
     /// The platform refused it (the error carries its status and code).
     pub async fn create_agent(&self, name: &str) -> Result<Agent> {
-        self.call(
-            reqwest::Method::POST,
-            "/agents",
-            Some(json!({"name": name})),
-        )
-        .await
+        self.call(Method::POST, "/agents", Some(json!({"name": name})))
+            .await
     }
 
     /// `POST /executor-bindings`: the tools an executor may serve for an
@@ -288,7 +324,7 @@ impl Platform {
         tool_names: &[&str],
     ) -> Result<Binding> {
         let body = json!({"agent_id": agent_id, "name": name, "tool_names": tool_names});
-        self.call(reqwest::Method::POST, "/executor-bindings", Some(body))
+        self.call(Method::POST, "/executor-bindings", Some(body))
             .await
     }
 
@@ -299,7 +335,7 @@ impl Platform {
     pub async fn bindings(&self, agent_id: &str) -> Result<Vec<Binding>> {
         let list: List<Binding> = self
             .call(
-                reqwest::Method::GET,
+                Method::GET,
                 &format!("/executor-bindings?agent_id={agent_id}"),
                 None,
             )
@@ -315,7 +351,7 @@ impl Platform {
     pub async fn publish(&self, agent_id: &str, tools: &[ToolDefinition]) -> Result<AgentVersion> {
         let body = json!({"tools": Self::json(&tools)});
         self.call(
-            reqwest::Method::POST,
+            Method::POST,
             &format!("/agents/{agent_id}/versions"),
             Some(body),
         )
@@ -328,7 +364,7 @@ impl Platform {
     /// The platform refused it.
     pub async fn version(&self, agent_id: &str, agent_version: &str) -> Result<AgentVersion> {
         self.call(
-            reqwest::Method::GET,
+            Method::GET,
             &format!("/agents/{agent_id}/versions/{agent_version}"),
             None,
         )
@@ -341,7 +377,7 @@ impl Platform {
     /// The platform refused it.
     pub async fn diagnostics(&self, agent_id: &str, binding_id: &str) -> Result<Diagnostics> {
         self.call(
-            reqwest::Method::GET,
+            Method::GET,
             &format!("/agents/{agent_id}/executor-bindings/{binding_id}/diagnostics"),
             None,
         )
@@ -353,12 +389,8 @@ impl Platform {
     /// # Errors
     /// The platform refused it.
     pub async fn dry_run(&self, body: &DryRun) -> Result<DryRunAnswer> {
-        self.call(
-            reqwest::Method::POST,
-            "/tools/dry-run",
-            Some(Self::json(body)),
-        )
-        .await
+        self.call(Method::POST, "/tools/dry-run", Some(Self::json(body)))
+            .await
     }
 
     /// `POST /runs` (the development platform): a run whose model asked
@@ -375,7 +407,7 @@ impl Platform {
     ) -> Result<Run> {
         let body = json!({"agent_version": agent_version, "subject": subject,
                           "tool_calls": Self::json(&calls)});
-        self.call(reqwest::Method::POST, "/runs", Some(body)).await
+        self.call(Method::POST, "/runs", Some(body)).await
     }
 
     /// `POST /runs/{run_id}/tool-calls` (the development platform).
@@ -385,7 +417,7 @@ impl Platform {
     pub async fn add_calls(&self, run_id: &str, calls: Vec<NewToolCall>) -> Result<Run> {
         let body = json!({"tool_calls": Self::json(&calls)});
         self.call(
-            reqwest::Method::POST,
+            Method::POST,
             &format!("/runs/{run_id}/tool-calls"),
             Some(body),
         )
@@ -397,7 +429,7 @@ impl Platform {
     /// # Errors
     /// The platform refused it.
     pub async fn run(&self, run_id: &str) -> Result<Run> {
-        self.call(reqwest::Method::GET, &format!("/runs/{run_id}"), None)
+        self.call(Method::GET, &format!("/runs/{run_id}"), None)
             .await
     }
 
@@ -407,7 +439,7 @@ impl Platform {
     /// The platform refused it.
     pub async fn cancel_run(&self, run_id: &str) -> Result<Run> {
         self.call(
-            reqwest::Method::POST,
+            Method::POST,
             &format!("/runs/{run_id}/cancel"),
             Some(json!({})),
         )
@@ -419,12 +451,8 @@ impl Platform {
     /// # Errors
     /// The platform refused it.
     pub async fn set_faults(&self, faults: &FaultSettings) -> Result<FaultSettings> {
-        self.call(
-            reqwest::Method::PUT,
-            "/dev/faults",
-            Some(Self::json(faults)),
-        )
-        .await
+        self.call(Method::PUT, "/dev/faults", Some(Self::json(faults)))
+            .await
     }
 
     /// Polls the run until `done` holds, every 25 ms, for at most `within`.

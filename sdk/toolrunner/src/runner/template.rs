@@ -68,6 +68,7 @@ impl Template {
     ///
     /// # Errors
     /// The platform refuses the connect.
+    #[cfg(feature = "testing")]
     pub(crate) async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
         self.start_locked(
             store,

@@ -169,8 +169,8 @@ async fn open_postgres(url: &str) -> crate::Result<std::sync::Arc<dyn Store>> {
 /// explain, not a file name.
 #[cfg(not(feature = "postgres"))]
 async fn open_postgres(_url: &str) -> crate::Result<std::sync::Arc<dyn Store>> {
-    Err(crate::Error::new(
-        crate::error::Kind::Configuration,
-        "a postgres:// store needs the `postgres` feature: toolrunner = { version = \"…\", features = [\"postgres\"] }",
+    Err(crate::error::missing_feature(
+        "a postgres:// store",
+        "postgres",
     ))
 }

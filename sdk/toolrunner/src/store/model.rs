@@ -62,6 +62,9 @@ pub enum LocalState {
 }
 
 impl LocalState {
+    /// Every local state, in the order of a call's life.
+    pub const ALL: [LocalState; 11] = ALL_STATES;
+
     /// The stored spelling.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -302,13 +305,28 @@ pub struct OutboxReceipt {
 
 /// One entry of a call's timeline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Event {
-    /// When.
-    pub at: Timestamp,
-    /// What happened (a state name or an action).
-    pub what: String,
-    /// Details.
-    pub detail: Option<String>,
+    pub(crate) at: Timestamp,
+    pub(crate) what: String,
+    pub(crate) detail: Option<String>,
+}
+
+impl Event {
+    /// When it happened.
+    pub fn at(&self) -> Timestamp {
+        self.at
+    }
+
+    /// What happened: a state name or an action (`operator_resolved`, …).
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+
+    /// Details, when there are any.
+    pub fn detail(&self) -> Option<&str> {
+        self.detail.as_deref()
+    }
 }
 
 /// One change; a [`Store::commit`] applies a list in one transaction, and
@@ -394,31 +412,122 @@ pub enum Change {
 /// One attempt at a call: every operation key and every assignment a call
 /// ever had is kept, for the operator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Attempt {
-    /// Run.
-    pub run_id: String,
-    /// Call.
-    pub call_id: String,
-    /// The operation key of the claim.
-    pub operation_key: String,
-    /// The executor id that claimed (unknown for attempts recorded before
-    /// the store kept them).
-    pub executor_id: Option<String>,
-    /// The assignment the claim got (none while the claim is unanswered).
-    pub assignment_id: Option<String>,
-    /// When the attempt began (or got its assignment).
-    pub created_at: Timestamp,
+    pub(crate) run_id: String,
+    pub(crate) call_id: String,
+    pub(crate) operation_key: String,
+    pub(crate) executor_id: Option<String>,
+    pub(crate) assignment_id: Option<String>,
+    pub(crate) created_at: Timestamp,
 }
 
-/// Which calls to list.
+impl Attempt {
+    /// An attempt row to seed a store with (the testing seam,
+    /// [`testing::store`](crate::testing::store)).
+    #[cfg(feature = "testing")]
+    pub fn seed(
+        run_id: &str,
+        call_id: &str,
+        operation_key: &str,
+        executor_id: Option<&str>,
+        assignment_id: Option<&str>,
+        created_at: Timestamp,
+    ) -> Attempt {
+        Attempt {
+            run_id: run_id.to_owned(),
+            call_id: call_id.to_owned(),
+            operation_key: operation_key.to_owned(),
+            executor_id: executor_id.map(str::to_owned),
+            assignment_id: assignment_id.map(str::to_owned),
+            created_at,
+        }
+    }
+
+    /// The run.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The call.
+    pub fn call_id(&self) -> &str {
+        &self.call_id
+    }
+
+    /// The operation key of the claim.
+    pub fn operation_key(&self) -> &str {
+        &self.operation_key
+    }
+
+    /// The executor id that claimed (unknown for attempts recorded before
+    /// the store kept them).
+    pub fn executor_id(&self) -> Option<&str> {
+        self.executor_id.as_deref()
+    }
+
+    /// The assignment the claim got (none while the claim is unanswered).
+    pub fn assignment_id(&self) -> Option<&str> {
+        self.assignment_id.as_deref()
+    }
+
+    /// When the attempt began (or got its assignment).
+    pub fn created_at(&self) -> Timestamp {
+        self.created_at
+    }
+}
+
+/// Which calls to list: every call by default, narrowed by each method.
+///
+/// ```
+/// use toolrunner::{CallFilter, LocalState};
+/// let waiting = CallFilter::new()
+///     .state(LocalState::ReconciliationRequired)
+///     .tool_name("payments.charge");
+/// # let _ = waiting;
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+#[must_use]
 pub struct CallFilter {
-    /// Only these states (all if empty).
-    pub states: Vec<LocalState>,
-    /// Only this tool.
-    pub tool_name: Option<String>,
-    /// Only calls last changed before this time.
-    pub updated_before: Option<Timestamp>,
-    /// Only calls with a state still to report.
-    pub pending_report: bool,
+    pub(crate) states: Vec<LocalState>,
+    pub(crate) tool_name: Option<String>,
+    pub(crate) updated_before: Option<Timestamp>,
+    pub(crate) pending_report: bool,
+}
+
+impl CallFilter {
+    /// Every call.
+    pub fn new() -> CallFilter {
+        CallFilter::default()
+    }
+
+    /// Also calls in `state` (all states while none is given).
+    pub fn state(mut self, state: LocalState) -> CallFilter {
+        self.states.push(state);
+        self
+    }
+
+    /// Only calls in one of `states` (all states if empty).
+    pub fn states(mut self, states: impl IntoIterator<Item = LocalState>) -> CallFilter {
+        self.states = states.into_iter().collect();
+        self
+    }
+
+    /// Only calls of this tool.
+    pub fn tool_name(mut self, name: impl Into<String>) -> CallFilter {
+        self.tool_name = Some(name.into());
+        self
+    }
+
+    /// Only calls last changed before `t`.
+    pub fn updated_before(mut self, t: Timestamp) -> CallFilter {
+        self.updated_before = Some(t);
+        self
+    }
+
+    /// Only calls with a state still to report to the platform.
+    pub fn pending_report(mut self, only: bool) -> CallFilter {
+        self.pending_report = only;
+        self
+    }
 }

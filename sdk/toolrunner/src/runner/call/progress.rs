@@ -30,7 +30,7 @@ pub(crate) async fn progress(
                 .map(|_| event.clone())
         })
         .await
-        .map_err(|e| ProgressError(e.to_string()))?;
+        .map_err(|e| ProgressError::Store(e.into()))?;
     match moved {
         Advanced::Moved {
             receipt: Some(r), ..
@@ -38,10 +38,12 @@ pub(crate) async fn progress(
             outbox::deliver_one(core, &r, None).await;
             Ok(())
         }
-        Advanced::Moved { .. } => Err(ProgressError("no receipt was written".into())),
-        Advanced::Stayed(now) => Err(ProgressError(format!(
-            "the call is {}, no longer running",
-            now.map_or("gone", |c| c.state.as_str())
+        Advanced::Moved { .. } => Err(ProgressError::Store(crate::Error::new(
+            crate::error::Kind::Store,
+            "the progress was stored without its receipt",
         ))),
+        Advanced::Stayed(now) => Err(ProgressError::NotRunning {
+            state: now.map(|c| c.state),
+        }),
     }
 }
