@@ -804,3 +804,91 @@ fn only_the_dispatch_queue_starts_a_drive() {
         found.join("\n  ")
     );
 }
+
+/// The names at the SDK's root: its re-exports, and its `pub mod NAME;`
+/// and `pub fn NAME` items (the hidden `__private` is no name of the API).
+fn root_names(lib: &str) -> BTreeSet<String> {
+    // A `pub mod NAME { … }` block's re-exports are under NAME, not at the
+    // root: blank the blocks' bodies first.
+    let mut code = code_only(lib);
+    let mut from = 0;
+    while let Some(k) = code[from..].find("pub mod ") {
+        let at = from + k;
+        let (Some(open), Some(semi)) = (code[at..].find('{'), code[at..].find(';')) else {
+            break;
+        };
+        if open < semi {
+            let close = code[at + open..]
+                .find('}')
+                .map_or(code.len(), |c| at + open + c);
+            code.replace_range(at + open + 1..close, "");
+        }
+        from = at + "pub mod ".len();
+    }
+    let mut names: BTreeSet<String> = root_reexports(&code).into_keys().collect();
+    for item in ["pub mod ", "pub fn "] {
+        let mut from = 0;
+        while let Some(k) = code[from..].find(item) {
+            let at = from + k + item.len();
+            let name: String = code[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            names.insert(name);
+            from = at;
+        }
+    }
+    names.remove("__private");
+    names
+}
+
+/// The root names `docs/architecture.md` lists as the public surface:
+/// the identifiers in backticks between its surface markers.
+fn listed_names(doc: &str) -> BTreeSet<String> {
+    let start = doc
+        .find("<!-- surface:start -->")
+        .expect("docs/architecture.md has the marker <!-- surface:start -->");
+    let end = doc
+        .find("<!-- surface:end -->")
+        .expect("docs/architecture.md has the marker <!-- surface:end -->");
+    ticked(&doc[start..end])
+        .into_iter()
+        .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .collect()
+}
+
+fn surface_findings(lib: &str, doc: &str) -> Findings {
+    let exported = root_names(lib);
+    let listed = listed_names(doc);
+    let mut findings = Vec::new();
+    for name in exported.difference(&listed) {
+        findings.push(format!(
+            "lib.rs exports `{name}`, which docs/architecture.md's public surface does not list: list it (and keep it), or do not export it"
+        ));
+    }
+    for name in listed.difference(&exported) {
+        findings.push(format!(
+            "docs/architecture.md's public surface lists `{name}`, which lib.rs does not export"
+        ));
+    }
+    findings
+}
+
+#[test]
+fn the_public_surface_is_the_one_listed() {
+    let lib = std::fs::read_to_string(repo().join("sdk/toolrunner/src/lib.rs")).expect("lib.rs");
+    assert_none(surface_findings(&lib, &architecture()));
+}
+
+#[test]
+fn a_name_exported_but_not_listed_is_caught() {
+    let doc = "<!-- surface:start -->\n- `Executor`, `Gone`\n<!-- surface:end -->\n";
+    let lib = "pub use builder::{Executor, ExecutorBuilder};\nmod store;\n#[doc(hidden)]\npub mod __private {\n    pub use crate::api::function::Sealed;\n}\n";
+    let findings = surface_findings(lib, doc);
+    assert_eq!(findings.len(), 2, "{findings:?}");
+    assert!(
+        findings[0].contains("exports `ExecutorBuilder`"),
+        "{findings:?}"
+    );
+    assert!(findings[1].contains("lists `Gone`"), "{findings:?}");
+}

@@ -45,9 +45,8 @@ pub use reconciler::{
     CallSummary, Evidence, OutboxStatus, Outcome, ReceiptView, Reconciler, Resolved, Timeline,
 };
 pub use runner::{RunningExecutor, Shutdown};
-pub use store::{
-    Attempt, CallFilter, Event as TimelineEvent, LocalState, ReceiptStatus, Timestamp, UnknownName,
-};
+pub use store::Event as TimelineEvent;
+pub use store::{Attempt, CallFilter, LocalState, ReceiptStatus, Timestamp, UnknownName};
 
 /// The PostgreSQL schema that holds the store of the executor identity
 /// `executor_id` on a `postgres://` store: the schema a transactional

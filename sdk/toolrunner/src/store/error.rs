@@ -77,14 +77,12 @@ impl std::error::Error for DatabaseError {
     }
 }
 
-#[doc(hidden)]
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         StoreError::Database(DatabaseError(Box::new(e)))
     }
 }
 
-#[doc(hidden)]
 impl From<sqlx::migrate::MigrateError> for StoreError {
     fn from(e: sqlx::migrate::MigrateError) -> Self {
         StoreError::Migrate(DatabaseError(Box::new(e)))
