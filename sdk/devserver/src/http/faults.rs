@@ -182,6 +182,7 @@ async fn record(log: &std::sync::Mutex<Vec<ReceivedReceipt>>, req: Request) -> R
 
 /// One receipt request as it reached the platform.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReceivedReceipt {
     /// The body's `receipt_id`, if it has one.
     pub receipt_id: Option<String>,
