@@ -112,3 +112,94 @@ async fn a_crash_after_the_handler_is_settled_once_by_the_hook() -> toolrunner::
     );
     kit.shutdown().await
 }
+
+/// What a handler heard when it reported progress.
+#[derive(Clone, Default)]
+struct Heard(Arc<Mutex<Vec<toolrunner::ProgressError>>>);
+
+/// Reports progress inside its own transaction, which a SQLite store
+/// cannot take while the transaction holds its write lock.
+#[toolrunner::tool(name = "progress.in_tx", effect = transactional)]
+async fn progress_in_tx(
+    State(heard): State<Heard>,
+    ctx: CallContext,
+    _input: Charge,
+) -> Result<Charged, ToolError> {
+    let inner = ctx.clone();
+    ctx.transaction(async move |_tx| {
+        if let Err(e) = inner.progress("half way").await {
+            heard.0.lock().expect("not poisoned").push(e);
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(Charged { reference: 1 })
+}
+
+/// A progress report inside the call's SQLite transaction is refused at
+/// once, as its own kind: the handler can tell it from a store failure.
+#[tokio::test]
+async fn progress_inside_a_sqlite_transaction_is_refused_as_such() -> toolrunner::Result<()> {
+    let heard = Heard::default();
+    let state = heard.clone();
+    let kit = TestKit::start(move |b| b.state(state.clone()).tool(progress_in_tx)).await?;
+    let outcome = kit.call("progress.in_tx", json!({"amount": 1})).await?;
+    assert!(outcome.is_completed(), "{outcome:?}");
+    let heard = heard.0.lock().expect("not poisoned").clone();
+    assert!(
+        matches!(
+            heard.as_slice(),
+            [toolrunner::ProgressError::TransactionOpen]
+        ),
+        "{heard:?}"
+    );
+    kit.shutdown().await
+}
+
+/// A task the handler left behind, told when to report.
+#[derive(Clone, Default)]
+struct Later(Arc<Mutex<Option<tokio::sync::oneshot::Sender<CallContext>>>>);
+
+/// Hands its context to a task of the test's, and returns at once.
+#[toolrunner::tool(name = "progress.later", effect = write)]
+async fn progress_later(
+    State(later): State<Later>,
+    ctx: CallContext,
+    _input: Charge,
+) -> Result<Charged, ToolError> {
+    if let Some(tx) = later.0.lock().expect("not poisoned").take() {
+        let _ = tx.send(ctx);
+    }
+    Ok(Charged { reference: 1 })
+}
+
+/// A context kept past its call reports into a call that is no longer
+/// running: the error says so, with the call's state, and nothing is
+/// stored.
+#[tokio::test]
+async fn progress_after_the_call_settled_says_it_is_no_longer_running() -> toolrunner::Result<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let later = Later(Arc::new(Mutex::new(Some(tx))));
+    let state = later.clone();
+    let kit = TestKit::start(move |b| b.state(state.clone()).tool(progress_later)).await?;
+    let outcome = kit.call("progress.later", json!({"amount": 1})).await?;
+    assert!(outcome.is_completed(), "{outcome:?}");
+    let ctx = rx
+        .await
+        .expect("the handler ran and handed its context over");
+    let err = ctx
+        .progress("too late")
+        .await
+        .expect_err("the call has settled");
+    match err {
+        toolrunner::ProgressError::NotRunning { state: Some(state) } => assert!(
+            matches!(
+                state,
+                toolrunner::LocalState::Settled | toolrunner::LocalState::Delivered
+            ),
+            "{state}"
+        ),
+        other => panic!("expected NotRunning with the call's state, got {other:?}"),
+    }
+    kit.shutdown().await
+}
