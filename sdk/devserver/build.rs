@@ -1,4 +1,4 @@
 //! Rebuild when a migration is added: `sqlx::migrate!` embeds them.
 fn main() {
-    println!("cargo:rerun-if-changed=../../migrations/devserver");
+    println!("cargo:rerun-if-changed=migrations");
 }

@@ -185,7 +185,7 @@ async fn the_migration_mends_rows_the_new_schema_refuses() -> Result<()> {
     std::fs::copy(
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/migrations/sdk/20261129000001_executor_store.sql"
+            "/sdk/toolrunner/migrations/sqlite/20261129000001_executor_store.sql"
         ),
         first.path().join("20261129000001_executor_store.sql"),
     )?;

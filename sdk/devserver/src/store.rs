@@ -16,7 +16,7 @@ pub(crate) struct Store {
     seq: i64,
 }
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/devserver");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 impl Store {
     /// Opens (and migrates) the database.

@@ -1,9 +1,10 @@
 //! [`Store`] on PostgreSQL: a pool of connections, each commit one
 //! transaction on one of them.
 //!
-//! The schema (`migrations/postgres`) is the SQLite store's, constraint for
-//! constraint: the same rows are refused, and every call change is the same
-//! compare-and-set on `version`. Times are stored as the same RFC 3339 text.
+//! The schema (this crate's `migrations/postgres`) is the SQLite store's,
+//! constraint for constraint: the same rows are refused, and every call
+//! change is the same compare-and-set on `version`. Times are stored as the
+//! same RFC 3339 text.
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +26,7 @@ use super::write;
 
 use lease::Fence;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
 /// How long the server lets a session of the store stay idle inside one of
 /// the store's own transactions before it ends the session (and so the

@@ -23,7 +23,7 @@ mod writer;
 pub use writer::WriterStats;
 use writer::{Counters, Job};
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sdk");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
 /// The SQLite store. Cheap to clone.
 #[derive(Clone)]

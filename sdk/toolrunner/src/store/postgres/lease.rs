@@ -1,6 +1,6 @@
 //! Executor identities shared by replicas on one database: a lease row
-//! per identity (`migrations/postgres-leases`) with a fencing token and a
-//! time to live.
+//! per identity (this crate's `migrations/postgres-leases`) with a fencing
+//! token and a time to live.
 //!
 //! - A process start takes its identity's lease before it connects to the
 //!   platform ([`take`]): at once when nobody holds it, when it was
@@ -31,7 +31,7 @@ use crate::store::StoreError;
 /// The schema of the lease table.
 pub(super) const SCHEMA: &str = "toolrunner_leases";
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres-leases");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres-leases");
 
 /// An identity as one writer holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
