@@ -826,7 +826,18 @@ fn root_names(lib: &str) -> BTreeSet<String> {
         from = at + "pub mod ".len();
     }
     let mut names: BTreeSet<String> = root_reexports(&code).into_keys().collect();
-    for item in ["pub mod ", "pub fn "] {
+    let items = [
+        "pub mod ",
+        "pub fn ",
+        "pub async fn ",
+        "pub struct ",
+        "pub enum ",
+        "pub trait ",
+        "pub const ",
+        "pub static ",
+        "pub type ",
+    ];
+    for item in items {
         let mut from = 0;
         while let Some(k) = code[from..].find(item) {
             let at = from + k + item.len();
@@ -883,12 +894,13 @@ fn the_public_surface_is_the_one_listed() {
 #[test]
 fn a_name_exported_but_not_listed_is_caught() {
     let doc = "<!-- surface:start -->\n- `Executor`, `Gone`\n<!-- surface:end -->\n";
-    let lib = "pub use builder::{Executor, ExecutorBuilder};\nmod store;\n#[doc(hidden)]\npub mod __private {\n    pub use crate::api::function::Sealed;\n}\n";
+    let lib = "pub use builder::{Executor, ExecutorBuilder};\nmod store;\npub const LIMIT: u8 = 0;\n#[doc(hidden)]\npub mod __private {\n    pub use crate::api::function::Sealed;\n}\n";
     let findings = surface_findings(lib, doc);
-    assert_eq!(findings.len(), 2, "{findings:?}");
+    assert_eq!(findings.len(), 3, "{findings:?}");
     assert!(
         findings[0].contains("exports `ExecutorBuilder`"),
         "{findings:?}"
     );
-    assert!(findings[1].contains("lists `Gone`"), "{findings:?}");
+    assert!(findings[1].contains("exports `LIMIT`"), "{findings:?}");
+    assert!(findings[2].contains("lists `Gone`"), "{findings:?}");
 }

@@ -35,10 +35,22 @@ const WITHIN: Duration = Duration::from_secs(60);
 fn main() -> ExitCode {
     let args = Arguments::from_args();
     let trials = match std::env::var_os(BIN_VAR).filter(|v| !v.is_empty()) {
-        Some(bin) => vec![Trial::test(
-            "the_packaged_readme_example_posts_each_call_once_and_stops_on_sigterm",
-            move || run(Path::new(&bin)).map_err(|e| Failed::from(format!("{e:#}"))),
-        )],
+        Some(bin) => {
+            let bin2 = bin.clone();
+            vec![
+                Trial::test(
+                    "the_packaged_readme_example_posts_each_call_once_and_stops_on_sigterm",
+                    move || run(Path::new(&bin)).map_err(|e| Failed::from(format!("{e:#}"))),
+                ),
+                Trial::test(
+                    "without_the_postgres_feature_a_postgres_store_is_a_missing_feature",
+                    move || {
+                        missing_feature(Path::new(&bin2))
+                            .map_err(|e| Failed::from(format!("{e:#}")))
+                    },
+                ),
+            ]
+        }
         None => {
             println!(
                 "the README example from the packaged crates was not run: set {BIN_VAR} to the user crate's binary (see tests/readme_example.rs, or .ci/run)"
@@ -61,6 +73,41 @@ fn run(bin: &Path) -> Result<()> {
         .enable_all()
         .build()?
         .block_on(example(&bin))
+}
+
+/// The user crate depends on `toolrunner` without the `postgres` feature:
+/// given a `postgres://` store it stops at `build()`, before it connects
+/// anywhere, with the error's own kind and what to turn on.
+fn missing_feature(bin: &Path) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let out = Command::new(bin)
+        .current_dir(dir.path())
+        .env("TOOLRUNNER_BASE_URL", "http://127.0.0.1:9")
+        .env("TOOLRUNNER_TOKEN", "unused")
+        .env("TOOLRUNNER_EXECUTOR_ID", EXECUTOR_ID)
+        .env("TOOLRUNNER_BINDING_ID", "bnd_unused")
+        .env(
+            "TOOLRUNNER_STORE_URL",
+            "postgres://postgres@127.0.0.1:9/none",
+        )
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success(),
+        "it ran with a postgres:// store and no postgres feature: {stderr}"
+    );
+    ensure!(
+        stderr.contains("MissingFeature")
+            && stderr.contains("needs the `postgres` feature of toolrunner"),
+        "it failed, but not as a missing feature: {stderr}"
+    );
+    ensure!(
+        !dir.path().join("ledger.txt").exists(),
+        "nothing ran, so no ledger was written"
+    );
+    Ok(())
 }
 
 /// The user crate's process; killed if a check fails before it stopped.
@@ -128,7 +175,7 @@ async fn example(bin: &Path) -> Result<()> {
     });
     let published = platform
         .request(
-            reqwest::Method::POST,
+            toolrunner::platform::Method::POST,
             &format!("/agents/{}/versions", agent.agent_id),
         )
         .json(&json!({"tools": [tool]}))
@@ -290,9 +337,9 @@ async fn example(bin: &Path) -> Result<()> {
     for (call, key) in run.tool_calls.iter().zip(&keys) {
         let timeline = store.show(&run.run_id, &call.call_id).await?;
         ensure!(
-            timeline.call.operation_key == *key,
+            timeline.call().operation_key() == *key,
             "the store has operation key {} for call {}, the result {key}",
-            timeline.call.operation_key,
+            timeline.call().operation_key(),
             call.call_id
         );
     }

@@ -192,7 +192,9 @@ async fn progress_after_the_call_settled_says_it_is_no_longer_running() -> toolr
         .await
         .expect_err("the call has settled");
     match err {
-        toolrunner::ProgressError::NotRunning { state: Some(state) } => assert!(
+        toolrunner::ProgressError::NotRunning {
+            state: Some(state), ..
+        } => assert!(
             matches!(
                 state,
                 toolrunner::LocalState::Settled | toolrunner::LocalState::Delivered

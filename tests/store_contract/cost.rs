@@ -234,6 +234,32 @@ pub(crate) async fn an_operator_closes_an_unknown_outcome_orphaned_call(
         ])
         .await?;
     let reconciler = toolrunner::Reconciler::new(store.clone());
+    // Evidence that names nobody or says nothing is refused before
+    // anything is read or written.
+    for blank in [
+        toolrunner::Evidence::new(" ", "looked it up"),
+        toolrunner::Evidence::new("ops", ""),
+    ] {
+        let closed = reconciler.close("run_1", "unknown", &blank).await;
+        anyhow::ensure!(
+            closed.as_ref().is_err_and(toolrunner::Error::is_refused),
+            "blank evidence closed a call: {closed:?}"
+        );
+        let failed = toolrunner::Outcome::Failed {
+            code: "declined".into(),
+            message: "the bank declined".into(),
+        };
+        let resolved = reconciler.resolve("run_1", "waiting", failed, &blank).await;
+        anyhow::ensure!(
+            resolved.as_ref().is_err_and(toolrunner::Error::is_refused),
+            "blank evidence resolved a call: {resolved:?}"
+        );
+    }
+    let waiting = store
+        .call("run_1", "waiting")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the waiting call is kept"))?;
+    anyhow::ensure!(waiting.state == LocalState::ReconciliationRequired);
     let evidence = toolrunner::Evidence::new("ops", "the provider has no charge for this key")
         .with_reference("TICKET-1");
     for refused in ["known", "waiting"] {

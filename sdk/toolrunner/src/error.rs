@@ -166,13 +166,20 @@ pub(crate) fn from_api(api: ApiError) -> Error {
     Error::new(kind, message).with_api(api)
 }
 
+/// This release's `MAJOR.MINOR`, as a product's `Cargo.toml` names it.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION_MAJOR"),
+    ".",
+    env!("CARGO_PKG_VERSION_MINOR")
+);
+
 /// The error for `what`, which needs the cargo feature `feature`.
 #[cfg_attr(feature = "postgres", allow(dead_code))]
 pub(crate) fn missing_feature(what: &str, feature: &str) -> Error {
     Error::new(
         Kind::MissingFeature,
         format!(
-            "{what} needs the `{feature}` feature of toolrunner: toolrunner = {{ version = \"0.1\", features = [\"{feature}\"] }}"
+            "{what} needs the `{feature}` feature of toolrunner: toolrunner = {{ version = \"{VERSION}\", features = [\"{feature}\"] }}"
         ),
     )
 }
@@ -215,7 +222,13 @@ mod tests {
         assert!(!e.is_configuration() && !e.is_builder() && !e.is_store());
         assert_eq!(
             e.to_string(),
-            "a postgres:// store needs the `postgres` feature of toolrunner: toolrunner = { version = \"0.1\", features = [\"postgres\"] }"
+            format!(
+                "a postgres:// store needs the `postgres` feature of toolrunner: toolrunner = {{ version = \"{}\", features = [\"postgres\"] }}",
+                VERSION
+            )
         );
+        // `0.1` of `0.1.0`: what a product's Cargo.toml writes.
+        assert!(env!("CARGO_PKG_VERSION").starts_with(&format!("{VERSION}.")));
+        assert_eq!(VERSION.matches('.').count(), 1);
     }
 }

@@ -14,10 +14,7 @@ mod reconciler;
 mod runner;
 // The persistence SPI stays inside the crate: its `pub` items are reached
 // only through the `testing` seam (`toolrunner::testing::store`).
-#[cfg_attr(
-    not(feature = "testing"),
-    allow(unreachable_pub, dead_code, unused_imports)
-)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

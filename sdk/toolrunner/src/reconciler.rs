@@ -86,8 +86,9 @@ impl CallSummary {
     }
 }
 
-impl From<&LocalCall> for CallSummary {
-    fn from(c: &LocalCall) -> Self {
+impl CallSummary {
+    /// The operator's view of a stored call.
+    pub(crate) fn from_row(c: &LocalCall) -> Self {
         CallSummary {
             run_id: c.run_id.clone(),
             call_id: c.call_id.clone(),
@@ -141,8 +142,8 @@ impl ReceiptView {
     }
 
     /// Delivery status.
-    pub fn status(&self) -> &ReceiptStatus {
-        &self.status
+    pub fn status(&self) -> ReceiptStatus {
+        self.status
     }
 
     /// Delivery attempts.
@@ -171,8 +172,9 @@ impl ReceiptView {
     }
 }
 
-impl From<&OutboxReceipt> for ReceiptView {
-    fn from(r: &OutboxReceipt) -> Self {
+impl ReceiptView {
+    /// The operator's view of a stored receipt.
+    pub(crate) fn from_row(r: &OutboxReceipt) -> Self {
         ReceiptView {
             receipt_id: r.receipt_id.clone(),
             kind: r.kind,
@@ -257,13 +259,29 @@ pub struct Evidence {
 
 impl Evidence {
     /// Evidence given by `who` (the operator), saying `why` the outcome is
-    /// right; both must be non-empty when it is used.
+    /// right. [`Reconciler::resolve`], [`compensated`](Reconciler::compensated)
+    /// and [`close`](Reconciler::close) refuse it when either is blank.
     pub fn new(who: impl Into<String>, why: impl Into<String>) -> Evidence {
         Evidence {
             who: who.into(),
             why: why.into(),
             reference: None,
         }
+    }
+
+    /// Refused unless it names who decided and says why.
+    fn check(&self) -> Result<()> {
+        if self.who.trim().is_empty() {
+            return Err(refused(
+                "the evidence names nobody: say who decided (the CLI's --who)",
+            ));
+        }
+        if self.why.trim().is_empty() {
+            return Err(refused(
+                "the evidence says nothing: say what was checked (the CLI's --evidence)",
+            ));
+        }
+        Ok(())
     }
 
     /// Where the proof is: a ticket, a provider's transaction id, ….
@@ -442,7 +460,7 @@ impl Reconciler {
             .calls(filter)
             .await?
             .iter()
-            .map(CallSummary::from)
+            .map(CallSummary::from_row)
             .collect())
     }
 
@@ -463,8 +481,8 @@ impl Reconciler {
         let events = self.store.events(run_id, call_id).await?;
         let attempts = self.store.attempts(run_id, call_id).await?;
         Ok(Timeline {
-            call: CallSummary::from(&call),
-            receipts: receipts.iter().map(ReceiptView::from).collect(),
+            call: CallSummary::from_row(&call),
+            receipts: receipts.iter().map(ReceiptView::from_row).collect(),
             events,
             attempts,
         })
@@ -475,8 +493,8 @@ impl Reconciler {
     /// delivers it if a platform is set.
     ///
     /// # Errors
-    /// Refused: another state, no assignment, a result that fails the
-    /// stored `output_schema`, or someone settled it meanwhile.
+    /// Refused: blank evidence, another state, no assignment, a result that
+    /// fails the stored `output_schema`, or someone settled it meanwhile.
     pub async fn resolve(
         &self,
         run_id: &str,
@@ -484,6 +502,7 @@ impl Reconciler {
         outcome: Outcome,
         evidence: &Evidence,
     ) -> Result<Resolved> {
+        evidence.check()?;
         let call = self.load(run_id, call_id).await?;
         let allowed = [LocalState::ReconciliationRequired, LocalState::Rejected];
         if !allowed.contains(&call.state) {
@@ -554,13 +573,14 @@ impl Reconciler {
     /// already ended the run) was compensated.
     ///
     /// # Errors
-    /// Refused if the call is not `rejected`.
+    /// Refused if the evidence is blank or the call is not `rejected`.
     pub async fn compensated(
         &self,
         run_id: &str,
         call_id: &str,
         evidence: &Evidence,
     ) -> Result<()> {
+        evidence.check()?;
         let call = self.load(run_id, call_id).await?;
         if call.state != LocalState::Rejected {
             return Err(refused(format!(
@@ -594,9 +614,10 @@ impl Reconciler {
     /// longer knows the call; retention may then prune it.
     ///
     /// # Errors
-    /// Refused if the call is not `orphaned`, its outcome was known, or it
-    /// was closed already.
+    /// Refused if the evidence is blank, the call is not `orphaned`, its
+    /// outcome was known, or it was closed already.
     pub async fn close(&self, run_id: &str, call_id: &str, evidence: &Evidence) -> Result<()> {
+        evidence.check()?;
         let call = self.load(run_id, call_id).await?;
         let events = self.store.events(run_id, call_id).await?;
         let has = |what: &str| events.iter().any(|e| e.what == what);
@@ -681,7 +702,7 @@ impl Reconciler {
             .receipts_with(ReceiptStatus::Pending)
             .await?
             .iter()
-            .map(ReceiptView::from)
+            .map(ReceiptView::from_row)
             .collect();
         let oldest_pending_at = pending.iter().map(|r| r.created_at).min();
         Ok(OutboxStatus {

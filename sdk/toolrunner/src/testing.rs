@@ -130,6 +130,7 @@ impl CallOutcome {
 
 /// A call submitted with [`TestKit::submit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CallHandle {
     /// Run.
     pub run_id: String,
@@ -461,12 +462,13 @@ impl TestKit {
         &self.store_path
     }
 
-    /// The executor's store, to look at what it holds.
+    /// The operator's API over the executor's store, to look at what it
+    /// holds (timelines, the outbox) as an operator would.
     ///
     /// # Errors
     /// The store cannot be opened.
-    pub async fn store(&self) -> Result<SqliteStore> {
-        Ok(SqliteStore::open(&self.store_url).await?)
+    pub async fn reconciler(&self) -> Result<crate::Reconciler> {
+        crate::Reconciler::open(&self.store_url).await
     }
 
     /// Drains the executor and stops the platform.

@@ -27,12 +27,17 @@ pub struct AuthorizationRequest {
 /// A refusal: the call is settled `failed` with code `forbidden` and this
 /// message, which the model reads (keep it short, no internals).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Denied {
-    /// Short message for the model.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl Denied {
+    /// The short message for the model.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// A refusal with a message.
     pub fn new(message: impl Into<String>) -> Denied {
         Denied {

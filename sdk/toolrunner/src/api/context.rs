@@ -141,11 +141,13 @@ impl From<String> for Progress {
 #[non_exhaustive]
 pub enum ProgressError {
     /// The call is no longer running for this handler (it settled, its
-    /// run was cancelled, or its assignment moved on): stop reporting.
+    /// run was cancelled, or its assignment moved on, in which case the
+    /// state may still be `running`, for another attempt): stop reporting.
     #[error(
-        "progress was not stored: the call is {}, no longer running",
+        "progress was not stored: the call no longer runs for this handler (it is {})",
         state.map_or("gone", crate::store::LocalState::as_str)
     )]
+    #[non_exhaustive]
     NotRunning {
         /// The call's local state now (`None` if the store no longer
         /// holds it).

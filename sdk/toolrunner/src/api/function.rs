@@ -132,7 +132,9 @@ fn missing<T>() -> ToolError {
     note = "a tool handler is `async fn(ctx: CallContext, input: Input) -> Result<Output, ToolError>`, with `Input: Deserialize + JsonSchema` and `Output: Serialize + JsonSchema` (derive them, or put #[toolrunner::schema] on the types)",
     note = "shared state comes first: `async fn(State(db): State<Db>, ctx: CallContext, input: Input) -> Result<Output, ToolError>`"
 )]
-pub trait Handler<Args, I, O>: sealed::Handler<Args, I, O> + Clone + Send + Sync + 'static {
+pub trait Handler<Args, I, O>:
+    sealed::SealedHandler<Args, I, O> + Clone + Send + Sync + 'static
+{
     #[doc(hidden)]
     fn call(&self, states: &States, ctx: CallContext, input: I) -> BoxFuture<Result<O, ToolError>>;
     #[doc(hidden)]
@@ -183,7 +185,7 @@ where
     note = "shared state comes first: `async fn(State(db): State<Db>, ctx: CallContext) -> Reconciled<Output>`"
 )]
 pub trait ReconcileHandler<Args, O>:
-    sealed::ReconcileHandler<Args, O> + Clone + Send + Sync + 'static
+    sealed::SealedReconcileHandler<Args, O> + Clone + Send + Sync + 'static
 {
     #[doc(hidden)]
     fn call(&self, states: &States, ctx: CallContext) -> BoxFuture<Reconciled<O>>;
@@ -419,14 +421,14 @@ mod sealed {
     use std::future::Future;
 
     #[allow(unreachable_pub)]
-    pub trait Handler<Args, I, O> {}
-    impl<F, Fut, I, O> Handler<(CallContext, I), I, O> for F
+    pub trait SealedHandler<Args, I, O> {}
+    impl<F, Fut, I, O> SealedHandler<(CallContext, I), I, O> for F
     where
         F: Fn(CallContext, I) -> Fut,
         Fut: Future<Output = Result<O, ToolError>>,
     {
     }
-    impl<F, Fut, S, I, O> Handler<(State<S>, CallContext, I), I, O> for F
+    impl<F, Fut, S, I, O> SealedHandler<(State<S>, CallContext, I), I, O> for F
     where
         F: Fn(State<S>, CallContext, I) -> Fut,
         Fut: Future<Output = Result<O, ToolError>>,
@@ -434,14 +436,14 @@ mod sealed {
     }
 
     #[allow(unreachable_pub)]
-    pub trait ReconcileHandler<Args, O> {}
-    impl<F, Fut, O> ReconcileHandler<(CallContext,), O> for F
+    pub trait SealedReconcileHandler<Args, O> {}
+    impl<F, Fut, O> SealedReconcileHandler<(CallContext,), O> for F
     where
         F: Fn(CallContext) -> Fut,
         Fut: Future<Output = Reconciled<O>>,
     {
     }
-    impl<F, Fut, S, O> ReconcileHandler<(State<S>, CallContext), O> for F
+    impl<F, Fut, S, O> SealedReconcileHandler<(State<S>, CallContext), O> for F
     where
         F: Fn(State<S>, CallContext) -> Fut,
         Fut: Future<Output = Reconciled<O>>,

@@ -105,6 +105,7 @@ impl std::fmt::Debug for Platform {
 
 /// An answer to [`Platform::request`], whatever its status.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RawResponse {
     /// HTTP status.
     pub status: u16,

@@ -47,7 +47,9 @@ pub(crate) use model::{DEFAULT_LEASE_TTL, now, now_rfc3339, rfc3339};
 
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
-pub use sqlite::{SqliteStore, StoreLock, WriterStats};
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))] // the testing seam's (the bench)
+pub use sqlite::WriterStats;
+pub use sqlite::{SqliteStore, StoreLock};
 pub use transaction::StoreTransaction;
 pub(crate) use transaction::TxError;
 

@@ -62,8 +62,15 @@ pub enum LocalState {
 }
 
 impl LocalState {
-    /// Every local state, in the order of a call's life.
-    pub const ALL: [LocalState; 11] = ALL_STATES;
+    /// Every local state, in the order of a call's life (a slice: a state
+    /// added later does not change its type).
+    ///
+    /// ```
+    /// use toolrunner::LocalState;
+    /// let all: &'static [LocalState] = LocalState::ALL;
+    /// assert!(all.contains(&LocalState::ReconciliationRequired));
+    /// ```
+    pub const ALL: &'static [LocalState] = &ALL_STATES;
 
     /// The stored spelling.
     pub fn as_str(self) -> &'static str {

@@ -130,6 +130,7 @@ impl PgStore {
     /// The schema name is not such a name, the URL does not parse, the
     /// server cannot be reached or refuses the login, the schema cannot be
     /// created, or a migration fails.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the testing seam's
     pub async fn connect_in_schema(url: &str, schema: &str) -> Result<PgStore, StoreError> {
         Self::in_schema(PgConnectOptions::from_str(url)?, schema).await
     }
@@ -177,6 +178,7 @@ impl PgStore {
     /// As [`connect_in_schema`](Self::connect_in_schema); and
     /// [`StoreError::InUse`] when another live process holds the identity
     /// (it keeps renewing its lease: two processes with one executor id).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the testing seam's
     pub async fn connect_as(
         url: &str,
         executor_id: &str,
@@ -328,6 +330,7 @@ impl PgStore {
     /// asked for and the transactions that carried them (group commit puts
     /// several in one). The server's fsyncs are its own (`pg_stat_wal`):
     /// `fsyncs` and `checkpoints` stay 0.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the testing seam's
     pub fn writer_stats(&self) -> super::WriterStats {
         super::WriterStats {
             jobs: self.counts.jobs.load(std::sync::atomic::Ordering::Relaxed),

@@ -40,7 +40,7 @@ pub(crate) async fn progress(
         }
         Advanced::Moved { .. } => Err(ProgressError::Store(crate::Error::new(
             crate::error::Kind::Store,
-            "the progress was stored without its receipt",
+            "the store answered without the progress receipt it was to write",
         ))),
         Advanced::Stayed(now) => Err(ProgressError::NotRunning {
             state: now.map(|c| c.state),

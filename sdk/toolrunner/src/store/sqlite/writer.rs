@@ -57,6 +57,7 @@ pub(super) struct Counters {
 /// transactions carried them, and how many fsyncs that cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // read by the testing seam (the bench)
 pub struct WriterStats {
     /// Commits asked for (calls to `Store::commit`), failed ones included.
     pub jobs: u64,
@@ -70,6 +71,7 @@ pub struct WriterStats {
 }
 
 impl Counters {
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // read by the testing seam (the bench)
     pub(super) fn stats(&self) -> WriterStats {
         let transactions = self.transactions.load(Ordering::Relaxed);
         let checkpoints = self.checkpoints.load(Ordering::Relaxed);
