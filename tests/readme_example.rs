@@ -79,8 +79,15 @@ fn run(bin: &Path) -> Result<()> {
 /// given a `postgres://` store it stops at `build()`, before it connects
 /// anywhere, with the error's own kind and what to turn on.
 fn missing_feature(bin: &Path) -> Result<()> {
+    // Run from a directory of its own: the path must not be relative.
+    let bin = std::fs::canonicalize(bin).with_context(|| {
+        format!(
+            "{BIN_VAR}={}: no such binary (build tests/user-crate first)",
+            bin.display()
+        )
+    })?;
     let dir = tempfile::tempdir()?;
-    let out = Command::new(bin)
+    let out = Command::new(&bin)
         .current_dir(dir.path())
         .env("TOOLRUNNER_BASE_URL", "http://127.0.0.1:9")
         .env("TOOLRUNNER_TOKEN", "unused")
