@@ -904,3 +904,32 @@ fn a_name_exported_but_not_listed_is_caught() {
     assert!(findings[1].contains("exports `LIMIT`"), "{findings:?}");
     assert!(findings[2].contains("lists `Gone`"), "{findings:?}");
 }
+
+/// `docs/architecture.md` shows the lifecycle's table (`lifecycle.rs`)
+/// between its markers. It is checked here, in the workspace, because the
+/// published crate does not carry the document.
+#[test]
+fn the_architecture_doc_shows_the_table() {
+    let path = repo().join("docs/architecture.md");
+    let doc = std::fs::read_to_string(&path).expect("docs/architecture.md");
+    let start = "<!-- lifecycle-table:start (generated from sdk/toolrunner/src/lifecycle.rs; a test checks it) -->\n";
+    let end = "<!-- lifecycle-table:end -->";
+    let expected = toolrunner::testing::lifecycle_table_markdown();
+    let found = doc
+        .split_once(start)
+        .and_then(|(_, rest)| rest.split_once(end))
+        .map(|(table, _)| table);
+    if found != Some(expected.as_str()) {
+        if std::env::var_os("TOOLRUNNER_BLESS").is_some() {
+            let head = doc.split_once(start).map(|(h, _)| h).expect("start marker");
+            let tail = doc.split_once(end).map(|(_, t)| t).expect("end marker");
+            std::fs::write(&path, format!("{head}{start}{expected}{end}{tail}")).expect("write");
+            return;
+        }
+        panic!(
+            "docs/architecture.md does not show the lifecycle table as the code has it; \
+             run `TOOLRUNNER_BLESS=1 cargo test --test layers` to rewrite it, \
+             then read the diff. Expected:\n{expected}"
+        );
+    }
+}

@@ -87,7 +87,14 @@ fn missing_feature(bin: &Path) -> Result<()> {
         )
     })?;
     let dir = tempfile::tempdir()?;
-    let out = Command::new(&bin)
+    let log = dir.path().join("output.log");
+    let mut command = Command::new(&bin);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("TOOLRUNNER_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
         .current_dir(dir.path())
         .env("TOOLRUNNER_BASE_URL", "http://127.0.0.1:9")
         .env("TOOLRUNNER_TOKEN", "unused")
@@ -98,8 +105,32 @@ fn missing_feature(bin: &Path) -> Result<()> {
             "postgres://postgres@127.0.0.1:9/none",
         )
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
         .with_context(|| format!("running {}", bin.display()))?;
+    // It must stop at build(): a process still running after the bound
+    // started serving, and is killed.
+    let deadline = Instant::now() + WITHIN;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "it still ran {WITHIN:?} after it was started with a postgres:// store and no postgres feature"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&log)?;
+    let out = std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr: stderr.into_bytes(),
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(
         !out.status.success(),

@@ -1,4 +1,6 @@
 // Nor the store's changes: call rows change only through the executor.
+use toolrunner::store::Change;
+
 fn main() {
-    let _ = toolrunner::store::Change::Prune;
+    let _ = std::any::type_name::<Change>();
 }

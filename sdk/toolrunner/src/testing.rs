@@ -494,6 +494,14 @@ impl TestKit {
 
 pub use crate::gate::ProcessFaults;
 
+/// The call lifecycle's table (`lifecycle.rs`), written out as
+/// `docs/architecture.md` shows it between its markers: the workspace's
+/// test `layers` checks the document against it. Part of the seam below,
+/// not stable.
+pub fn lifecycle_table_markdown() -> String {
+    crate::lifecycle::table_markdown()
+}
+
 /// The store's rows and writes, for tests that seed or read raw rows
 /// (a backfill, a corrupt row, a store that fails on purpose) and for
 /// benchmarks that time the store alone.

@@ -262,7 +262,7 @@ pub(crate) fn rule(event: &str) -> Option<&'static Rule> {
 
 /// The table as Markdown, followed by a Mermaid state diagram: the text
 /// `docs/architecture.md` carries between its lifecycle markers.
-#[cfg(test)]
+#[cfg(feature = "testing")]
 pub(crate) fn table_markdown() -> String {
     let mut out = String::from("| event | from | to | also writes |\n|---|---|---|---|\n");
     for r in TABLE {

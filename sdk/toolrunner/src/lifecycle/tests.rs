@@ -398,33 +398,6 @@ fn secrets_stay_out_of_planned_receipts() {
     let _ = Grant::new("unused");
 }
 
-/// `docs/architecture.md` shows this very table between its markers.
-#[test]
-fn the_architecture_doc_shows_the_table() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/architecture.md");
-    let doc = std::fs::read_to_string(path).expect("docs/architecture.md");
-    let start = "<!-- lifecycle-table:start (generated from sdk/toolrunner/src/lifecycle.rs; a test checks it) -->\n";
-    let end = "<!-- lifecycle-table:end -->";
-    let expected = table_markdown();
-    let found = doc
-        .split_once(start)
-        .and_then(|(_, rest)| rest.split_once(end))
-        .map(|(table, _)| table);
-    if found != Some(expected.as_str()) {
-        if std::env::var_os("TOOLRUNNER_BLESS").is_some() {
-            let head = doc.split_once(start).map(|(h, _)| h).expect("start marker");
-            let tail = doc.split_once(end).map(|(_, t)| t).expect("end marker");
-            std::fs::write(path, format!("{head}{start}{expected}{end}{tail}")).expect("write");
-            return;
-        }
-        panic!(
-            "docs/architecture.md does not show the lifecycle table as the code has it; \
-             run `TOOLRUNNER_BLESS=1 cargo test -p toolrunner lifecycle` to rewrite it, \
-             then read the diff. Expected:\n{expected}"
-        );
-    }
-}
-
 /// A fresh store file (its directory goes with the guard).
 async fn store_file() -> (tempfile::TempDir, crate::store::SqliteStore) {
     let dir = tempfile::tempdir().expect("a temporary directory");
