@@ -61,13 +61,19 @@ fn main() -> ExitCode {
     libtest_mimic::run(&args, trials).exit_code()
 }
 
-fn run(bin: &Path) -> Result<()> {
-    let bin = std::fs::canonicalize(bin).with_context(|| {
+/// The binary `TOOLRUNNER_README_EXAMPLE_BIN` names, by its absolute path
+/// (the example runs in a directory of its own).
+fn binary(bin: &Path) -> Result<PathBuf> {
+    std::fs::canonicalize(bin).with_context(|| {
         format!(
             "{BIN_VAR}={}: no such binary (build tests/user-crate first)",
             bin.display()
         )
-    })?;
+    })
+}
+
+fn run(bin: &Path) -> Result<()> {
+    let bin = binary(bin)?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -79,13 +85,7 @@ fn run(bin: &Path) -> Result<()> {
 /// given a `postgres://` store it stops at `build()`, before it connects
 /// anywhere, with the error's own kind and what to turn on.
 fn missing_feature(bin: &Path) -> Result<()> {
-    // Run from a directory of its own: the path must not be relative.
-    let bin = std::fs::canonicalize(bin).with_context(|| {
-        format!(
-            "{BIN_VAR}={}: no such binary (build tests/user-crate first)",
-            bin.display()
-        )
-    })?;
+    let bin = binary(bin)?;
     let dir = tempfile::tempdir()?;
     let log = dir.path().join("output.log");
     let mut command = Command::new(&bin);
