@@ -5,8 +5,14 @@
 //! cargo run --example ledger                       # self-contained demo
 //! cargo run --example ledger -- --base-url URL --binding-id ID --executor-id ID \
 //!     --token TOKEN --db PATH|postgres://… --ledger PATH --capacity N --effect-delay-ms N \
-//!     [--takeover-grace-ms N] [--lease-ttl-ms N] [--commit-window-ms N]
+//!     [--takeover-grace-ms N] [--lease-ttl-ms N] [--commit-window-ms N] \
+//!     [--admin-listen ADDR]
 //! ```
+//!
+//! With `--admin-listen ADDR` it serves, for as long as it runs,
+//! `/healthz`, `/readyz` and `/metrics` (Prometheus text) at `ADDR`
+//! (`toolrunner::admin`), and says where on stderr:
+//! `admin listening on http://ADDR`.
 //!
 //! Without `--base-url` it starts the development platform in-process,
 //! creates an agent, a binding, a version and a run of 20 calls, and exits
@@ -86,6 +92,11 @@ struct Args {
     /// 30 s).
     #[arg(long, value_name = "N")]
     commit_window_ms: Option<u64>,
+    /// Serve `/healthz`, `/readyz` and `/metrics` (Prometheus text) at this
+    /// address for as long as the process runs (e.g. 127.0.0.1:9090; port
+    /// 0 picks one, printed on stderr).
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<std::net::SocketAddr>,
 }
 
 /// `ledger.append` arguments.
@@ -285,6 +296,35 @@ fn store_url(db: &str) -> String {
     }
 }
 
+/// Serves `/healthz`, `/readyz` and `/metrics` at `addr` until the process
+/// ends, with a Prometheus recorder installed for the whole process.
+async fn serve_admin(addr: std::net::SocketAddr, executor: &Executor) -> Result<()> {
+    // Durations in seconds, from a millisecond to a minute: histograms (not
+    // the exporter's default summaries) aggregate across replicas.
+    let buckets = [
+        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ];
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&buckets)?
+        .install_recorder()
+        .context("installing the Prometheus recorder")?;
+    let upkeep = prometheus.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    let router =
+        toolrunner::admin::router_with_metrics(executor.health(), move || prometheus.render());
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for --admin-listen"))?;
+    eprintln!("admin listening on http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(())
+}
+
 /// Serves an external platform until SIGTERM, then drains.
 async fn serve(args: &Args, ledger: Ledger, base_url: &str) -> Result<()> {
     let binding_id = args
@@ -299,9 +339,11 @@ async fn serve(args: &Args, ledger: Ledger, base_url: &str) -> Result<()> {
     // Registered before the start, so a SIGTERM during connect or recovery
     // still drains instead of killing the process.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let running = executor(args, ledger, base_url, binding_id, &token)?
-        .start()
-        .await?;
+    let executor = executor(args, ledger, base_url, binding_id, &token)?;
+    if let Some(addr) = args.admin_listen {
+        serve_admin(addr, &executor).await?;
+    }
+    let running = executor.start().await?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
@@ -340,6 +382,9 @@ async fn demo(args: &Args, ledger: Ledger) -> Result<()> {
     let version = admin
         .publish(&agent.agent_id, executor.tool_definitions())
         .await?;
+    if let Some(addr) = args.admin_listen {
+        serve_admin(addr, &executor).await?;
+    }
     let memos: Vec<&str> = (0..20)
         .map(|i| match i {
             7 => "fail",

@@ -480,6 +480,7 @@ impl ExecutorBuilder {
                 crash_plan: self.crash_plan,
                 takeover_grace: self.takeover_grace,
                 gate: self.gate,
+                health: Arc::default(),
             },
         })
     }
@@ -612,6 +613,17 @@ impl Executor {
     /// names, descriptions, the binding, schemas generated from the types.
     pub fn tool_definitions(&self) -> &[ToolDefinition] {
         &self.template.definitions
+    }
+
+    /// A handle on the executor's health (connected, store writable,
+    /// lease, capacity, outbox, draining, and a ready verdict), to take
+    /// before [`start`](Self::start) or [`serve`](Self::serve) consumes the
+    /// executor. Clone it freely; the feature `admin` serves it over HTTP
+    /// (`toolrunner::admin::router`).
+    pub fn health(&self) -> crate::Health {
+        crate::Health {
+            state: self.template.health.clone(),
+        }
     }
 
     /// The random id of this process start, sent with every connect.

@@ -4,10 +4,13 @@
 // `layers` keeps them): base, the store and the network, the lifecycle and
 // the handler API, the runner, the executor (builder, reconciler), the
 // testing kit. Each imports only from the layers below it.
+#[cfg(feature = "admin")]
+pub mod admin;
 mod api;
 mod builder;
 mod error;
 mod gate;
+mod health;
 mod lifecycle;
 mod net;
 mod reconciler;
@@ -29,6 +32,7 @@ pub use api::transaction::Transaction;
 pub use builder::ENV_VARS;
 pub use builder::{Executor, ExecutorBuilder};
 pub use error::{Error, Result, shutdown_signal};
+pub use health::{Health, HealthReport};
 pub use toolrunner_macros::{schema, tool};
 
 /// Function tools: [`write`](tool::write), [`read`](tool::read) and

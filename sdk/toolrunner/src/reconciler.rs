@@ -495,6 +495,7 @@ impl Reconciler {
     /// # Errors
     /// Refused: blank evidence, another state, no assignment, a result that
     /// fails the stored `output_schema`, or someone settled it meanwhile.
+    #[tracing::instrument(name = "toolrunner.operator", skip_all, fields(otel.name = "toolrunner.operator resolve", toolrunner.action = "resolve", gen_ai.tool.call.id = call_id, toolrunner.run_id = run_id))]
     pub async fn resolve(
         &self,
         run_id: &str,
@@ -574,6 +575,7 @@ impl Reconciler {
     ///
     /// # Errors
     /// Refused if the evidence is blank or the call is not `rejected`.
+    #[tracing::instrument(name = "toolrunner.operator", skip_all, fields(otel.name = "toolrunner.operator compensated", toolrunner.action = "compensated", gen_ai.tool.call.id = call_id, toolrunner.run_id = run_id))]
     pub async fn compensated(
         &self,
         run_id: &str,
@@ -616,6 +618,7 @@ impl Reconciler {
     /// # Errors
     /// Refused if the evidence is blank, the call is not `orphaned`, its
     /// outcome was known, or it was closed already.
+    #[tracing::instrument(name = "toolrunner.operator", skip_all, fields(otel.name = "toolrunner.operator close", toolrunner.action = "close", gen_ai.tool.call.id = call_id, toolrunner.run_id = run_id))]
     pub async fn close(&self, run_id: &str, call_id: &str, evidence: &Evidence) -> Result<()> {
         evidence.check()?;
         let call = self.load(run_id, call_id).await?;
@@ -717,6 +720,7 @@ impl Reconciler {
     ///
     /// # Errors
     /// Refused without a platform or for an unknown or not pending receipt.
+    #[tracing::instrument(name = "toolrunner.operator", skip_all, fields(otel.name = "toolrunner.operator redeliver", toolrunner.action = "redeliver", toolrunner.receipt_id = receipt_id))]
     pub async fn redeliver(
         &self,
         receipt_id: Option<&str>,

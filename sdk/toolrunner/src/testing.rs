@@ -65,6 +65,8 @@ const EXECUTOR_ID: &str = "testkit-executor";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Step {
+    /// The operation key is saved; the claim has not gone out.
+    BeforeClaim,
     /// The platform confirmed `accepted`; the handler has not started.
     AfterAccepted,
     /// In the handler, at its `ctx.commit_point()`: right before the
@@ -79,6 +81,7 @@ pub enum Step {
 impl Step {
     fn point(self) -> &'static str {
         match self {
+            Step::BeforeClaim => "after_operation_key_saved",
             Step::AfterAccepted => "after_accepted_confirmed",
             Step::AtCommitPoint => "commit_point",
             Step::AfterHandler => "after_handler",
@@ -204,6 +207,7 @@ impl TestKitBuilder {
             store_path: dir.path().join("executor.db"),
             configure,
             running: None,
+            health: crate::Health::default(),
             crashed: Arc::new(AtomicBool::new(false)),
             _dir: dir,
         };
@@ -213,6 +217,7 @@ impl TestKitBuilder {
             .publish(&agent.agent_id, executor.tool_definitions())
             .await?
             .agent_version;
+        kit.health = executor.health();
         kit.running = Some(executor.start().await?);
         Ok(kit)
     }
@@ -229,6 +234,7 @@ pub struct TestKit {
     store_path: std::path::PathBuf,
     configure: Configure,
     running: Option<RunningExecutor>,
+    health: crate::Health,
     crashed: Arc<AtomicBool>,
     _dir: tempfile::TempDir,
 }
@@ -453,8 +459,16 @@ impl TestKit {
     pub async fn restart(&mut self) -> Result<()> {
         self.running.take();
         let executor = self.executor(None)?;
+        self.health = executor.health();
         self.running = Some(executor.start().await?);
         Ok(())
+    }
+
+    /// The health of the executor running now ([`crate::Executor::health`]);
+    /// a [`restart`](Self::restart) starts another, with a health of its
+    /// own: take it again.
+    pub fn health(&self) -> crate::Health {
+        self.health.clone()
     }
 
     /// The executor's store file (for `toolrunner calls … --db`).

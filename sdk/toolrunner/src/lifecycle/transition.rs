@@ -132,7 +132,7 @@ pub(crate) async fn advance_then(
         // The changes go to the store; what a retry needs is the plan's
         // row and receipt, which stay.
         let result = store.commit(std::mem::take(&mut plan.changes)).await;
-        metrics::histogram!("toolrunner_store_commit_seconds")
+        metrics::histogram!("toolrunner_store_commit_seconds", "executor_id" => executor_id.to_owned())
             .record(started.elapsed().as_secs_f64());
         let committed = match result {
             Ok(()) => true,
@@ -172,7 +172,7 @@ pub(crate) async fn advance_then(
             },
         };
         debug_assert!(committed);
-        metrics::counter!("toolrunner_call_transitions_total", "event" => name, "state" => plan.call.state.as_str())
+        metrics::counter!("toolrunner_call_transitions_total", "executor_id" => executor_id.to_owned(), "event" => name, "state" => plan.call.state.as_str())
             .increment(1);
         return Ok(Advanced::Moved {
             call: plan.call,
@@ -237,7 +237,7 @@ pub(crate) async fn advance_in(
     }
     let started = std::time::Instant::now();
     let result = tx.commit_with(&plan.changes).await;
-    metrics::histogram!("toolrunner_store_commit_seconds").record(started.elapsed().as_secs_f64());
+    metrics::histogram!("toolrunner_store_commit_seconds", "executor_id" => executor_id.to_owned()).record(started.elapsed().as_secs_f64());
     match result {
         Ok(()) => {}
         Err(TxError::NotWritten(e)) => return InTransaction::NotWritten(e),
@@ -249,7 +249,7 @@ pub(crate) async fn advance_in(
             _ => return InTransaction::Lost(e),
         },
     }
-    metrics::counter!("toolrunner_call_transitions_total", "event" => name, "state" => plan.call.state.as_str())
+    metrics::counter!("toolrunner_call_transitions_total", "executor_id" => executor_id.to_owned(), "event" => name, "state" => plan.call.state.as_str())
         .increment(1);
     InTransaction::Done(Advanced::Moved {
         call: plan.call,

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use toolrunner_protocol::wire::{Assignment, CallState, Claim, ReceiptKind};
 use tracing::Instrument;
 
-use super::{Active, CallKey, Core, checks, connection, outbox};
+use super::{Active, CallKey, Core, checks, connection, outbox, telemetry};
 use crate::api::context::{CallContext, ProgressError};
 use crate::api::handler::{Effect, ErasedTool, ToolError};
 use crate::lifecycle::{self, Advanced, Event, FinalReceipt, InTransaction, Reads};
@@ -42,13 +42,43 @@ pub(super) async fn drive(
     known: Option<LocalCall>,
 ) {
     let key = active.key.clone();
-    let span = tracing::info_span!("call", run_id = %key.run_id, call_id = %key.call_id);
+    let row = match known {
+        Some(c) => Ok(c),
+        None => read(&core, &key).await,
+    };
+    let span = match &row {
+        Ok(c) => telemetry::call_span(
+            &core.cfg.executor_id,
+            c,
+            core.tools.get(&c.tool_name).map(|t| t.effect()),
+        ),
+        Err(_) => tracing::info_span!(
+            "execute_tool",
+            gen_ai.tool.call.id = key.call_id.as_str(),
+            toolrunner.run_id = key.run_id.as_str(),
+            toolrunner.outcome = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        ),
+    };
+    let work = async {
+        let ended = steps(&core, &key, row?, confirmed, &active.token).await;
+        match &ended {
+            Ok((outcome, error_type)) => {
+                telemetry::finish(&tracing::Span::current(), outcome, error_type.as_deref())
+            }
+            Err(e) if e != super::CRASH => {
+                telemetry::finish(&tracing::Span::current(), "paused", None)
+            }
+            Err(_) => {}
+        }
+        ended.map(|_| ())
+    };
     let result = tokio::select! {
         biased;
         // The executor stopped (dropped, crashed, detached): stop where we
         // are, as a lost process would.
         _ = core.done.cancelled() => return,
-        r = steps(&core, &key, known, confirmed, &active.token).instrument(span) => r,
+        r = work.instrument(span) => r,
     };
     if let Err(e) = result
         && e != super::CRASH
@@ -116,30 +146,30 @@ fn row(advanced: Advanced) -> Result<LocalCall, String> {
 async fn steps(
     core: &Arc<Core>,
     key: &CallKey,
-    known: Option<LocalCall>,
+    mut call: LocalCall,
     mut confirmed: bool,
     cancel: &CancellationToken,
-) -> Result<(), String> {
+) -> Result<(&'static str, Option<String>), String> {
     let mut checked = false;
     // The `accepted` this task's claim just saved with the assignment.
     let mut saved_accepted: Option<OutboxReceipt> = None;
     // The final receipt this task's run just saved, if it did.
     let mut saved_final: Option<OutboxReceipt> = None;
-    let mut call = match known {
-        Some(c) => c,
-        None => read(core, key).await?,
-    };
     loop {
         let before = (call.state, call.version);
         let next = match call.state {
             LocalState::Claiming => {
                 confirmed = false;
-                let (next, saved) = Box::pin(claim(core, call)).await?;
+                let (next, saved) =
+                    Box::pin(claim(core, call).instrument(tracing::info_span!("toolrunner.claim")))
+                        .await?;
                 saved_accepted = saved.filter(|r| r.kind == ReceiptKind::Accepted);
                 next
             }
             LocalState::Assigned => {
-                let (next, mine) = Box::pin(accept(core, call, saved_accepted.take())).await?;
+                let accepting = accept(core, call, saved_accepted.take())
+                    .instrument(tracing::info_span!("toolrunner.accepted"));
+                let (next, mine) = Box::pin(accepting).await?;
                 confirmed = mine;
                 next
             }
@@ -155,19 +185,24 @@ async fn steps(
                 // A call whose final receipt went out has nothing to
                 // report; one that could not deliver may (the outbox loop
                 // sends other calls' reports).
+                let outcome = telemetry::outcome_of(call.state, saved_final.as_ref());
+                let first = tracing::info_span!("toolrunner.deliver");
                 let delivery = match saved_final.take() {
                     // Nothing before it but the `accepted`, which went out
                     // before the handler: sent as saved, without reading
                     // the outbox.
                     Some(r) if r.sequence == 1 => {
-                        Box::pin(outbox::deliver_one(core, &r, Some(call))).await
+                        Box::pin(outbox::deliver_one(core, &r, Some(call)).instrument(first)).await
                     }
-                    _ => Box::pin(outbox::deliver_call(core, key, Some(call))).await,
+                    _ => {
+                        Box::pin(outbox::deliver_call(core, key, Some(call)).instrument(first))
+                            .await
+                    }
                 };
                 if delivery != outbox::Delivery::Delivered {
                     Box::pin(outbox::flush_reports(core)).await;
                 }
-                return Ok(());
+                return Ok(outcome);
             }
             LocalState::ReconciliationRequired if !checked => {
                 checked = true;
@@ -181,13 +216,13 @@ async fn steps(
             }
             _ => {
                 Box::pin(outbox::flush_reports(core)).await;
-                return Ok(());
+                return Ok(telemetry::outcome_of(call.state, None));
             }
         };
         if (next.state, next.version) == before && next.state != LocalState::ReconciliationRequired
         {
             // Nothing moved (another writer had the call, or the step waits).
-            return Ok(());
+            return Ok(("waiting", None));
         }
         call = next;
     }

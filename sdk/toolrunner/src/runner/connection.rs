@@ -83,6 +83,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
             Err(ClientError::Unreachable(m))
                 if patience == Patience::UntilStopped && !core.done.is_cancelled() =>
             {
+                core.health.platform(Err(m.clone()));
                 tracing::warn!(error = %m, "cannot reach the platform; retrying connect");
                 tokio::time::sleep(super::pause(core, attempt.min(6))).await;
                 attempt += 1;
@@ -97,6 +98,10 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         }
     };
     tracing::info!(executor_id = %core.cfg.executor_id, connection_id = %connected.connection_id, outstanding = connected.outstanding.len(), "connected");
+    if patience == Patience::UntilStopped {
+        super::telemetry::reconnected(&core.cfg.executor_id);
+    }
+    core.health.platform(Ok(()));
     *core.conn.write().await = Some(Conn {
         connection_id: connected.connection_id.clone(),
         heartbeat_interval: beat(connected.heartbeat_interval_ms, connected.lease_ttl_ms),
@@ -229,21 +234,29 @@ pub(crate) async fn heartbeat_loop(core: Arc<Core>) {
             _ = core.done.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        if let Err(e) = heartbeat(&core).await {
-            tracing::debug!(error = %e, "heartbeat failed");
+        match heartbeat(&core).await {
+            Ok(true) => core.health.platform(Ok(())),
+            Ok(false) => {}
+            Err(ClientError::Unreachable(m)) => {
+                tracing::debug!(error = %m, "heartbeat failed");
+                core.health.platform(Err(m));
+            }
+            Err(e) => tracing::debug!(error = %e, "heartbeat failed"),
         }
     }
 }
 
-async fn heartbeat(core: &Arc<Core>) -> Result<(), ClientError> {
+/// One heartbeat: `Ok(true)` when the platform answered, `Ok(false)` when
+/// there was no connection to beat on.
+async fn heartbeat(core: &Arc<Core>) -> Result<bool, ClientError> {
     let Ok(connection_id) = connection_id(core).await else {
-        return Ok(());
+        return Ok(false);
     };
     if let Err(e) = beat_now(core, &connection_id).await {
         handle_refusal(core, &connection_id, &e).await;
         return Err(e);
     }
-    Ok(())
+    Ok(true)
 }
 
 /// One heartbeat listing the calls in flight; applies the answer's advice

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::gate::{Gate, Reach};
+use crate::health::HealthState;
 use crate::store::{
     Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt, OutboxSummary,
     ReceiptStatus, Store, StoreError, StoreTransaction, Timestamp,
@@ -17,6 +18,8 @@ pub(crate) struct FencedStore {
     pub(crate) fence: CancellationToken,
     /// A test's faults of this process.
     pub(crate) gate: Option<Arc<Gate>>,
+    /// Where each commit's outcome goes (the store's health).
+    pub(crate) health: Arc<HealthState>,
 }
 
 impl FencedStore {
@@ -47,7 +50,17 @@ impl Store for FencedStore {
         if self.fence.is_cancelled() {
             return Err(StoreError::Closed);
         }
-        self.io(self.inner.commit(changes)).await
+        let committed = self.io(self.inner.commit(changes)).await;
+        match &committed {
+            Ok(()) | Err(StoreError::Conflict(..) | StoreError::Refused(_)) => {
+                self.health.store(Ok(()))
+            }
+            Err(e @ (StoreError::Database(_) | StoreError::Fenced(_))) => {
+                self.health.store(Err(e.to_string()))
+            }
+            Err(_) => {}
+        }
+        committed
     }
 
     async fn begin(&self) -> Result<StoreTransaction, StoreError> {

@@ -1,28 +1,54 @@
-//! Metrics through the `metrics` facade (install any recorder, e.g. a
-//! Prometheus exporter, to collect them):
-//!
-//! | name | kind | labels | meaning |
-//! |---|---|---|---|
-//! | `toolrunner_call_transitions_total` | counter | `event`, `state` | lifecycle transitions by event and the state they led to |
-//! | `toolrunner_receipt_deliveries_total` | counter | `kind`, `outcome` | delivery attempts and how they ended |
-//! | `toolrunner_store_commit_seconds` | histogram | | latency of one store commit |
-//! | `toolrunner_calls` | gauge | `state` | calls by local state |
-//! | `toolrunner_oldest_reconciliation_seconds` | gauge | | age of the oldest `reconciliation_required` call |
-//! | `toolrunner_undelivered_receipts` | gauge | | receipts saved and not yet acknowledged |
-//! | `toolrunner_oldest_undelivered_seconds` | gauge | | age of the oldest of them |
-use super::Core;
-use crate::store::{CallFilter, LocalState, OutboxSummary};
+//! Once a second: a write probe of the store, then the gauges (through the
+//! `metrics` facade) and the health facts ([`crate::health`]) from the
+//! store and the runner. The metric names are in [`super::telemetry`];
+//! their table is in `docs/operations.md`.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
-fn age_seconds(t: &crate::store::Timestamp) -> f64 {
-    (chrono::Utc::now() - *t).num_milliseconds() as f64 / 1000.0
+use super::Core;
+use super::telemetry::metric;
+use crate::store::{CallFilter, LocalState, Timestamp};
+
+/// How often the store is probed and the gauges published.
+const EVERY: Duration = Duration::from_secs(1);
+
+fn age(t: &Timestamp) -> Duration {
+    (chrono::Utc::now() - *t).to_std().unwrap_or_default()
 }
 
-/// Publishes the gauges from the store.
-pub(crate) async fn publish(core: &Core, outbox: Option<&OutboxSummary>) {
+/// Probes and publishes until the executor ends (a drain included).
+pub(crate) async fn health_loop(core: Arc<Core>) {
+    loop {
+        publish(&core).await;
+        tokio::select! {
+            _ = core.done.cancelled() => return,
+            _ = tokio::time::sleep(EVERY) => {}
+        }
+    }
+}
+
+/// One round: the probe, the gauges, the health facts.
+pub(crate) async fn publish(core: &Core) {
+    let id = core.cfg.executor_id.clone();
+    // An empty commit: the store's write lock taken and released (on
+    // PostgreSQL, the identity's fencing token checked). Its outcome is
+    // the store's health (the fenced store records every commit's).
+    let _ = core.store.commit(Vec::new()).await;
+    let free = u32::try_from(core.slots.available_permits()).unwrap_or(u32::MAX);
+    let in_use = core.cfg.capacity.saturating_sub(free);
+    metrics::gauge!(metric::CAPACITY_IN_USE, "executor_id" => id.clone()).set(f64::from(in_use));
+    metrics::gauge!(metric::CAPACITY_AVAILABLE, "executor_id" => id.clone()).set(f64::from(free));
+    if let Some(renewed) = core.lease_renewed_at() {
+        core.health.lease(renewed, core.lease_live());
+        metrics::gauge!(metric::LEASE_AGE, "executor_id" => id.clone())
+            .set(renewed.elapsed().as_secs_f64());
+    }
     if let Ok(counts) = core.store.count_by_state().await {
         for state in crate::store::ALL_STATES {
             let n = counts.get(&state).copied().unwrap_or(0) as f64;
-            metrics::gauge!("toolrunner_calls", "state" => state.as_str()).set(n);
+            metrics::gauge!(metric::CALLS, "executor_id" => id.clone(), "state" => state.as_str())
+                .set(n);
         }
     }
     let waiting = CallFilter {
@@ -30,15 +56,31 @@ pub(crate) async fn publish(core: &Core, outbox: Option<&OutboxSummary>) {
         ..CallFilter::default()
     };
     if let Ok(calls) = core.store.calls(&waiting).await {
-        let oldest = calls
-            .iter()
-            .map(|c| age_seconds(&c.updated_at))
-            .fold(0.0, f64::max);
-        metrics::gauge!("toolrunner_oldest_reconciliation_seconds").set(oldest);
+        // Every served tool, so that a tool whose last call was settled
+        // goes back to zero.
+        let mut by_tool: BTreeMap<&str, (u64, Duration)> = core
+            .tools
+            .keys()
+            .map(|t| (t.as_str(), (0, Duration::ZERO)))
+            .collect();
+        for c in &calls {
+            let entry = by_tool.entry(c.tool_name.as_str()).or_default();
+            entry.0 += 1;
+            entry.1 = entry.1.max(age(&c.updated_at));
+        }
+        for (tool, (n, oldest)) in by_tool {
+            let labels = [("executor_id", id.clone()), ("tool", tool.to_owned())];
+            metrics::gauge!(metric::RECONCILIATION, &labels).set(n as f64);
+            metrics::gauge!(metric::OLDEST_RECONCILIATION, &labels).set(oldest.as_secs_f64());
+        }
+        core.health.reconciliation_required(calls.len() as u64);
     }
-    if let Some(outbox) = outbox {
-        let oldest = outbox.oldest.as_ref().map_or(0.0, age_seconds);
-        metrics::gauge!("toolrunner_undelivered_receipts").set(outbox.pending as f64);
-        metrics::gauge!("toolrunner_oldest_undelivered_seconds").set(oldest);
+    if let Ok(outbox) = core.store.outbox_summary().await {
+        let oldest = outbox.oldest.as_ref().map(age);
+        metrics::gauge!(metric::UNDELIVERED, "executor_id" => id.clone())
+            .set(outbox.pending as f64);
+        metrics::gauge!(metric::OLDEST_UNDELIVERED, "executor_id" => id)
+            .set(oldest.unwrap_or_default().as_secs_f64());
+        core.health.outbox(outbox.pending, oldest);
     }
 }

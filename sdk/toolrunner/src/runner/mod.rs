@@ -18,6 +18,7 @@ mod recovery;
 pub(crate) mod replicas;
 mod retention;
 mod stream;
+pub(crate) mod telemetry;
 pub(crate) mod template;
 pub(crate) mod unwind;
 
@@ -91,6 +92,8 @@ pub(crate) struct Core {
     /// lives, whether or not they were being driven when the notice came.
     pub(crate) cancelled: StdMutex<std::collections::HashSet<CallKey>>,
     pub(crate) slots: Arc<Semaphore>,
+    /// The facts a [`crate::Health`] handle reads.
+    pub(crate) health: Arc<crate::health::HealthState>,
     /// The one dispatch queue of calls to drive.
     pub(crate) dispatch: dispatch::Queue,
     pub(crate) wake: Notify,
@@ -191,6 +194,16 @@ impl Core {
         Ok(())
     }
 
+    /// When the identity's lease was last renewed, on a database shared
+    /// by replicas.
+    pub(crate) fn lease_renewed_at(&self) -> Option<std::time::Instant> {
+        #[cfg(feature = "postgres")]
+        if let Some(replica) = &self.replica {
+            return Some(replica.renewed_at());
+        }
+        None
+    }
+
     /// Whether this executor holds a lease on a database shared by
     /// replicas.
     pub(crate) fn holds_a_lease(&self) -> bool {
@@ -289,6 +302,7 @@ impl Core {
     /// Stops the process as far as the world can tell: nothing more is
     /// written or sent, every task ends, the store file is free again.
     pub(crate) fn halt(&self) {
+        self.health.stopped();
         self.fence.cancel();
         self.client.fence();
         self.stop.cancel();
@@ -376,7 +390,13 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     // recovering may take longer than a peer's takeover grace.
     #[cfg(feature = "postgres")]
     tasks.spawn(replicas::lease_loop(core.clone()));
-    connection::connect(&core, connection::Patience::Once).await?;
+    telemetry::zero(&core.cfg.executor_id, core.holds_a_lease());
+    if let Err(e) = connection::connect(&core, connection::Patience::Once).await {
+        core.health.platform(Err(e.to_string()));
+        core.health.stopped();
+        return Err(e);
+    }
+    core.health.started();
     // The calls the connect's recovery found wait in the queue; they run
     // from now on. (Started only now, so that a refused start leaves no
     // task holding the executor and its store.)
@@ -386,6 +406,7 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     tasks.spawn(outbox::outbox_loop(core.clone()));
     tasks.spawn(reconcile::reconcile_loop(core.clone()));
     tasks.spawn(retention::retention_loop(core.clone()));
+    tasks.spawn(gauges::health_loop(core.clone()));
     #[cfg(feature = "postgres")]
     tasks.spawn(replicas::adoption_loop(core.clone()));
     if core.cfg.use_stream {
@@ -423,6 +444,9 @@ impl RunningExecutor {
         // holds the identity now; crashed at a fail point): it says nothing
         // more to the platform.
         let halted = self.core.fence.is_cancelled();
+        // Not ready, before anything else: an orchestrator stops sending
+        // work here while the calls in flight finish.
+        self.core.health.draining();
         self.core.claiming.store(false, Ordering::SeqCst);
         self.core.stop.cancel();
         if let Shutdown::Drain { deadline } = how {

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
 use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportOutcome, ReportState};
 
 use super::{CallKey, Core, connection};
@@ -28,6 +29,17 @@ pub(crate) enum Delivery {
     Settled,
     /// Not the outbox's to send (an `accepted`).
     NotSent,
+}
+
+/// A delivery's outcome on a span.
+fn delivery_name(d: Delivery) -> &'static str {
+    match d {
+        Delivery::Delivered => "delivered",
+        Delivery::Dropped => "dropped",
+        Delivery::Later => "later",
+        Delivery::Settled => "settled",
+        Delivery::NotSent => "not_sent",
+    }
 }
 
 /// Delivers a call's pending receipts in sequence order; says how the last
@@ -132,7 +144,7 @@ pub(crate) async fn deliver(
         Err(ClientError::Api(e)) if e.status == 404 => "not_found",
         Err(ClientError::Api(_)) => "refused",
     };
-    metrics::counter!("toolrunner_receipt_deliveries_total", "kind" => r.kind.as_str(), "outcome" => outcome).increment(1);
+    metrics::counter!("toolrunner_receipt_deliveries_total", "executor_id" => executor_id.to_owned(), "kind" => r.kind.as_str(), "outcome" => outcome).increment(1);
     let is_final = r.kind.is_final();
     let error = answer.as_ref().err().map(ToString::to_string);
     let event = match answer {
@@ -426,7 +438,16 @@ pub(crate) async fn flush(core: &Arc<Core>) {
     for (run_id, call_id) in summary.calls {
         let key = CallKey { run_id, call_id };
         if let Some(active) = core.activate(&key) {
-            deliver_call(core, &key, None).await;
+            let span = super::telemetry::call_work_span!(
+                "toolrunner.redeliver",
+                core.cfg.executor_id.as_str(),
+                key.run_id.as_str(),
+                key.call_id.as_str()
+            );
+            let delivered = deliver_call(core, &key, None)
+                .instrument(span.clone())
+                .await;
+            span.record("toolrunner.outcome", delivery_name(delivered));
             drop(active);
         }
     }
@@ -447,7 +468,6 @@ pub(crate) async fn outbox_loop(core: Arc<Core>) {
         }
         flush(&core).await;
         let summary = core.store.outbox_summary().await.ok();
-        super::gauges::publish(&core, summary.as_ref()).await;
         let left = summary.map_or(0, |s| s.calls.len());
         attempt = if left == 0 { 0 } else { attempt + 1 };
     }

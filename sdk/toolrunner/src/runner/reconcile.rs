@@ -1,6 +1,7 @@
 //! Automatic reconciliation: a call whose outcome is unknown is looked up by
 //! its operation key through the tool's `reconcile` hook, at once, again on
 //! a schedule with backoff, and at start-up.
+use tracing::Instrument;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,6 +44,31 @@ async fn accepted_confirmed(core: &Core, call: &LocalCall) -> Result<bool, Strin
 /// `reconciliation_required`. `cancel` is the call's token while this
 /// process drives it.
 pub(crate) async fn check(
+    core: &Arc<Core>,
+    call: LocalCall,
+    cancel: &CancellationToken,
+) -> Result<Checked, String> {
+    let span = super::telemetry::call_work_span!(
+        "toolrunner.reconcile",
+        core.cfg.executor_id.as_str(),
+        call.run_id.as_str(),
+        call.call_id.as_str()
+    );
+    let checked = check_now(core, call, cancel)
+        .instrument(span.clone())
+        .await;
+    let outcome = match &checked {
+        Ok(Checked::Moved(next)) => next.state.as_str(),
+        Ok(Checked::Stays) => "stays",
+        Ok(Checked::NotYet(_)) => "not_yet",
+        Err(_) => "paused",
+    };
+    span.record("toolrunner.outcome", outcome);
+    checked
+}
+
+/// [`check`], inside its span.
+async fn check_now(
     core: &Arc<Core>,
     call: LocalCall,
     cancel: &CancellationToken,

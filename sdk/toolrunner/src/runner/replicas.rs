@@ -118,6 +118,11 @@ impl Replica {
     ///
     /// # Errors
     /// [`StoreError::Fenced`] when the token moved on; the database failed.
+    /// When the lease was last renewed (by this process's clock).
+    pub(crate) fn renewed_at(&self) -> Instant {
+        lock(&self.renewed).0
+    }
+
     async fn renew(&self, executor_id: &str) -> Result<(), StoreError> {
         let sent = (Instant::now(), std::time::SystemTime::now());
         self.io(self.store.renew()).await?;
@@ -178,6 +183,7 @@ pub(crate) async fn lease_loop(core: Arc<Core>) {
         match replica.renew(&core.cfg.executor_id).await {
             Err(e @ StoreError::Fenced(_)) => return fenced(&core, &e),
             Err(e) => {
+                super::telemetry::lease_renewal_failed(&core.cfg.executor_id);
                 if !replica.live()
                     && !replica
                         .lapsed

@@ -16,6 +16,7 @@ use crate::error::Result;
 #[cfg(feature = "postgres")]
 use crate::error::{Error, Kind};
 use crate::gate::Gate;
+use crate::health::HealthState;
 #[cfg(feature = "postgres")]
 use crate::gate::{self, Reach};
 use crate::net::client::Client;
@@ -37,6 +38,8 @@ pub(crate) struct Template {
     pub(crate) takeover_grace: Option<Duration>,
     /// A test's faults of this process.
     pub(crate) gate: Option<Arc<Gate>>,
+    /// The health its running executor keeps up to date.
+    pub(crate) health: Arc<HealthState>,
 }
 
 impl Template {
@@ -125,6 +128,8 @@ impl Template {
             crash_plan: None,
             takeover_grace: None,
             gate: self.gate.clone(),
+            // An adopted identity's own (it is not the process's).
+            health: Arc::default(),
         }
     }
 
@@ -164,6 +169,9 @@ impl Template {
     ) -> Result<RunningExecutor> {
         let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
         let fence = CancellationToken::new();
+        let slots = Arc::new(Semaphore::new(capacity));
+        self.health
+            .starting(&self.cfg.executor_id, self.cfg.capacity, slots.clone());
         let core = Arc::new(Core {
             cfg: self.cfg,
             client: self.client,
@@ -171,6 +179,7 @@ impl Template {
                 inner: store,
                 fence: fence.clone(),
                 gate: self.gate,
+                health: self.health.clone(),
             }),
             tools: self.tools,
             authorizer: self.authorizer,
@@ -178,7 +187,8 @@ impl Template {
             reconnecting: tokio::sync::Mutex::new(()),
             active: StdMutex::new(Default::default()),
             cancelled: StdMutex::new(Default::default()),
-            slots: Arc::new(Semaphore::new(capacity)),
+            slots,
+            health: self.health,
             dispatch: Default::default(),
             wake: Notify::new(),
             claiming: AtomicBool::new(true),

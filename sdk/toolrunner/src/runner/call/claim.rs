@@ -30,11 +30,13 @@ pub(super) async fn claim(
             operation_key: used.clone(),
         };
         let live = || lease_live(core);
-        match core
+        let sent = std::time::Instant::now();
+        let answer = core
             .client
             .claim(&call.run_id, &call.call_id, &body, &live)
-            .await
-        {
+            .await;
+        claim_metrics(core, &call.tool_name, sent, answer.as_ref().err());
+        match answer {
             Ok(c) => break c,
             Err(e) if tries < 3 && connection::handle_refusal(core, &connection_id, &e).await => {
                 tries += 1
@@ -139,6 +141,29 @@ pub(super) async fn claim(
     Ok((call, receipt))
 }
 
+/// The claim's round trip (when the platform answered) and, when it did
+/// not take the call, why.
+fn claim_metrics(
+    core: &Core,
+    tool_name: &str,
+    sent: std::time::Instant,
+    error: Option<&ClientError>,
+) {
+    let id = &core.cfg.executor_id;
+    match error {
+        Some(ClientError::Unreachable(_)) => telemetry::claim_refused(id, "unreachable"),
+        Some(e) => {
+            telemetry::claim_answered(id, tool_name, sent.elapsed().as_secs_f64());
+            // The platform's error code, kept bounded whatever it sends.
+            let bounded = e.code().filter(|c| {
+                c.len() <= 64 && c.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            });
+            telemetry::claim_refused(id, bounded.unwrap_or("other"));
+        }
+        None => telemetry::claim_answered(id, tool_name, sent.elapsed().as_secs_f64()),
+    }
+}
+
 /// The checks before anything runs, for a call of `tool_name` (refused if
 /// this executor does not serve the tool).
 pub(super) async fn first_checks(
@@ -146,11 +171,19 @@ pub(super) async fn first_checks(
     tool_name: &str,
     asg: &Assignment,
 ) -> Result<(), checks::Refusal> {
-    match core.tools.get(tool_name).cloned() {
-        None => Err((
-            "forbidden",
-            "this executor does not serve the tool".to_owned(),
-        )),
-        Some(tool) => checks::before_start(core, tool.as_ref(), asg).await,
+    let checked = async {
+        match core.tools.get(tool_name).cloned() {
+            None => Err((
+                "forbidden",
+                "this executor does not serve the tool".to_owned(),
+            )),
+            Some(tool) => checks::before_start(core, tool.as_ref(), asg).await,
+        }
+    };
+    let span = tracing::info_span!("toolrunner.checks", toolrunner.refused = tracing::field::Empty);
+    let verdict = checked.instrument(span.clone()).await;
+    if let Err((code, _)) = &verdict {
+        span.record("toolrunner.refused", *code);
     }
+    verdict
 }

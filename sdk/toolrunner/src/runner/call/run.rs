@@ -60,7 +60,11 @@ pub(super) async fn run(
     // Dropped before the transaction is ended below (the executor stopped
     // or was lost): no kept task holds the call's transaction open.
     let _ends = ctx.ends_with_task();
-    let outcome = attempt_handler(core, tool.as_ref(), &ctx, asg).await;
+    let started = std::time::Instant::now();
+    let outcome = attempt_handler(core, tool.as_ref(), &ctx, asg)
+        .instrument(tracing::info_span!("toolrunner.handler"))
+        .await;
+    let ran_for = started.elapsed().as_secs_f64();
     // The transaction the handler opened, if it did: committed below with
     // a `completed` receipt, rolled back otherwise (before the call's
     // settlement is stored).
@@ -84,6 +88,11 @@ pub(super) async fn run(
     let transactional = tool.effect() == Effect::Transactional;
     let event = outcome_event(asg, outcome, transactional);
     let completed = matches!(&event, Event::HandlerFinished { outcome } if outcome.kind == ReceiptKind::Completed);
+    let outcome_name = match &event {
+        Event::HandlerFinished { outcome } => outcome.kind.as_str(),
+        _ => "reconciliation_required",
+    };
+    telemetry::tool_finished(&core.cfg.executor_id, &call.tool_name, outcome_name, ran_for);
     let transaction = match transaction {
         Some(tx) if !completed => {
             tx.rollback().await;

@@ -88,6 +88,7 @@ async fn commit_group(pool: &PgPool, group: Vec<Job>, counts: &Counts) {
     match in_one(pool, &group).await {
         Ok(outcomes) => {
             counts.transactions.fetch_add(1, Ordering::Relaxed);
+            crate::store::committed_together(group.len());
             for (job, outcome) in group.into_iter().zip(outcomes) {
                 let _ = job.reply.send(outcome);
             }
@@ -187,6 +188,7 @@ async fn alone(pool: &PgPool, job: &Job, counts: &Counts) -> Result<u64, StoreEr
             outcome => {
                 if outcome.is_ok() {
                     counts.transactions.fetch_add(1, Ordering::Relaxed);
+                    crate::store::committed_together(1);
                 }
                 return outcome;
             }

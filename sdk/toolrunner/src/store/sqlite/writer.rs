@@ -233,6 +233,9 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) -> bool {
     };
     match committed {
         Ok(wrote) => {
+            if wrote {
+                super::super::committed_together(failed.iter().filter(|f| f.is_none()).count());
+            }
             for ((_, reply), outcome) in batch.drain(..).zip(failed) {
                 let _ = reply.send(outcome.map_or(Ok(()), Err));
             }

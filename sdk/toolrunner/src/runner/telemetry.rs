@@ -1,0 +1,171 @@
+//! What the executor tells a tracing backend and a metrics recorder, in
+//! one place: the spans of a call (OpenTelemetry's GenAI conventions for a
+//! tool execution, through `tracing`, so `tracing-opentelemetry` exports
+//! them as they are) and the metrics (`toolrunner_*`, through the `metrics`
+//! facade). `docs/operations.md` holds the table of both; the test
+//! `telemetry` checks that the scrape and the table agree.
+//!
+//! Never on a span, an event or a label: arguments, results, the token, a
+//! grant. Labels stay bounded: the executor id, the tool, an outcome, a
+//! reason, a state; never a run or call id.
+
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::api::handler::Effect;
+use crate::store::{LocalCall, LocalState, OutboxReceipt};
+
+/// The span of one call's work in this process: `execute_tool {tool}`,
+/// with the GenAI attributes and ours. Its outcome is recorded by
+/// [`finish`].
+pub(crate) fn call_span(executor_id: &str, call: &LocalCall, effect: Option<Effect>) -> Span {
+    let name = format!("execute_tool {}", call.tool_name);
+    tracing::info_span!(
+        "execute_tool",
+        otel.name = name.as_str(),
+        otel.status_code = Empty,
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = call.tool_name.as_str(),
+        gen_ai.tool.call.id = call.call_id.as_str(),
+        gen_ai.tool.type = "function",
+        toolrunner.run_id = call.run_id.as_str(),
+        toolrunner.executor_id = executor_id,
+        toolrunner.effect = effect.map_or("unknown", effect_name),
+        toolrunner.outcome = Empty,
+        error.type = Empty,
+    )
+}
+
+/// The effect's name on spans.
+pub(crate) fn effect_name(effect: Effect) -> &'static str {
+    match effect {
+        Effect::Read => "read",
+        Effect::Write => "write",
+        Effect::Transactional => "transactional",
+    }
+}
+
+/// A span of its own for work on a call outside its first pass (a
+/// redelivery, a reconcile check, an operator's action), which may come
+/// later or in another process: it carries the same call id.
+macro_rules! call_work_span {
+    ($name:literal, $executor_id:expr, $run_id:expr, $call_id:expr) => {
+        tracing::info_span!(
+            $name,
+            gen_ai.tool.call.id = $call_id,
+            toolrunner.run_id = $run_id,
+            toolrunner.executor_id = $executor_id,
+            toolrunner.outcome = tracing::field::Empty,
+        )
+    };
+}
+pub(crate) use call_work_span;
+
+/// Records how the call's work in this process ended on its span:
+/// `toolrunner.outcome`, and `error.type` (with an error status) when it
+/// did not complete.
+pub(crate) fn finish(span: &Span, outcome: &str, error_type: Option<&str>) {
+    span.record("toolrunner.outcome", outcome);
+    if outcome != "completed" {
+        span.record("error.type", error_type.unwrap_or(outcome));
+        if matches!(outcome, "failed" | "reconciliation_required") {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+}
+
+/// The outcome of a call that reached `state`, with the final receipt
+/// this process saved for it, if it did: the receipt's kind
+/// (`completed`, `failed`, `cancelled`, …) and, for a failure, its code.
+pub(crate) fn outcome_of(
+    state: LocalState,
+    receipt: Option<&OutboxReceipt>,
+) -> (&'static str, Option<String>) {
+    match receipt {
+        Some(r) if r.kind.is_final() => {
+            let code = serde_json::from_str::<serde_json::Value>(&r.body)
+                .ok()
+                .and_then(|b| b["error"]["code"].as_str().map(str::to_owned));
+            (r.kind.as_str(), code)
+        }
+        _ => (state.as_str(), None),
+    }
+}
+
+/// The metrics, by name. Their table is in `docs/operations.md`.
+pub(crate) mod metric {
+    /// Counter: calls whose handler ran, by tool and outcome.
+    pub(crate) const TOOL_CALLS: &str = "toolrunner_tool_calls_total";
+    /// Histogram (seconds): a handler's run, by tool and outcome.
+    pub(crate) const TOOL_DURATION: &str = "toolrunner_tool_execution_duration_seconds";
+    /// Histogram (seconds): a claim's round trip, by tool.
+    pub(crate) const CLAIM_DURATION: &str = "toolrunner_claim_duration_seconds";
+    /// Counter: claims that did not take the call, by reason.
+    pub(crate) const CLAIMS_REFUSED: &str = "toolrunner_claims_refused_total";
+    /// Gauge: capacity slots in use.
+    pub(crate) const CAPACITY_IN_USE: &str = "toolrunner_capacity_in_use";
+    /// Gauge: capacity slots free.
+    pub(crate) const CAPACITY_AVAILABLE: &str = "toolrunner_capacity_available";
+    /// Gauge: receipts saved and not yet acknowledged.
+    pub(crate) const UNDELIVERED: &str = "toolrunner_undelivered_receipts";
+    /// Gauge (seconds): the oldest of them.
+    pub(crate) const OLDEST_UNDELIVERED: &str = "toolrunner_oldest_undelivered_seconds";
+    /// Gauge: calls in `reconciliation_required`, by tool.
+    pub(crate) const RECONCILIATION: &str = "toolrunner_reconciliation_required";
+    /// Gauge (seconds): the oldest of them, by tool.
+    pub(crate) const OLDEST_RECONCILIATION: &str = "toolrunner_oldest_reconciliation_seconds";
+    /// Counter: lease renewals that failed (a PostgreSQL store).
+    pub(crate) const LEASE_RENEWALS_FAILED: &str = "toolrunner_lease_renewals_failed_total";
+    /// Gauge (seconds): since the lease's last renewal (a PostgreSQL store).
+    pub(crate) const LEASE_AGE: &str = "toolrunner_lease_age_seconds";
+    /// Counter: connects after the first (the connection was lost or
+    /// superseded).
+    pub(crate) const RECONNECTS: &str = "toolrunner_reconnects_total";
+    /// Gauge: calls by local state.
+    pub(crate) const CALLS: &str = "toolrunner_calls";
+}
+
+/// A handler ran for `seconds` and its outcome is `outcome`.
+pub(crate) fn tool_finished(executor_id: &str, tool: &str, outcome: &'static str, seconds: f64) {
+    let labels = [
+        ("executor_id", executor_id.to_owned()),
+        ("tool", tool.to_owned()),
+        ("outcome", outcome.to_owned()),
+    ];
+    metrics::counter!(metric::TOOL_CALLS, &labels).increment(1);
+    metrics::histogram!(metric::TOOL_DURATION, &labels).record(seconds);
+}
+
+/// A claim was answered after `seconds`.
+pub(crate) fn claim_answered(executor_id: &str, tool: &str, seconds: f64) {
+    metrics::histogram!(metric::CLAIM_DURATION, "executor_id" => executor_id.to_owned(), "tool" => tool.to_owned())
+        .record(seconds);
+}
+
+/// A claim did not take the call: `reason` is the platform's error code,
+/// or `unreachable`.
+pub(crate) fn claim_refused(executor_id: &str, reason: &str) {
+    metrics::counter!(metric::CLAIMS_REFUSED, "executor_id" => executor_id.to_owned(), "reason" => reason.to_owned())
+        .increment(1);
+}
+
+/// A lease renewal failed.
+pub(crate) fn lease_renewal_failed(executor_id: &str) {
+    metrics::counter!(metric::LEASE_RENEWALS_FAILED, "executor_id" => executor_id.to_owned())
+        .increment(1);
+}
+
+/// A connect after the first.
+pub(crate) fn reconnected(executor_id: &str) {
+    metrics::counter!(metric::RECONNECTS, "executor_id" => executor_id.to_owned()).increment(1);
+}
+
+/// The counters at zero, so that they exist from the start (a rate over a
+/// counter that appears only with its first increment misses it).
+pub(crate) fn zero(executor_id: &str, lease: bool) {
+    metrics::counter!(metric::RECONNECTS, "executor_id" => executor_id.to_owned()).increment(0);
+    if lease {
+        metrics::counter!(metric::LEASE_RENEWALS_FAILED, "executor_id" => executor_id.to_owned())
+            .increment(0);
+    }
+}

@@ -1,0 +1,545 @@
+//! Telemetry as its readers see it: a tracing backend (the span tree and
+//! its attributes, through `tracing-opentelemetry` into OpenTelemetry's
+//! in-memory exporter), a Prometheus scrape (every metric of the table in
+//! `docs/operations.md` with its labels, and no other), and an
+//! orchestrator's probes (`/readyz` through the `admin` router).
+//!
+//! The Prometheus recorder is process-wide: it is installed once for this
+//! test binary. The span tests install their subscriber for their own
+//! thread only, on a current-thread runtime, so every task of their
+//! executor reports to it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use opentelemetry::trace::{Status, TracerProvider as _};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use toolrunner::testing::{ProcessFaults, SettledBy, Step, TestKit};
+use toolrunner::{CallContext, Evidence, Outcome, ToolError};
+use tracing_subscriber::layer::SubscriberExt;
+
+/// What to do.
+#[toolrunner::schema]
+#[derive(Deserialize)]
+struct Job {
+    /// Free text, echoed back.
+    note: String,
+}
+
+/// What was done.
+#[toolrunner::schema]
+#[derive(Serialize)]
+struct Done {
+    /// The note, echoed.
+    note: String,
+}
+
+/// Completes.
+#[toolrunner::tool(name = "t.ok", effect = write)]
+async fn ok(_ctx: CallContext, input: Job) -> Result<Done, ToolError> {
+    Ok(Done { note: input.note })
+}
+
+/// Fails, confirmed.
+#[toolrunner::tool(name = "t.fail", effect = write)]
+async fn fail(_ctx: CallContext, _input: Job) -> Result<Done, ToolError> {
+    Err(ToolError::failed("declined", "the downstream declined"))
+}
+
+/// Its outcome is unknown (no reconcile hook: it waits for a person).
+#[toolrunner::tool(name = "t.unknown", effect = write)]
+async fn unknown(_ctx: CallContext, _input: Job) -> Result<Done, ToolError> {
+    Err(ToolError::unknown("the downstream timed out"))
+}
+
+/// Takes a while (a drain waits for it).
+#[toolrunner::tool(name = "t.slow", effect = read)]
+async fn slow(_ctx: CallContext, input: Job) -> Result<Done, ToolError> {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    Ok(Done { note: input.note })
+}
+
+fn attr(span: &SpanData, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.as_str().into_owned())
+}
+
+/// The finished spans, once a span for `call_id` named `name` is among
+/// them (a call's span ends after its first delivery, a moment after the
+/// platform says the call settled).
+async fn spans_with(
+    exporter: &InMemorySpanExporter,
+    name: &str,
+    call_id: &str,
+) -> Result<Vec<SpanData>> {
+    for _ in 0..200 {
+        let spans = exporter.get_finished_spans()?;
+        if spans.iter().any(|s| {
+            s.name == name && attr(s, "gen_ai.tool.call.id").as_deref() == Some(call_id)
+        }) {
+            return Ok(spans);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let names: Vec<_> = exporter
+        .get_finished_spans()?
+        .iter()
+        .map(|s| s.name.to_string())
+        .collect();
+    bail!("no span {name} for call {call_id}; spans: {names:?}")
+}
+
+/// The call's span and the names of its descendants.
+fn tree<'a>(
+    spans: &'a [SpanData],
+    name: &str,
+    call_id: &str,
+) -> Result<(&'a SpanData, BTreeSet<String>)> {
+    let root = spans
+        .iter()
+        .find(|s| s.name == name && attr(s, "gen_ai.tool.call.id").as_deref() == Some(call_id))
+        .with_context(|| format!("no span {name}"))?;
+    let mut below = BTreeSet::new();
+    let mut parents = vec![root.span_context.span_id()];
+    while let Some(parent) = parents.pop() {
+        for s in spans.iter().filter(|s| s.parent_span_id == parent) {
+            below.insert(s.name.to_string());
+            parents.push(s.span_context.span_id());
+        }
+    }
+    Ok((root, below))
+}
+
+/// The attributes every call span carries, as the GenAI conventions name
+/// them.
+fn check_call_span(span: &SpanData, tool: &str, run_id: &str, outcome: &str) -> Result<()> {
+    let want = [
+        ("gen_ai.operation.name", "execute_tool"),
+        ("gen_ai.tool.name", tool),
+        ("gen_ai.tool.type", "function"),
+        ("toolrunner.run_id", run_id),
+        ("toolrunner.executor_id", "testkit-executor"),
+        ("toolrunner.effect", "write"),
+        ("toolrunner.outcome", outcome),
+    ];
+    for (key, value) in want {
+        ensure!(
+            attr(span, key).as_deref() == Some(value),
+            "{}: {key} is {:?}, not {value:?} ({:?})",
+            span.name,
+            attr(span, key),
+            span.attributes
+        );
+    }
+    Ok(())
+}
+
+/// A completed, a failed and an unknown-outcome call, then an operator's
+/// resolve: the span tree and attributes a tracing backend receives.
+#[tokio::test]
+async fn spans_follow_the_genai_conventions_for_completed_failed_and_unknown_calls() -> Result<()>
+{
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("telemetry-test")));
+    let _only_here = tracing::subscriber::set_default(subscriber);
+
+    let kit = TestKit::start(|b| b.tool(ok).tool(fail).tool(unknown)).await?;
+
+    // Completed: claim (with its checks), accepted, handler, delivery.
+    let call = kit.submit("t.ok", json!({"note": "hello"})).await?;
+    assert!(kit.wait(&call).await?.is_completed());
+    let spans = spans_with(&exporter, "execute_tool t.ok", &call.call_id).await?;
+    let (root, below) = tree(&spans, "execute_tool t.ok", &call.call_id)?;
+    check_call_span(root, "t.ok", &call.run_id, "completed")?;
+    ensure!(
+        attr(root, "error.type").is_none(),
+        "a completed call has no error.type"
+    );
+    ensure!(root.status != Status::error(""), "{:?}", root.status);
+    for child in [
+        "toolrunner.claim",
+        "toolrunner.checks",
+        "toolrunner.accepted",
+        "toolrunner.handler",
+        "toolrunner.deliver",
+    ] {
+        ensure!(
+            below.contains(child),
+            "no {child} under the call: {below:?}"
+        );
+    }
+    // The checks are the claim's.
+    let claim = spans
+        .iter()
+        .find(|s| s.name == "toolrunner.claim" && s.parent_span_id == root.span_context.span_id())
+        .context("the claim span")?;
+    ensure!(
+        spans.iter().any(|s| s.name == "toolrunner.checks"
+            && s.parent_span_id == claim.span_context.span_id()),
+        "the checks span is a child of the claim"
+    );
+
+    // Failed: the failure's code is the error type, the status an error.
+    let call = kit.submit("t.fail", json!({"note": "x"})).await?;
+    assert_eq!(
+        kit.wait(&call).await?.error_code.as_deref(),
+        Some("declined")
+    );
+    let spans = spans_with(&exporter, "execute_tool t.fail", &call.call_id).await?;
+    let (root, below) = tree(&spans, "execute_tool t.fail", &call.call_id)?;
+    check_call_span(root, "t.fail", &call.run_id, "failed")?;
+    ensure!(attr(root, "error.type").as_deref() == Some("declined"));
+    ensure!(
+        matches!(root.status, Status::Error { .. }),
+        "{:?}",
+        root.status
+    );
+    ensure!(below.contains("toolrunner.handler") && below.contains("toolrunner.deliver"));
+
+    // Unknown: reconciliation required, and the automatic check's span
+    // carries the call id.
+    let call = kit.submit("t.unknown", json!({"note": "x"})).await?;
+    let outcome = kit.wait(&call).await?;
+    assert_eq!(outcome.settled_by, SettledBy::Nobody, "{outcome:?}");
+    let spans = spans_with(&exporter, "execute_tool t.unknown", &call.call_id).await?;
+    let (root, below) = tree(&spans, "execute_tool t.unknown", &call.call_id)?;
+    check_call_span(root, "t.unknown", &call.run_id, "reconciliation_required")?;
+    ensure!(attr(root, "error.type").as_deref() == Some("reconciliation_required"));
+    ensure!(matches!(root.status, Status::Error { .. }));
+    ensure!(below.contains("toolrunner.handler"), "{below:?}");
+    ensure!(
+        spans.iter().any(|s| s.name == "toolrunner.reconcile"
+            && attr(s, "gen_ai.tool.call.id").as_deref() == Some(call.call_id.as_str())),
+        "a reconcile check span for the call"
+    );
+
+    // An operator settles it: a span of its own, with the call id.
+    let reconciler = kit.reconciler().await?;
+    reconciler
+        .resolve(
+            &call.run_id,
+            &call.call_id,
+            Outcome::Failed {
+                code: "not_done".into(),
+                message: "checked downstream: nothing was done".into(),
+            },
+            &Evidence::new("ops@example", "looked it up downstream"),
+        )
+        .await?;
+    let operator = exporter
+        .get_finished_spans()?
+        .into_iter()
+        .find(|s| s.name == "toolrunner.operator resolve")
+        .context("the operator's span")?;
+    ensure!(
+        attr(&operator, "gen_ai.tool.call.id").as_deref() == Some(call.call_id.as_str())
+            && attr(&operator, "toolrunner.action").as_deref() == Some("resolve"),
+        "{:?}",
+        operator.attributes
+    );
+    kit.shutdown().await?;
+    Ok(())
+}
+
+/// The recorder of this test binary, installed once.
+fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .set_buckets(&[0.001, 0.01, 0.1, 1.0, 10.0])
+            .expect("buckets")
+            .install_recorder()
+            .expect("the only recorder of this test binary")
+    })
+}
+
+/// One row of the metrics table in `docs/operations.md`.
+#[derive(Debug)]
+struct Row {
+    kind: String,
+    labels: BTreeSet<String>,
+    postgres_only: bool,
+}
+
+/// The metrics table of `docs/operations.md`, by name.
+fn table() -> Result<BTreeMap<String, Row>> {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
+    )?;
+    let start = doc
+        .find("<!-- metrics:start")
+        .context("the metrics table's start marker")?;
+    let end = doc
+        .find("<!-- metrics:end -->")
+        .context("the metrics table's end marker")?;
+    let mut rows = BTreeMap::new();
+    for line in doc[start..end].lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let name = cells[1].trim_matches('`').to_owned();
+        let labels = cells[4]
+            .split(',')
+            .map(|l| l.trim().trim_matches('`').to_owned())
+            .filter(|l| !l.is_empty() && l != "—")
+            .collect();
+        rows.insert(
+            name,
+            Row {
+                kind: cells[2].to_owned(),
+                labels,
+                postgres_only: cells[5] == "PostgreSQL",
+            },
+        );
+    }
+    ensure!(rows.len() >= 10, "the table has {} rows", rows.len());
+    Ok(rows)
+}
+
+/// A scrape, by metric family: its type and the label names its samples
+/// carry (the histogram's `le` aside).
+fn families(scrape: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
+    let mut families: BTreeMap<String, (String, BTreeSet<String>)> = BTreeMap::new();
+    for line in scrape.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
+                families.entry(name.to_owned()).or_default().0 = kind.to_owned();
+            }
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (name, labels) = match line.split_once('{') {
+            Some((name, rest)) => (name, rest.split_once('}').map_or("", |(l, _)| l)),
+            None => (line.split_whitespace().next().unwrap_or(""), ""),
+        };
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| {
+                name.strip_suffix(suffix)
+                    .filter(|base| families.contains_key(*base))
+            })
+            .unwrap_or(name);
+        let keys = labels
+            .split("\",")
+            .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.trim().to_owned()))
+            .filter(|k| k != "le" && k != "quantile");
+        families
+            .entry(family.to_owned())
+            .or_default()
+            .1
+            .extend(keys);
+    }
+    families
+}
+
+/// After a run with every kind of call (completed, failed, unknown, a
+/// claim refused because the run ended first, an operator's resolve), the
+/// scrape holds every metric of the table with its labels and type, and
+/// no `toolrunner_` metric the table lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scrape_holds_every_metric_of_the_table_and_no_other() -> Result<()> {
+    let prometheus = prometheus();
+    let mut kit = TestKit::builder()
+        .crash_at(Step::BeforeClaim)
+        .start(|b| b.tool(ok).tool(fail).tool(unknown))
+        .await?;
+    // The first call's key is saved and the process dies before its claim;
+    // the run is cancelled meanwhile, so the next start's claim is refused.
+    let refused = kit.submit("t.ok", json!({"note": "late"})).await?;
+    kit.wait_crashed().await?;
+    kit.platform().cancel_run(&refused.run_id).await?;
+    kit.restart().await?;
+    kit.platform()
+        .wait_settled(&refused.run_id, Duration::from_secs(10))
+        .await?;
+    for (tool, want) in [
+        ("t.ok", "completed"),
+        ("t.fail", "failed"),
+        ("t.unknown", "reconciliation_required"),
+    ] {
+        let call = kit.submit(tool, json!({"note": "n"})).await?;
+        let outcome = kit.wait(&call).await?;
+        ensure!(
+            format!("{:?}", outcome.state).to_lowercase() == want.replace('_', ""),
+            "{tool}: {outcome:?}"
+        );
+    }
+    // The gauges are published once a second.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let scrape = prometheus.render();
+    let seen = families(&scrape);
+    let table = table()?;
+    let mut problems = Vec::new();
+    for (name, row) in &table {
+        match seen.get(name) {
+            None if row.postgres_only => {}
+            None => problems.push(format!("{name}: in the table, not in the scrape")),
+            Some(_) if row.postgres_only => problems.push(format!(
+                "{name}: marked PostgreSQL only, but a SQLite executor published it"
+            )),
+            Some((kind, labels)) => {
+                if kind != &row.kind {
+                    problems.push(format!("{name}: type {kind}, the table says {}", row.kind));
+                }
+                if labels != &row.labels {
+                    problems.push(format!(
+                        "{name}: labels {labels:?}, the table says {:?}",
+                        row.labels
+                    ));
+                }
+            }
+        }
+    }
+    for name in seen.keys().filter(|n| n.starts_with("toolrunner_")) {
+        if !table.contains_key(name) {
+            problems.push(format!("{name}: in the scrape, not in the table"));
+        }
+    }
+    ensure!(
+        problems.is_empty(),
+        "{}\n\nscrape:\n{scrape}",
+        problems.join("\n")
+    );
+    // The refusal is counted by its reason, and each outcome by its tool.
+    ensure!(
+        scrape.contains("toolrunner_claims_refused_total{executor_id=\"testkit-executor\",reason="),
+        "{scrape}"
+    );
+    for (tool, outcome) in [
+        ("t.ok", "completed"),
+        ("t.fail", "failed"),
+        ("t.unknown", "reconciliation_required"),
+    ] {
+        let line = format!(
+            "toolrunner_tool_calls_total{{executor_id=\"testkit-executor\",tool=\"{tool}\",outcome=\"{outcome}\"}} 1"
+        );
+        ensure!(scrape.contains(&line), "no {line} in\n{scrape}");
+    }
+    ensure!(
+        scrape.contains(
+            "toolrunner_reconciliation_required{executor_id=\"testkit-executor\",tool=\"t.unknown\"} 1"
+        ),
+        "{scrape}"
+    );
+    kit.shutdown().await?;
+    Ok(())
+}
+
+/// `/readyz` as an orchestrator polls it.
+async fn readyz(client: &reqwest::Client, base: &str) -> Result<(u16, Value)> {
+    let answer = client.get(format!("{base}/readyz")).send().await?;
+    let status = answer.status().as_u16();
+    Ok((status, answer.json().await?))
+}
+
+/// Polls `/readyz` until it answers `status` (within 10 s).
+async fn until(client: &reqwest::Client, base: &str, status: u16) -> Result<Value> {
+    let mut last = (0, Value::Null);
+    for _ in 0..400 {
+        last = readyz(client, base).await?;
+        if last.0 == status {
+            return Ok(last.1);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    bail!("/readyz did not answer {status} within 10 s; last: {last:?}")
+}
+
+/// `/readyz` turns 503 with a reason while the platform cannot be reached
+/// and while the store cannot be written, 200 again once they are back,
+/// and 503 from the start of the shutdown until it ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_platform_the_store_and_the_shutdown() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let faults = ProcessFaults::new();
+    let given = faults.clone();
+    let kit = TestKit::start(move |b| b.process_faults(&given).tool(ok).tool(slow)).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let router = toolrunner::admin::router(kit.health());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let client = reqwest::Client::new();
+
+    let body = until(&client, &base, 200).await?;
+    ensure!(body == json!({"ready": true}), "{body}");
+    let health: Value = client
+        .get(format!("{base}/healthz"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(
+        health["connected"] == true && health["capacity"].as_u64() > Some(0),
+        "{health}"
+    );
+
+    faults.cut_platform(true);
+    let body = until(&client, &base, 503).await?;
+    ensure!(body["ready"] == false, "{body}");
+    ensure!(
+        body["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("platform unreachable")),
+        "{body}"
+    );
+    faults.cut_platform(false);
+    until(&client, &base, 200).await?;
+
+    faults.cut_store(true);
+    let body = until(&client, &base, 503).await?;
+    ensure!(
+        body["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("store not writable")),
+        "{body}"
+    );
+    faults.cut_store(false);
+    until(&client, &base, 200).await?;
+
+    // A slow call in flight: the drain waits for it, not ready throughout.
+    kit.submit("t.slow", json!({"note": "n"})).await?;
+    for _ in 0..200 {
+        if kit.health().report().in_use() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    ensure!(kit.health().report().in_use() == 1, "the slow call runs");
+    let mut shutdown = tokio::spawn(kit.shutdown());
+    let mut polls = 0;
+    let ended = loop {
+        tokio::select! {
+            ended = &mut shutdown => break ended,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        let (status, body) = readyz(&client, &base).await?;
+        ensure!(status == 503, "ready during the shutdown: {body}");
+        polls += 1;
+    };
+    ended??;
+    ensure!(
+        polls >= 5,
+        "the drain waited for the slow call ({polls} polls)"
+    );
+    let (status, body) = readyz(&client, &base).await?;
+    ensure!(
+        status == 503
+            && body["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("stopped")),
+        "{body}"
+    );
+    Ok(())
+}
