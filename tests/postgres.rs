@@ -260,6 +260,15 @@ mod suite {
                 },
             ),
             (
+                "replicas::rolling::three_executors_restarted_in_turn_on_postgres_hand_every_call_over",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::rolling::three_executors_restarted_in_turn_on_postgres(&u)
+                            .await
+                    })
+                },
+            ),
+            (
                 "replicas::takeover::a_paused_handler_without_commit_point_has_its_effect_found_by_the_adopter",
                 |u| {
                     Box::pin(async move {

@@ -81,9 +81,10 @@ async fn spans_with(
 ) -> Result<Vec<SpanData>> {
     for _ in 0..200 {
         let spans = exporter.get_finished_spans()?;
-        if spans.iter().any(|s| {
-            s.name == name && attr(s, "gen_ai.tool.call.id").as_deref() == Some(call_id)
-        }) {
+        if spans
+            .iter()
+            .any(|s| s.name == name && attr(s, "gen_ai.tool.call.id").as_deref() == Some(call_id))
+        {
             return Ok(spans);
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -144,8 +145,7 @@ fn check_call_span(span: &SpanData, tool: &str, run_id: &str, outcome: &str) -> 
 /// A completed, a failed and an unknown-outcome call, then an operator's
 /// resolve: the span tree and attributes a tracing backend receives.
 #[tokio::test]
-async fn spans_follow_the_genai_conventions_for_completed_failed_and_unknown_calls() -> Result<()>
-{
+async fn spans_follow_the_genai_conventions_for_completed_failed_and_unknown_calls() -> Result<()> {
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
@@ -185,8 +185,10 @@ async fn spans_follow_the_genai_conventions_for_completed_failed_and_unknown_cal
         .find(|s| s.name == "toolrunner.claim" && s.parent_span_id == root.span_context.span_id())
         .context("the claim span")?;
     ensure!(
-        spans.iter().any(|s| s.name == "toolrunner.checks"
-            && s.parent_span_id == claim.span_context.span_id()),
+        spans
+            .iter()
+            .any(|s| s.name == "toolrunner.checks"
+                && s.parent_span_id == claim.span_context.span_id()),
         "the checks span is a child of the claim"
     );
 

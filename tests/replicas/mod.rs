@@ -8,12 +8,15 @@
 //! - `takeover`: one executor process per identity in this process, their
 //!   database and platform connections through pausable proxies
 //!   (`pause`), for each way a takeover can go wrong;
+//! - `rolling`: three `ledger` processes, each sent SIGTERM in turn and
+//!   started again with its own id, under a steady stream of calls;
 //! - here: the fencing token itself.
 
 pub(crate) mod chaos;
 mod pause;
 #[path = "../../examples/support/proxy.rs"]
 mod proxy;
+pub(crate) mod rolling;
 pub(crate) mod takeover;
 
 use std::time::Duration;

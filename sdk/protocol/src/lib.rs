@@ -3,6 +3,7 @@
 pub mod error;
 pub mod json;
 pub mod projection;
+pub mod redact;
 pub mod tooldef;
 pub mod wire;
 

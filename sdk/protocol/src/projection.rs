@@ -20,7 +20,7 @@ pub const TEXT_ELISION: &str = "\n…\n";
 const ELISION_BYTES: usize = 7;
 
 /// What the model sees of a `completed` result, and its sizes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct Projection {
     /// Compact bytes of the original result.
     pub original_bytes: usize,
@@ -31,6 +31,8 @@ pub struct Projection {
     /// The projection itself.
     pub result: Value,
 }
+
+crate::debug_without_payloads!(Projection { original_bytes, retained_bytes, truncated } hiding { result });
 
 /// Projects `result` into `budget` bytes as protocol §3 says.
 pub fn project(result: &Value, budget: usize) -> Projection {

@@ -462,8 +462,13 @@ impl std::fmt::Debug for Schema {
 pub struct SchemaViolation {
     /// JSON Pointer into the instance, `""` for the root.
     pub path: String,
-    /// A sentence for a human.
+    /// A sentence for a human (it may quote the instance's values).
     pub message: String,
+    /// The same sentence with the instance's values masked (`value`), for
+    /// logs: an argument or a result never goes to a log line. Not sent on
+    /// the wire.
+    #[serde(skip)]
+    pub masked: String,
 }
 
 impl Schema {
@@ -494,6 +499,7 @@ impl Schema {
             .map(|e| SchemaViolation {
                 path: e.instance_path().as_str().to_owned(),
                 message: e.to_string(),
+                masked: e.masked().to_string(),
             })
             .collect()
     }

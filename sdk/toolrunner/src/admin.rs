@@ -71,7 +71,10 @@ async fn readyz(State(health): State<Health>) -> Response {
 
 async fn metrics(State(render): State<Arc<dyn Fn() -> String + Send + Sync>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         render(),
     )
         .into_response()

@@ -116,7 +116,10 @@ impl HealthState {
         } else if let Some(why) = &store {
             Some(format!("store not writable: {why}"))
         } else if lease.is_some_and(|l| !l.live) {
-            Some("lease not live: it could not be renewed in time, so the executor takes no work".to_owned())
+            Some(
+                "lease not live: it could not be renewed in time, so the executor takes no work"
+                    .to_owned(),
+            )
         } else {
             None
         };
@@ -314,7 +317,13 @@ mod tests {
         health.state.platform(Ok(()));
         health.state.store(Ok(()));
         health.state.lease(Instant::now(), false);
-        assert!(health.report().reason().unwrap().starts_with("lease not live"));
+        assert!(
+            health
+                .report()
+                .reason()
+                .unwrap()
+                .starts_with("lease not live")
+        );
         health.state.lease(Instant::now(), true);
         assert!(health.report().ready());
         health.state.draining();

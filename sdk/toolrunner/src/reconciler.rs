@@ -105,7 +105,7 @@ impl CallSummary {
 }
 
 /// A receipt as stored in the outbox, with its exact body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ReceiptView {
     pub(crate) receipt_id: String,
@@ -119,6 +119,8 @@ pub struct ReceiptView {
     pub(crate) delivered_at: Option<Timestamp>,
     pub(crate) body: String,
 }
+
+toolrunner_protocol::debug_without_payloads!(ReceiptView { receipt_id, kind, sequence, assignment_id, status, attempts, last_error, created_at, delivered_at } hiding { body });
 
 impl ReceiptView {
     /// Id.
@@ -524,7 +526,7 @@ impl Reconciler {
                     if let Some(v) = schema.violations(&result).first() {
                         return Err(refused(format!(
                             "the result does not match output_schema at '{}': {}",
-                            v.path, v.message
+                            v.path, v.masked
                         )));
                     }
                 }

@@ -6,7 +6,7 @@ use super::{CallState, ReceiptKind, RunStatus};
 use crate::projection::Projection;
 
 /// A call the model "asked" for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NewToolCall {
     /// A tool of the run's agent version.
@@ -17,6 +17,8 @@ pub struct NewToolCall {
     #[serde(default)]
     pub unchecked: bool,
 }
+
+crate::debug_without_payloads!(NewToolCall { tool_name, unchecked } hiding { arguments });
 
 impl NewToolCall {
     /// A call of `tool_name` with `arguments` (checked against the tool's
@@ -61,7 +63,7 @@ pub struct AddToolCalls {
 }
 
 /// A receipt as the platform stored it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct StoredReceipt {
     /// Id.
     pub receipt_id: String,
@@ -75,8 +77,10 @@ pub struct StoredReceipt {
     pub body: Box<serde_json::value::RawValue>,
 }
 
+crate::debug_without_payloads!(StoredReceipt { receipt_id, kind, sequence, received_at } hiding { body });
+
 /// A call inside a run object.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct RunCall {
     /// `call_…`.
     pub call_id: String,
@@ -99,6 +103,8 @@ pub struct RunCall {
     /// The projection of the `completed` result.
     pub context_projection: Option<Projection>,
 }
+
+crate::debug_without_payloads!(RunCall { call_id, tool_name, state, executor_id, assignment_id, accepted_at, receipts, late_receipts, context_projection } hiding { arguments });
 
 /// `GET /runs/{run_id}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -111,7 +111,7 @@ pub struct Claim {
 }
 
 /// Everything an executor needs to run one call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
     /// `asg_…`.
     pub assignment_id: String,
@@ -143,6 +143,8 @@ pub struct Assignment {
     #[serde(default)]
     pub output_schema: Option<Value>,
 }
+
+crate::debug_without_payloads!(Assignment { assignment_id, run_id, call_id, tool_name, arguments_digest, grant, subject, agent_id, agent_version, binding_id, max_result_context_bytes, input_schema, output_schema } hiding { arguments });
 
 /// The claim answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -214,7 +216,7 @@ pub struct ReceiptError {
 }
 
 /// `POST /runs/{run_id}/tool-calls/{call_id}/receipts` (header `Tool-Grant`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Receipt {
     /// Executor-chosen, unique within the call.
@@ -244,6 +246,8 @@ pub struct Receipt {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
+
+crate::debug_without_payloads!(Receipt { receipt_id, executor_id, assignment_id, sequence, kind } hiding { result, error, reason, progress });
 
 impl Receipt {
     /// The field a receipt of this kind must carry and no other kind may,

@@ -154,7 +154,7 @@ pub struct Diagnostics {
 }
 
 /// A mock receipt in a dry run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MockReceipt {
     /// Any id.
@@ -179,8 +179,10 @@ pub struct MockReceipt {
     pub progress: Option<super::Progress>,
 }
 
+crate::debug_without_payloads!(MockReceipt { receipt_id, kind } hiding { result, error, reason, progress });
+
 /// `POST /tools/dry-run`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DryRun {
     /// The published version.
@@ -194,8 +196,10 @@ pub struct DryRun {
     pub mock_receipts: Vec<MockReceipt>,
 }
 
+crate::debug_without_payloads!(DryRun { agent_version, tool_name, mock_receipts } hiding { arguments });
+
 /// The context preview of a dry run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContextPreview {
     /// The tool's budget.
     pub max_result_context_bytes: u64,
@@ -208,6 +212,8 @@ pub struct ContextPreview {
     /// The projection.
     pub result: Value,
 }
+
+crate::debug_without_payloads!(ContextPreview { max_result_context_bytes, original_bytes, retained_bytes, truncated } hiding { result });
 
 /// The dry-run answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

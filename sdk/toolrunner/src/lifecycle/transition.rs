@@ -237,7 +237,8 @@ pub(crate) async fn advance_in(
     }
     let started = std::time::Instant::now();
     let result = tx.commit_with(&plan.changes).await;
-    metrics::histogram!("toolrunner_store_commit_seconds", "executor_id" => executor_id.to_owned()).record(started.elapsed().as_secs_f64());
+    metrics::histogram!("toolrunner_store_commit_seconds", "executor_id" => executor_id.to_owned())
+        .record(started.elapsed().as_secs_f64());
     match result {
         Ok(()) => {}
         Err(TxError::NotWritten(e)) => return InTransaction::NotWritten(e),

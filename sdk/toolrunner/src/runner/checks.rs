@@ -108,7 +108,7 @@ pub(crate) fn check_output(asg: &Assignment, result: &Value) -> Result<(), Strin
         if let Some(v) = schema.violations(result).first() {
             return Err(format!(
                 "the result does not match output_schema at '{}': {}",
-                v.path, v.message
+                v.path, v.masked
             ));
         }
     }

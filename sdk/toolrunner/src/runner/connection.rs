@@ -319,10 +319,13 @@ fn in_flight(core: &Core) -> Vec<InFlight> {
         .collect()
 }
 
-pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<(), Error> {
+/// Tells the platform this executor leaves (`drain` or `detach`): `true`
+/// when the platform answered, so it holds no call of this executor that
+/// did not start (a drain gives them back).
+pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<bool, Error> {
     core.claiming.store(false, Ordering::SeqCst);
     let Some(conn) = core.conn.read().await.clone() else {
-        return Ok(());
+        return Ok(false);
     };
     let mode = match how {
         Shutdown::Drain { .. } => DisconnectMode::Drain,
@@ -339,10 +342,10 @@ pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<(), Er
                 retained = answer.retained.len(),
                 "disconnected"
             );
-            Ok(())
+            Ok(true)
         }
         // Already over (expired, or superseded by a newer connection).
-        Err(e) if matches!(e.code(), Some("lease_expired" | "connection_superseded")) => Ok(()),
+        Err(e) if matches!(e.code(), Some("lease_expired" | "connection_superseded")) => Ok(false),
         Err(e) => Err(e.into()),
     }
 }

@@ -480,11 +480,15 @@ impl RunningExecutor {
                 t.cancel();
             }
         }
-        let result = if halted {
-            Ok(())
+        let told = if halted {
+            Ok(false)
         } else {
             connection::disconnect(&self.core, how).await
         };
+        // The platform answered the drain: it holds no call of this
+        // executor that did not start.
+        let given_back = matches!(told, Ok(true));
+        let result = told.map(|_| ());
         let drained = matches!(how, Shutdown::Drain { .. });
         // The identities this process adopted leave with it.
         #[cfg(feature = "postgres")]
@@ -505,10 +509,10 @@ impl RunningExecutor {
         // identity go, so that no replica adopts it.
         #[cfg(feature = "postgres")]
         if drained && !halted && self.core.active.lock().expect("not poisoned").is_empty() {
-            replicas::release_if_idle(&self.core).await;
+            replicas::release_if_idle(&self.core, given_back).await;
         }
         #[cfg(not(feature = "postgres"))]
-        let _ = drained;
+        let _ = (drained, given_back);
         result
     }
 }

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::Instrument;
 use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportOutcome, ReportState};
+use tracing::Instrument;
 
 use super::{CallKey, Core, connection};
 use crate::lifecycle::{self, Event, Reads};

@@ -1,10 +1,10 @@
 //! Automatic reconciliation: a call whose outcome is unknown is looked up by
 //! its operation key through the tool's `reconcile` hook, at once, again on
 //! a schedule with backoff, and at start-up.
-use tracing::Instrument;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use tokio_util::sync::CancellationToken;
 
@@ -54,9 +54,7 @@ pub(crate) async fn check(
         call.run_id.as_str(),
         call.call_id.as_str()
     );
-    let checked = check_now(core, call, cancel)
-        .instrument(span.clone())
-        .await;
+    let checked = check_now(core, call, cancel).instrument(span.clone()).await;
     let outcome = match &checked {
         Ok(Checked::Moved(next)) => next.state.as_str(),
         Ok(Checked::Stays) => "stays",

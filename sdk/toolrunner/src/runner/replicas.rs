@@ -228,14 +228,18 @@ pub(crate) async fn confirm(core: &Core) -> Result<(), Error> {
 
 /// At the end of a drain, once every task has stopped: lets the identity
 /// go when its store holds nothing left to do, so that no replica adopts
-/// it (one that left work is adopted after the grace).
-pub(crate) async fn release_if_idle(core: &Core) {
+/// it (one that left work is adopted after the grace) and its own next
+/// start takes it at once. `claims_given_back`: the platform answered the
+/// drain's disconnect (see [`PgStore::is_idle`](crate::store::PgStore::is_idle)).
+pub(crate) async fn release_if_idle(core: &Core, claims_given_back: bool) {
     let Some(replica) = &core.replica else {
         return;
     };
     let id = &core.cfg.executor_id;
     match replica
-        .io(replica.store.is_idle(core.cfg.auto_reconcile))
+        .io(replica
+            .store
+            .is_idle(core.cfg.auto_reconcile, claims_given_back))
         .await
     {
         Ok(true) => match replica.io(replica.store.release()).await {
@@ -380,7 +384,7 @@ async fn let_go(replica: &Replica) {
         if let Some(own) = &core.replica
             && core.active.lock().expect("not poisoned").is_empty()
             && own
-                .io(own.store.is_idle(core.cfg.auto_reconcile))
+                .io(own.store.is_idle(core.cfg.auto_reconcile, false))
                 .await
                 .unwrap_or(false)
         {

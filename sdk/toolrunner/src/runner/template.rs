@@ -16,9 +16,9 @@ use crate::error::Result;
 #[cfg(feature = "postgres")]
 use crate::error::{Error, Kind};
 use crate::gate::Gate;
-use crate::health::HealthState;
 #[cfg(feature = "postgres")]
 use crate::gate::{self, Reach};
+use crate::health::HealthState;
 use crate::net::client::Client;
 use crate::store::{SqliteStore, Store};
 

@@ -282,7 +282,7 @@ impl std::str::FromStr for ReceiptStatus {
 }
 
 /// A receipt in the outbox: the exact body is kept and re-sent as is.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct OutboxReceipt {
     /// Id (a UUIDv7 with `rcp_`).
     pub receipt_id: String,
@@ -310,14 +310,18 @@ pub struct OutboxReceipt {
     pub delivered_at: Option<Timestamp>,
 }
 
+toolrunner_protocol::debug_without_payloads!(OutboxReceipt { receipt_id, run_id, call_id, assignment_id, kind, sequence, status, attempts, last_error, created_at, delivered_at } hiding { body });
+
 /// One entry of a call's timeline.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Event {
     pub(crate) at: Timestamp,
     pub(crate) what: String,
     pub(crate) detail: Option<String>,
 }
+
+toolrunner_protocol::debug_without_payloads!(Event { at, what } hiding { detail });
 
 impl Event {
     /// When it happened.

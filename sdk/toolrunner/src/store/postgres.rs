@@ -436,17 +436,28 @@ impl PgStore {
     /// Whether the identity's store holds nothing left to do: no call
     /// mid-way, no state to report, no receipt to send, and (when
     /// `reconciling`: the executor runs the tools' `reconcile` hooks) no
-    /// call waiting for reconciliation.
+    /// call waiting for reconciliation. With `claims_given_back` (the
+    /// platform answered a `drain` disconnect, which gives back every call
+    /// claimed and not started), a call still `claiming` is not work left:
+    /// nothing of it ran, and the platform holds none of it for this
+    /// identity; the next start claims it again with its key (refused, and
+    /// nothing runs, if another executor took it meanwhile).
     ///
     /// # Errors
     /// The database failed.
-    pub(crate) async fn is_idle(&self, reconciling: bool) -> Result<bool, StoreError> {
+    pub(crate) async fn is_idle(
+        &self,
+        reconciling: bool,
+        claims_given_back: bool,
+    ) -> Result<bool, StoreError> {
         let busy: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM calls WHERE state IN ('claiming', 'assigned', 'running', 'settled')
+            "SELECT EXISTS (SELECT 1 FROM calls WHERE state IN ('assigned', 'running', 'settled')
+                              OR (state = 'claiming' AND NOT $2)
                               OR (state = 'reconciliation_required' AND $1) OR report IS NOT NULL)
                  OR EXISTS (SELECT 1 FROM receipts WHERE status = 'pending')",
         )
         .bind(reconciling)
+        .bind(claims_given_back)
         .fetch_one(&self.pool)
         .await?;
         Ok(!busy)

@@ -180,7 +180,10 @@ pub(super) async fn first_checks(
             Some(tool) => checks::before_start(core, tool.as_ref(), asg).await,
         }
     };
-    let span = tracing::info_span!("toolrunner.checks", toolrunner.refused = tracing::field::Empty);
+    let span = tracing::info_span!(
+        "toolrunner.checks",
+        toolrunner.refused = tracing::field::Empty
+    );
     let verdict = checked.instrument(span.clone()).await;
     if let Err((code, _)) = &verdict {
         span.record("toolrunner.refused", *code);

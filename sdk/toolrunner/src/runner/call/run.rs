@@ -92,7 +92,12 @@ pub(super) async fn run(
         Event::HandlerFinished { outcome } => outcome.kind.as_str(),
         _ => "reconciliation_required",
     };
-    telemetry::tool_finished(&core.cfg.executor_id, &call.tool_name, outcome_name, ran_for);
+    telemetry::tool_finished(
+        &core.cfg.executor_id,
+        &call.tool_name,
+        outcome_name,
+        ran_for,
+    );
     let transaction = match transaction {
         Some(tx) if !completed => {
             tx.rollback().await;
