@@ -379,6 +379,14 @@ mod suite {
                 },
             ),
             (
+                "replicas::health::the_lease_shows_in_health_and_metrics_and_readiness_follows_the_database",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::health::the_lease_shows_in_health_and_metrics_and_readiness_follows_the_database(&u).await
+                    })
+                },
+            ),
+            (
                 "replicas::takeover::an_adopter_superseded_by_a_process_without_the_lease_connects_again",
                 |u| {
                     Box::pin(async move {

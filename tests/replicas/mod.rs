@@ -10,9 +10,12 @@
 //!   (`pause`), for each way a takeover can go wrong;
 //! - `rolling`: three `ledger` processes, each sent SIGTERM in turn and
 //!   started again with its own id, under a steady stream of calls;
+//! - `health`: the lease in the health report and the metrics, and
+//!   readiness while the database does not answer;
 //! - here: the fencing token itself.
 
 pub(crate) mod chaos;
+pub(crate) mod health;
 mod pause;
 #[path = "../../examples/support/proxy.rs"]
 mod proxy;

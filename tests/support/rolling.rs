@@ -28,6 +28,9 @@
 //!   no call bound to the stopped process; and no start logged that it
 //!   waited for a lease to lapse (the PostgreSQL identity lease; the
 //!   PostgreSQL variant also checks that every drain released it);
+//! - (e) each process is ready (`/readyz` 200, through `--admin-listen`)
+//!   before its SIGTERM, answers 503 within `NOT_READY_WITHIN` of it, and
+//!   never 200 again until it is gone;
 //! - (d) it prints, for each SIGTERM, the time to the process's exit (and
 //!   to the restarted process's connection), and then
 //!   `rolling restart (BACKEND): N calls, 6 handovers, longest handover X.XXs`
@@ -69,6 +72,9 @@ const EFFECT_DELAY_MS: u64 = 100;
 const CAPACITY: u32 = 4;
 /// The ledger drains for at most 10 s; its exit is awaited this long.
 const EXIT_WITHIN: Duration = Duration::from_secs(15);
+/// After a SIGTERM, `/readyz` answers 503 within this (the signal's
+/// delivery and the first step of the drain).
+const NOT_READY_WITHIN: Duration = Duration::from_millis(500);
 /// A started process connects within this.
 const CONNECT_WITHIN: Duration = Duration::from_secs(20);
 /// The log lines of a start that waited for an identity's lease to lapse
@@ -175,20 +181,84 @@ impl Executor {
         }
     }
 
+    /// The admin address this start printed (`--admin-listen`): the
+    /// `starts`-th `admin listening on http://…` line of its log.
+    async fn admin(&self) -> Result<String> {
+        let since = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let said: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("admin listening on "))
+                .collect();
+            if said.len() >= self.starts {
+                return Ok(said[self.starts - 1].trim().to_owned());
+            }
+            ensure!(
+                since.elapsed() < CONNECT_WITHIN,
+                "{} did not say where its admin endpoints are:\n{}",
+                self.id,
+                self.tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// SIGTERM, then waits for the exit: how long it took, and how it
-    /// ended. The clock starts before `kill` is spawned.
+    /// ended. The clock starts before `kill` is spawned. Throughout, its
+    /// `/readyz` is polled: `200` before the signal; once it answered `503`
+    /// (within `NOT_READY_WITHIN` of the signal), never `200` again until
+    /// the process is gone.
     async fn terminate(&mut self) -> Result<(Duration, ExitStatus)> {
         let pid = self.child.as_ref().context("not running")?.id();
+        let readyz = format!("{}/readyz", self.admin().await?);
+        let http = reqwest::Client::new();
+        let ready = http.get(&readyz).send().await?;
+        ensure!(
+            ready.status() == 200,
+            "{} was not ready before its SIGTERM: {}",
+            self.id,
+            ready.text().await?
+        );
         let sent = Instant::now();
         let status = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status()?;
         ensure!(status.success(), "kill -TERM {pid} failed");
+        let mut not_ready_at: Option<Duration> = None;
         loop {
             if let Some(status) = self.exited()? {
                 let took = sent.elapsed();
                 self.child = None;
+                ensure!(
+                    not_ready_at.is_some(),
+                    "{}: /readyz never answered 503 between its SIGTERM and its exit {took:?} later",
+                    self.id
+                );
                 return Ok((took, status));
+            }
+            // Refused or cut: the process is closing; otherwise it answers.
+            if let Ok(answer) = http
+                .get(&readyz)
+                .timeout(Duration::from_millis(500))
+                .send()
+                .await
+            {
+                match (answer.status().as_u16(), not_ready_at) {
+                    (503, None) => not_ready_at = Some(sent.elapsed()),
+                    (200, Some(at)) => bail!(
+                        "{}: /readyz answered 200 again {:?} after its SIGTERM (503 since {at:?})",
+                        self.id,
+                        sent.elapsed()
+                    ),
+                    (200, None) => ensure!(
+                        sent.elapsed() < NOT_READY_WITHIN,
+                        "{}: /readyz still 200 {:?} after its SIGTERM",
+                        self.id,
+                        sent.elapsed()
+                    ),
+                    _ => {}
+                }
             }
             ensure!(
                 sent.elapsed() < EXIT_WITHIN,
@@ -515,6 +585,9 @@ async fn play(
                 &CAPACITY.to_string(),
                 "--effect-delay-ms",
                 &EFFECT_DELAY_MS.to_string(),
+                // Its /readyz, polled through each SIGTERM.
+                "--admin-listen",
+                "127.0.0.1:0",
             ]
             .iter()
             .map(|s| (*s).to_owned())

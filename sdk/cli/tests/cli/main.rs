@@ -38,6 +38,7 @@ const CLAIMING: &str = "run_3/call_claiming";
 
 mod budget;
 mod calls;
+mod canary;
 mod help;
 mod outbox;
 mod platform;

@@ -396,6 +396,9 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
         core.health.stopped();
         return Err(e);
     }
+    if let Some(renewed) = core.lease_renewed_at() {
+        core.health.lease(renewed, core.lease_live());
+    }
     core.health.started();
     // The calls the connect's recovery found wait in the queue; they run
     // from now on. (Started only now, so that a refused start leaves no

@@ -196,6 +196,7 @@ pub(crate) async fn lease_loop(core: Arc<Core>) {
             }
             Ok(()) => {}
         }
+        core.health.lease(replica.renewed_at(), replica.live());
     }
 }
 
