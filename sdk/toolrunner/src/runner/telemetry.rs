@@ -150,6 +150,7 @@ pub(crate) fn claim_refused(executor_id: &str, reason: &str) {
 }
 
 /// A lease renewal failed.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn lease_renewal_failed(executor_id: &str) {
     metrics::counter!(metric::LEASE_RENEWALS_FAILED, "executor_id" => executor_id.to_owned())
         .increment(1);
