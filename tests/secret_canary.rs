@@ -95,6 +95,25 @@ async fn bad(_ctx: CallContext, _input: Job) -> Result<Done, ToolError> {
     })
 }
 
+/// Allows every call, keeping the `Debug` of what it was asked (as a
+/// product's authorizer might log it).
+#[derive(Clone, Default)]
+struct Keeping(Arc<Mutex<Vec<String>>>);
+
+#[toolrunner::async_trait]
+impl toolrunner::Authorizer for Keeping {
+    async fn authorize(
+        &self,
+        request: &toolrunner::AuthorizationRequest,
+    ) -> Result<(), toolrunner::Denied> {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .push(format!("{request:?}"));
+        Ok(())
+    }
+}
+
 /// Appends everything written to a shared buffer.
 #[derive(Clone, Default)]
 struct Capture(Arc<Mutex<Vec<u8>>>);
@@ -148,6 +167,7 @@ async fn no_secret_argument_or_result_reaches_logs_spans_metrics_or_debug() -> R
         .create_binding(&agent.agent_id, "canary", &tools)
         .await?;
     let store_url = format!("sqlite://{}", dir.path().join("executor.db").display());
+    let authorizer = Keeping::default();
     let builder = Executor::builder()
         .base_url(server.base_url())
         .allow_insecure_http()
@@ -157,7 +177,7 @@ async fn no_secret_argument_or_result_reaches_logs_spans_metrics_or_debug() -> R
         .store_url(&store_url)
         .poll_interval(Duration::from_millis(25))
         .reconcile_interval(Duration::from_millis(100))
-        .allow_all()
+        .authorizer(authorizer.clone())
         .tool(ok)
         .tool(fail)
         .tool(unknown)
@@ -209,11 +229,21 @@ async fn no_secret_argument_or_result_reaches_logs_spans_metrics_or_debug() -> R
         .with_platform(&server.base_url(), TOKEN)?;
     debug.push(format!("{reconciler:?}"));
     let unknown_call = &settled.tool_calls[2];
+    let outcome = Outcome::Completed(json!({ "reference": &RESULT[..12] }));
+    debug.push(format!("{outcome:?}"));
+    // A request of one's own through the platform client, with the token.
+    let client = Platform::new(&server.base_url(), TOKEN)?;
+    debug.push(format!(
+        "{client:?} {:?}",
+        client
+            .request(toolrunner::platform::Method::POST, "/runs")
+            .json(&json!({ "note": ARGUMENT }))
+    ));
     let resolved = reconciler
         .resolve(
             &run.run_id,
             &unknown_call.call_id,
-            Outcome::Completed(json!({ "reference": &RESULT[..12] })),
+            outcome,
             &Evidence::new("ops", "the downstream shows it").with_reference("ticket-1"),
         )
         .await?;
@@ -229,6 +259,12 @@ async fn no_secret_argument_or_result_reaches_logs_spans_metrics_or_debug() -> R
     }
     debug.push(format!("{:?}", reconciler.outbox().await?));
     debug.push(format!("{:?}", LocalState::ALL));
+    let asked = authorizer.0.lock().expect("not poisoned").clone();
+    ensure!(
+        asked.len() == tools.len(),
+        "the authorizer was asked for every call"
+    );
+    debug.extend(asked);
     running
         .shutdown(toolrunner::Shutdown::Drain {
             deadline: Duration::from_secs(5),

@@ -57,6 +57,37 @@ async fn unknown(_ctx: CallContext, _input: Job) -> Result<Done, ToolError> {
     Err(ToolError::unknown("the downstream timed out"))
 }
 
+/// Completes (the metrics test's own tools: the tests of this binary run
+/// side by side on one recorder, each executor named `testkit-executor`).
+#[toolrunner::tool(name = "m.ok", effect = write)]
+async fn m_ok(_ctx: CallContext, input: Job) -> Result<Done, ToolError> {
+    Ok(Done { note: input.note })
+}
+
+/// Fails, confirmed.
+#[toolrunner::tool(name = "m.fail", effect = write)]
+async fn m_fail(_ctx: CallContext, _input: Job) -> Result<Done, ToolError> {
+    Err(ToolError::failed("declined", "the downstream declined"))
+}
+
+/// Its outcome is unknown.
+#[toolrunner::tool(name = "m.unknown", effect = write)]
+async fn m_unknown(_ctx: CallContext, _input: Job) -> Result<Done, ToolError> {
+    Err(ToolError::unknown("the downstream timed out"))
+}
+
+/// Its outcome is unknown, and its hook finds it happened.
+#[toolrunner::tool(name = "t.hooked", effect = write, reconcile = found)]
+async fn hooked(_ctx: CallContext, _input: Job) -> Result<Done, ToolError> {
+    Err(ToolError::unknown("the downstream timed out"))
+}
+
+async fn found(_ctx: CallContext) -> toolrunner::Reconciled<Done> {
+    toolrunner::Reconciled::Happened(Done {
+        note: "found".into(),
+    })
+}
+
 /// Takes a while (a drain waits for it).
 #[toolrunner::tool(name = "t.slow", effect = read)]
 async fn slow(_ctx: CallContext, input: Job) -> Result<Done, ToolError> {
@@ -154,7 +185,7 @@ async fn spans_follow_the_genai_conventions_for_completed_failed_and_unknown_cal
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("telemetry-test")));
     let _only_here = tracing::subscriber::set_default(subscriber);
 
-    let kit = TestKit::start(|b| b.tool(ok).tool(fail).tool(unknown)).await?;
+    let kit = TestKit::start(|b| b.tool(ok).tool(fail).tool(unknown).tool(hooked)).await?;
 
     // Completed: claim (with its checks), accepted, handler, delivery.
     let call = kit.submit("t.ok", json!({"note": "hello"})).await?;
@@ -225,6 +256,42 @@ async fn spans_follow_the_genai_conventions_for_completed_failed_and_unknown_cal
             && attr(s, "gen_ai.tool.call.id").as_deref() == Some(call.call_id.as_str())),
         "a reconcile check span for the call"
     );
+
+    // Refused before start (arguments that fail the schema, sent
+    // unchecked): failed, with the refusal's code.
+    let run = kit
+        .platform()
+        .create_run(
+            kit.agent_version(),
+            "user_42",
+            vec![toolrunner::platform::NewToolCall {
+                unchecked: true,
+                ..toolrunner::platform::NewToolCall::new("t.ok", json!({"note": 5}))
+            }],
+        )
+        .await?;
+    let refused = &kit
+        .platform()
+        .wait_settled(&run.run_id, Duration::from_secs(10))
+        .await?
+        .tool_calls[0];
+    let spans = spans_with(&exporter, "execute_tool t.ok", &refused.call_id).await?;
+    let (root, _) = tree(&spans, "execute_tool t.ok", &refused.call_id)?;
+    check_call_span(root, "t.ok", &run.run_id, "failed")?;
+    ensure!(
+        attr(root, "error.type").as_deref() == Some("invalid_arguments"),
+        "{:?}",
+        root.attributes
+    );
+
+    // Unknown, then found by the hook in the same pass: completed.
+    let found = kit.submit("t.hooked", json!({"note": "x"})).await?;
+    assert!(kit.wait(&found).await?.is_completed());
+    let spans = spans_with(&exporter, "execute_tool t.hooked", &found.call_id).await?;
+    let (root, below) = tree(&spans, "execute_tool t.hooked", &found.call_id)?;
+    check_call_span(root, "t.hooked", &found.run_id, "completed")?;
+    ensure!(attr(root, "error.type").is_none(), "{:?}", root.attributes);
+    ensure!(below.contains("toolrunner.reconcile"), "{below:?}");
 
     // An operator settles it: a span of its own, with the call id.
     let reconciler = kit.reconciler().await?;
@@ -355,11 +422,11 @@ async fn the_scrape_holds_every_metric_of_the_table_and_no_other() -> Result<()>
     let prometheus = prometheus();
     let mut kit = TestKit::builder()
         .crash_at(Step::BeforeClaim)
-        .start(|b| b.tool(ok).tool(fail).tool(unknown))
+        .start(|b| b.tool(m_ok).tool(m_fail).tool(m_unknown))
         .await?;
     // The first call's key is saved and the process dies before its claim;
     // the run is cancelled meanwhile, so the next start's claim is refused.
-    let refused = kit.submit("t.ok", json!({"note": "late"})).await?;
+    let refused = kit.submit("m.ok", json!({"note": "late"})).await?;
     kit.wait_crashed().await?;
     kit.platform().cancel_run(&refused.run_id).await?;
     kit.restart().await?;
@@ -367,9 +434,9 @@ async fn the_scrape_holds_every_metric_of_the_table_and_no_other() -> Result<()>
         .wait_settled(&refused.run_id, Duration::from_secs(10))
         .await?;
     for (tool, want) in [
-        ("t.ok", "completed"),
-        ("t.fail", "failed"),
-        ("t.unknown", "reconciliation_required"),
+        ("m.ok", "completed"),
+        ("m.fail", "failed"),
+        ("m.unknown", "reconciliation_required"),
     ] {
         let call = kit.submit(tool, json!({"note": "n"})).await?;
         let outcome = kit.wait(&call).await?;
@@ -380,7 +447,15 @@ async fn the_scrape_holds_every_metric_of_the_table_and_no_other() -> Result<()>
     }
     // The gauges are published once a second.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let scrape = prometheus.render();
+    // Scraped as Prometheus does: GET /metrics of the admin router.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let router = toolrunner::admin::router_with_metrics(kit.health(), move || prometheus.render());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let answer = reqwest::get(format!("{base}/metrics")).await?;
+    ensure!(answer.status() == 200, "GET /metrics: {}", answer.status());
+    let scrape = answer.text().await?;
     let seen = families(&scrape);
     let table = table()?;
     let mut problems = Vec::new();
@@ -420,9 +495,9 @@ async fn the_scrape_holds_every_metric_of_the_table_and_no_other() -> Result<()>
         "{scrape}"
     );
     for (tool, outcome) in [
-        ("t.ok", "completed"),
-        ("t.fail", "failed"),
-        ("t.unknown", "reconciliation_required"),
+        ("m.ok", "completed"),
+        ("m.fail", "failed"),
+        ("m.unknown", "reconciliation_required"),
     ] {
         let line = format!(
             "toolrunner_tool_calls_total{{executor_id=\"testkit-executor\",tool=\"{tool}\",outcome=\"{outcome}\"}} 1"
@@ -431,7 +506,7 @@ async fn the_scrape_holds_every_metric_of_the_table_and_no_other() -> Result<()>
     }
     ensure!(
         scrape.contains(
-            "toolrunner_reconciliation_required{executor_id=\"testkit-executor\",tool=\"t.unknown\"} 1"
+            "toolrunner_reconciliation_required{executor_id=\"testkit-executor\",tool=\"m.unknown\"} 1"
         ),
         "{scrape}"
     );
@@ -511,14 +586,17 @@ async fn readiness_follows_the_platform_the_store_and_the_shutdown() -> Result<(
     until(&client, &base, 200).await?;
 
     // A slow call in flight: the drain waits for it, not ready throughout.
-    kit.submit("t.slow", json!({"note": "n"})).await?;
-    for _ in 0..200 {
-        if kit.health().report().in_use() > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    ensure!(kit.health().report().in_use() == 1, "the slow call runs");
+    let slow_call = kit.submit("t.slow", json!({"note": "n"})).await?;
+    kit.platform()
+        .wait_for(
+            &slow_call.run_id,
+            Duration::from_secs(10),
+            "the slow call runs",
+            |r: &toolrunner::platform::Run| {
+                r.tool_calls[0].state == toolrunner::protocol::wire::CallState::Running
+            },
+        )
+        .await?;
     let mut shutdown = tokio::spawn(kit.shutdown());
     let mut polls = 0;
     let ended = loop {
@@ -544,4 +622,156 @@ async fn readiness_follows_the_platform_the_store_and_the_shutdown() -> Result<(
         "{body}"
     );
     Ok(())
+}
+
+/// Takes longer than the platform's lease (a drain must keep it alive).
+#[toolrunner::tool(name = "t.longer", effect = write)]
+async fn longer(_ctx: CallContext, input: Job) -> Result<Done, ToolError> {
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    Ok(Done { note: input.note })
+}
+
+/// A drain waits for a handler that outlives the platform's lease (1 s)
+/// more than twice over: the heartbeats go on until it finished, so the
+/// platform keeps the call bound, takes its `completed`, and the executor
+/// is not ready from the drain's start to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_keeps_the_lease_alive_until_the_last_handler_finished() -> Result<()> {
+    let server = toolrunner_devserver::DevServer::builder()
+        .listen(([127, 0, 0, 1], 0).into())
+        .lease_ttl_ms(1000)
+        .heartbeat_interval_ms(250)
+        .start()
+        .await?;
+    let platform = toolrunner::platform::Platform::new(&server.base_url(), "dev-admin")?;
+    let agent = platform.create_agent("drain").await?;
+    let binding = platform
+        .create_binding(&agent.agent_id, "drain", &["t.longer"])
+        .await?;
+    let dir = tempfile::tempdir()?;
+    let executor = toolrunner::Executor::builder()
+        .base_url(server.base_url())
+        .allow_insecure_http()
+        .token("dev-executor")
+        .executor_id("drain-01")
+        .binding_id(&binding.binding_id)
+        .store_url(format!(
+            "sqlite://{}",
+            dir.path().join("executor.db").display()
+        ))
+        .poll_interval(Duration::from_millis(25))
+        .allow_all()
+        .tool(longer)
+        .build()?;
+    let health = executor.health();
+    let version = platform
+        .publish(&agent.agent_id, executor.tool_definitions())
+        .await?;
+    let run = platform
+        .create_run(
+            &version.agent_version,
+            "user_42",
+            vec![toolrunner::platform::NewToolCall::new(
+                "t.longer",
+                json!({"note": "n"}),
+            )],
+        )
+        .await?;
+    let running = executor.start().await?;
+    for _ in 0..200 {
+        if health.report().in_use() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    ensure!(health.report().in_use() == 1, "the long handler runs");
+    let started = std::time::Instant::now();
+    let mut draining = tokio::spawn(running.shutdown(toolrunner::Shutdown::Drain {
+        deadline: Duration::from_secs(10),
+    }));
+    let drained = loop {
+        tokio::select! {
+            drained = &mut draining => break drained,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        let report = health.report();
+        ensure!(!report.ready(), "ready during the drain: {report:?}");
+    };
+    drained??;
+    ensure!(
+        started.elapsed() > Duration::from_millis(1500),
+        "the drain waited for the handler ({:?})",
+        started.elapsed()
+    );
+    let done = platform.run(&run.run_id).await?;
+    let call = &done.tool_calls[0];
+    ensure!(
+        call.state == toolrunner::protocol::wire::CallState::Completed,
+        "the platform took the handler's completed after its lease would have lapsed twice: {:?}",
+        call.state
+    );
+    server.shutdown().await;
+    Ok(())
+}
+
+/// An executor that stops taking work by itself (another process took its
+/// executor id) says so: not ready, with why, while it still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_superseded_by_another_process_is_not_ready() -> Result<()> {
+    let server = toolrunner_devserver::DevServer::builder()
+        .listen(([127, 0, 0, 1], 0).into())
+        .heartbeat_interval_ms(200)
+        .start()
+        .await?;
+    let platform = toolrunner::platform::Platform::new(&server.base_url(), "dev-admin")?;
+    let agent = platform.create_agent("twice").await?;
+    let binding = platform
+        .create_binding(&agent.agent_id, "twice", &["t.ok"])
+        .await?;
+    let dir = tempfile::tempdir()?;
+    let executor = |store: &str| {
+        toolrunner::Executor::builder()
+            .base_url(server.base_url())
+            .allow_insecure_http()
+            .token("dev-executor")
+            .executor_id("twice-01")
+            .binding_id(&binding.binding_id)
+            .store_url(format!("sqlite://{}", dir.path().join(store).display()))
+            .allow_all()
+            .tool(ok)
+            .build()
+    };
+    let first = executor("first.db")?;
+    let health = first.health();
+    let first = first.start().await?;
+    until_ready(&health, true).await?;
+    // The same id from another process (its own store file): the first is
+    // superseded at its next heartbeat and stops claiming.
+    let second = executor("second.db")?.start().await?;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), first.wait()).await?;
+    ensure!(stopped.is_err(), "the first stopped by itself");
+    let report = health.report();
+    ensure!(
+        !report.ready() && report.reason().is_some_and(|r| r.starts_with("stopped: ")),
+        "{report:?}"
+    );
+    drop(first);
+    second
+        .shutdown(toolrunner::Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    server.shutdown().await;
+    Ok(())
+}
+
+/// Waits (up to 10 s) until the health's verdict is `ready`.
+async fn until_ready(health: &toolrunner::Health, ready: bool) -> Result<()> {
+    for _ in 0..500 {
+        if health.report().ready() == ready {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("the verdict stayed {:?}", health.report())
 }

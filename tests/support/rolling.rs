@@ -220,6 +220,26 @@ impl Executor {
             self.id,
             ready.text().await?
         );
+        // The other two endpoints of `--admin-listen`.
+        let base = readyz.trim_end_matches("/readyz");
+        let healthz = http.get(format!("{base}/healthz")).send().await?;
+        ensure!(
+            healthz.status() == 200,
+            "{}: /healthz {}",
+            self.id,
+            healthz.status()
+        );
+        let scrape = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        ensure!(
+            scrape.contains("# TYPE toolrunner_calls gauge"),
+            "{}: /metrics without the executor's metrics:\n{scrape}",
+            self.id
+        );
         let sent = Instant::now();
         let status = Command::new("kill")
             .args(["-TERM", &pid.to_string()])

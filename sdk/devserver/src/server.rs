@@ -41,9 +41,9 @@ pub enum Error {
 }
 
 /// Builds a [`DevServer`]. Every setting has the default of
-/// `toolrunner devserver`.
+/// `toolrunner devserver`. Its `Debug` does not show the tokens.
 #[must_use]
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DevServerBuilder {
     listen: SocketAddr,
     db: Option<PathBuf>,
@@ -56,6 +56,8 @@ pub struct DevServerBuilder {
     record_receipts: bool,
     record_connects: bool,
 }
+
+toolrunner_protocol::debug_without_payloads!(DevServerBuilder { listen, db, lease_ttl_ms, heartbeat_interval_ms, run_ttl_ms, faults, stream, record_receipts, record_connects } hiding { tokens });
 
 impl Default for DevServerBuilder {
     fn default() -> Self {

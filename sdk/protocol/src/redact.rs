@@ -72,7 +72,7 @@ mod tests {
         let shown = format!("{call:?}");
         assert_eq!(
             shown,
-            r#"Call { id: "c1", arguments: <redacted: 23 bytes>, note: None }"#
+            r#"Call { id: "c1", arguments: <redacted: 22 bytes>, note: None }"#
         );
         assert!(!shown.contains("SECRET"));
     }

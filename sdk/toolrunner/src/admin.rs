@@ -9,9 +9,13 @@
 //! | `GET /metrics` | the Prometheus text the product's recorder renders ([`router_with_metrics`]) |
 //!
 //! ```no_run
-//! # async fn demo(executor: toolrunner::Executor) -> anyhow::Result<()> {
-//! let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-//! let admin = toolrunner::admin::router_with_metrics(executor.health(), move || recorder.render());
+//! # async fn demo(
+//! #     executor: toolrunner::Executor,
+//! #     prometheus: impl Fn() -> String + Send + Sync + 'static,
+//! # ) -> Result<(), Box<dyn std::error::Error>> {
+//! // `prometheus`: e.g. `move || handle.render()` with the `PrometheusHandle`
+//! // of `metrics_exporter_prometheus::PrometheusBuilder::install_recorder`.
+//! let admin = toolrunner::admin::router_with_metrics(executor.health(), prometheus);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:9090").await?;
 //! tokio::spawn(async move { axum::serve(listener, admin).await });
 //! executor.serve(toolrunner::shutdown_signal()).await?;

@@ -18,6 +18,9 @@ pub(crate) struct HealthState {
     executor_id: OnceLock<String>,
     started: AtomicBool,
     stopped: AtomicBool,
+    /// Why the executor stopped taking work by itself (refused
+    /// credentials, superseded), if it did.
+    failed: Mutex<Option<String>>,
     draining: AtomicBool,
     /// `None` while connected; why not otherwise.
     platform: Mutex<Option<String>>,
@@ -37,6 +40,16 @@ pub(crate) struct HealthState {
 struct Lease {
     renewed: Instant,
     live: bool,
+    ttl: Duration,
+}
+
+impl Lease {
+    /// Live when last seen, and not older than its time to live now (a
+    /// process whose renewals stopped turns not ready without waiting for
+    /// the loop that would say so).
+    fn live(&self) -> bool {
+        self.live && self.renewed.elapsed() < self.ttl
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -67,6 +80,11 @@ impl HealthState {
         self.stopped.store(true, Ordering::SeqCst);
     }
 
+    /// The executor stopped taking work by itself, for `why`.
+    pub(crate) fn failed(&self, why: String) {
+        lock(&self.failed).get_or_insert(why);
+    }
+
     /// The platform answered (`Ok`), or could not be reached (`Err` with
     /// why).
     pub(crate) fn platform(&self, reached: Result<(), String>) {
@@ -78,9 +96,10 @@ impl HealthState {
         *lock(&self.store) = wrote.err();
     }
 
-    /// The lease was renewed now (or not), and whether it is live.
-    pub(crate) fn lease(&self, renewed: Instant, live: bool) {
-        *lock(&self.lease) = Some(Lease { renewed, live });
+    /// The lease was last renewed at `renewed`, is `live` by the
+    /// process's clocks, and lasts `ttl` after each renewal.
+    pub(crate) fn lease(&self, renewed: Instant, live: bool, ttl: Duration) {
+        *lock(&self.lease) = Some(Lease { renewed, live, ttl });
     }
 
     /// The outbox now: receipts waiting, and since when the oldest.
@@ -105,7 +124,10 @@ impl HealthState {
         let draining = self.draining.load(Ordering::SeqCst);
         let stopped = self.stopped.load(Ordering::SeqCst);
         let started = self.started.load(Ordering::SeqCst);
-        let reason = if stopped {
+        let failed = lock(&self.failed).clone();
+        let reason = if let Some(why) = failed {
+            Some(format!("stopped: {why}"))
+        } else if stopped {
             Some("stopped: the executor is not running".to_owned())
         } else if draining {
             Some("draining: the executor is shutting down and takes no new calls".to_owned())
@@ -115,7 +137,7 @@ impl HealthState {
             Some(format!("platform unreachable: {why}"))
         } else if let Some(why) = &store {
             Some(format!("store not writable: {why}"))
-        } else if lease.is_some_and(|l| !l.live) {
+        } else if lease.is_some_and(|l| !l.live()) {
             Some(
                 "lease not live: it could not be renewed in time, so the executor takes no work"
                     .to_owned(),
@@ -316,7 +338,9 @@ mod tests {
         );
         health.state.platform(Ok(()));
         health.state.store(Ok(()));
-        health.state.lease(Instant::now(), false);
+        health
+            .state
+            .lease(Instant::now(), false, Duration::from_secs(3));
         assert!(
             health
                 .report()
@@ -324,12 +348,21 @@ mod tests {
                 .unwrap()
                 .starts_with("lease not live")
         );
-        health.state.lease(Instant::now(), true);
+        health
+            .state
+            .lease(Instant::now(), true, Duration::from_secs(3));
         assert!(health.report().ready());
         health.state.draining();
         assert!(health.report().reason().unwrap().starts_with("draining"));
         health.state.stopped();
         assert!(health.report().reason().unwrap().starts_with("stopped"));
+        health
+            .state
+            .failed("another process took this executor id".into());
+        assert_eq!(
+            health.report().reason(),
+            Some("stopped: another process took this executor id")
+        );
         let json = serde_json::to_value(health.report()).unwrap();
         assert_eq!(json["ready"], false);
         assert_eq!(json["capacity"], 4);

@@ -224,8 +224,9 @@ impl Timeline {
     }
 }
 
-/// How an operator settles a call.
-#[derive(Debug, Clone, PartialEq)]
+/// How an operator settles a call. Its `Debug` shows a result's size
+/// only.
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Outcome {
     /// The effect happened with this result (checked against `output_schema`).
@@ -242,6 +243,25 @@ pub enum Outcome {
         /// Why.
         reason: String,
     },
+}
+
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Completed(result) => f
+                .debug_tuple("Completed")
+                .field(&toolrunner_protocol::redact::Redacted::of(result))
+                .finish(),
+            Outcome::Failed { code, message } => f
+                .debug_struct("Failed")
+                .field("code", code)
+                .field("message", message)
+                .finish(),
+            Outcome::Cancelled { reason } => {
+                f.debug_struct("Cancelled").field("reason", reason).finish()
+            }
+        }
+    }
 }
 
 /// Who decided, why, and where the proof is.

@@ -2,8 +2,9 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-/// What the product is asked to authorize.
-#[derive(Debug, Clone)]
+/// What the product is asked to authorize. Its `Debug` shows the
+/// arguments' size only (a log line never holds them).
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct AuthorizationRequest {
     /// Whom the run acts for.
@@ -23,6 +24,8 @@ pub struct AuthorizationRequest {
     /// Call.
     pub call_id: String,
 }
+
+toolrunner_protocol::debug_without_payloads!(AuthorizationRequest { subject, agent_id, agent_version, tool_name, arguments_digest, run_id, call_id } hiding { arguments });
 
 /// A refusal: the call is settled `failed` with code `forbidden` and this
 /// message, which the model reads (keep it short, no internals).

@@ -130,8 +130,8 @@ impl RawResponse {
     }
 }
 
-/// A request of your own, sent by [`RawRequest::send`].
-#[derive(Debug)]
+/// A request of your own, sent by [`RawRequest::send`]. Its `Debug` shows
+/// neither the token nor the headers nor the body, only their sizes.
 #[must_use = "a request does nothing until it is sent"]
 pub struct RawRequest {
     http: reqwest::Client,
@@ -141,6 +141,8 @@ pub struct RawRequest {
     headers: Vec<(String, String)>,
     body: Option<Vec<u8>>,
 }
+
+toolrunner_protocol::debug_without_payloads!(RawRequest { http, method, url } hiding { token, headers, body });
 
 impl RawRequest {
     /// Replaces the bearer token, or sends none with `None`.

@@ -52,16 +52,23 @@ pub(super) async fn drive(
             c,
             core.tools.get(&c.tool_name).map(|t| t.effect()),
         ),
+        // The row could not be read: the span says which call paused.
         Err(_) => tracing::info_span!(
             "execute_tool",
+            otel.name = "execute_tool",
+            gen_ai.operation.name = "execute_tool",
             gen_ai.tool.call.id = key.call_id.as_str(),
             toolrunner.run_id = key.run_id.as_str(),
+            toolrunner.executor_id = core.cfg.executor_id.as_str(),
             toolrunner.outcome = tracing::field::Empty,
             error.type = tracing::field::Empty,
         ),
     };
     let work = async {
-        let ended = steps(&core, &key, row?, confirmed, &active.token).await;
+        let ended = match row {
+            Ok(call) => steps(&core, &key, call, confirmed, &active.token).await,
+            Err(e) => Err(e),
+        };
         match &ended {
             Ok((outcome, error_type)) => {
                 telemetry::finish(&tracing::Span::current(), outcome, error_type.as_deref())
@@ -76,9 +83,12 @@ pub(super) async fn drive(
     let result = tokio::select! {
         biased;
         // The executor stopped (dropped, crashed, detached): stop where we
-        // are, as a lost process would.
-        _ = core.done.cancelled() => return,
-        r = work.instrument(span) => r,
+        // are, as a lost process would; the span says the work was cut.
+        _ = core.done.cancelled() => {
+            telemetry::finish(&span, "interrupted", None);
+            return;
+        }
+        r = work.instrument(span.clone()) => r,
     };
     if let Err(e) = result
         && e != super::CRASH
@@ -155,6 +165,9 @@ async fn steps(
     let mut saved_accepted: Option<OutboxReceipt> = None;
     // The final receipt this task's run just saved, if it did.
     let mut saved_final: Option<OutboxReceipt> = None;
+    // The last final receipt this pass saved (a refusal's `failed` too),
+    // for the span's outcome.
+    let mut final_seen: Option<OutboxReceipt> = None;
     loop {
         let before = (call.state, call.version);
         let next = match call.state {
@@ -163,6 +176,9 @@ async fn steps(
                 let (next, saved) =
                     Box::pin(claim(core, call).instrument(tracing::info_span!("toolrunner.claim")))
                         .await?;
+                if let Some(r) = saved.as_ref().filter(|r| r.kind.is_final()) {
+                    final_seen = Some(r.clone());
+                }
                 saved_accepted = saved.filter(|r| r.kind == ReceiptKind::Accepted);
                 next
             }
@@ -178,6 +194,9 @@ async fn steps(
                 // One confirmation starts one handler: a call found
                 // `running` again is resumed as after a crash.
                 confirmed = false;
+                if let Some(r) = receipt.as_ref().filter(|r| r.kind.is_final()) {
+                    final_seen = Some(r.clone());
+                }
                 saved_final = receipt;
                 next
             }
@@ -185,7 +204,10 @@ async fn steps(
                 // A call whose final receipt went out has nothing to
                 // report; one that could not deliver may (the outbox loop
                 // sends other calls' reports).
-                let outcome = telemetry::outcome_of(call.state, saved_final.as_ref());
+                let outcome = match &final_seen {
+                    Some(r) => telemetry::outcome_of(call.state, Some(r)),
+                    None => outcome_in_store(core, &call).await,
+                };
                 let first = tracing::info_span!("toolrunner.deliver");
                 let delivery = match saved_final.take() {
                     // Nothing before it but the `accepted`, which went out
@@ -216,7 +238,7 @@ async fn steps(
             }
             _ => {
                 Box::pin(outbox::flush_reports(core)).await;
-                return Ok(telemetry::outcome_of(call.state, None));
+                return Ok(outcome_in_store(core, &call).await);
             }
         };
         if (next.state, next.version) == before && next.state != LocalState::ReconciliationRequired
@@ -226,6 +248,19 @@ async fn steps(
         }
         call = next;
     }
+}
+
+/// The outcome of a call this pass did not settle itself (its hook or a
+/// former process did): the kind of its last final receipt, if it has
+/// one; else the state it is in.
+async fn outcome_in_store(core: &Core, call: &LocalCall) -> (&'static str, Option<String>) {
+    if matches!(call.state, LocalState::Settled | LocalState::Delivered)
+        && let Ok(receipts) = core.store.receipts(&call.run_id, &call.call_id).await
+        && let Some(last) = receipts.iter().rev().find(|r| r.kind.is_final())
+    {
+        return telemetry::outcome_of(call.state, Some(last));
+    }
+    telemetry::outcome_of(call.state, None)
 }
 
 /// The call's current assignment, or an error naming the state.

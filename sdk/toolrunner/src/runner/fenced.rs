@@ -55,7 +55,9 @@ impl Store for FencedStore {
             Ok(()) | Err(StoreError::Conflict(..) | StoreError::Refused(_)) => {
                 self.health.store(Ok(()))
             }
-            Err(e @ (StoreError::Database(_) | StoreError::Fenced(_))) => {
+            // Closed: the writer is gone (or the process stopped, which the
+            // health says first).
+            Err(e @ (StoreError::Database(_) | StoreError::Fenced(_) | StoreError::Closed)) => {
                 self.health.store(Err(e.to_string()))
             }
             Err(_) => {}

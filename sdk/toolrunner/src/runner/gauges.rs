@@ -31,16 +31,22 @@ pub(crate) async fn health_loop(core: Arc<Core>) {
 /// One round: the probe, the gauges, the health facts.
 pub(crate) async fn publish(core: &Core) {
     let id = core.cfg.executor_id.clone();
-    // An empty commit: the store's write lock taken and released (on
-    // PostgreSQL, the identity's fencing token checked). Its outcome is
-    // the store's health (the fenced store records every commit's).
-    let _ = core.store.commit(Vec::new()).await;
+    // A real write of the probe's row (on PostgreSQL, in a transaction
+    // that checks the identity's fencing token): its outcome is the
+    // store's health, as every commit's is (the fenced store records it).
+    let _ = core
+        .store
+        .commit(vec![crate::store::Change::Probe {
+            at: crate::store::now(),
+        }])
+        .await;
     let free = u32::try_from(core.slots.available_permits()).unwrap_or(u32::MAX);
     let in_use = core.cfg.capacity.saturating_sub(free);
     metrics::gauge!(metric::CAPACITY_IN_USE, "executor_id" => id.clone()).set(f64::from(in_use));
     metrics::gauge!(metric::CAPACITY_AVAILABLE, "executor_id" => id.clone()).set(f64::from(free));
     if let Some(renewed) = core.lease_renewed_at() {
-        core.health.lease(renewed, core.lease_live());
+        core.health
+            .lease(renewed, core.lease_live(), core.cfg.lease_ttl);
         metrics::gauge!(metric::LEASE_AGE, "executor_id" => id.clone())
             .set(renewed.elapsed().as_secs_f64());
     }

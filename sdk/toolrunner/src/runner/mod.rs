@@ -247,6 +247,7 @@ impl Core {
     /// Records a condition that stops the executor from claiming.
     pub(crate) fn fail(&self, e: Error) {
         tracing::error!(error = %e, "executor stops claiming");
+        self.health.failed(e.to_string());
         self.claiming.store(false, Ordering::SeqCst);
         let mut fatal = self.fatal.lock().expect("not poisoned");
         if fatal.is_none() {
@@ -397,7 +398,8 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
         return Err(e);
     }
     if let Some(renewed) = core.lease_renewed_at() {
-        core.health.lease(renewed, core.lease_live());
+        core.health
+            .lease(renewed, core.lease_live(), core.cfg.lease_ttl);
     }
     core.health.started();
     // The calls the connect's recovery found wait in the queue; they run

@@ -114,15 +114,15 @@ impl Replica {
         at.elapsed() < self.ttl() && wall < self.ttl()
     }
 
-    /// Renews the lease now, and records it.
-    ///
-    /// # Errors
-    /// [`StoreError::Fenced`] when the token moved on; the database failed.
     /// When the lease was last renewed (by this process's clock).
     pub(crate) fn renewed_at(&self) -> Instant {
         lock(&self.renewed).0
     }
 
+    /// Renews the lease now, and records it.
+    ///
+    /// # Errors
+    /// [`StoreError::Fenced`] when the token moved on; the database failed.
     async fn renew(&self, executor_id: &str) -> Result<(), StoreError> {
         let sent = (Instant::now(), std::time::SystemTime::now());
         self.io(self.store.renew()).await?;
@@ -196,7 +196,8 @@ pub(crate) async fn lease_loop(core: Arc<Core>) {
             }
             Ok(()) => {}
         }
-        core.health.lease(replica.renewed_at(), replica.live());
+        core.health
+            .lease(replica.renewed_at(), replica.live(), replica.ttl());
     }
 }
 

@@ -61,14 +61,31 @@ macro_rules! call_work_span {
 }
 pub(crate) use call_work_span;
 
+/// The outcomes that are not a success: a span that ends with one has
+/// `error.type`. (`paused` and `waiting` are not: the call's work goes on
+/// later; `released` gave a claim back with nothing run.)
+const NOT_DONE: [&str; 7] = [
+    "failed",
+    "cancelled",
+    "reconciliation_required",
+    "rejected",
+    "abandoned",
+    "orphaned",
+    "interrupted",
+];
+
 /// Records how the call's work in this process ended on its span:
-/// `toolrunner.outcome`, and `error.type` (with an error status) when it
-/// did not complete.
+/// `toolrunner.outcome`, and for an outcome that is not a success,
+/// `error.type` (a failure's code, or the outcome) with an error status
+/// for those a person or the model must know of.
 pub(crate) fn finish(span: &Span, outcome: &str, error_type: Option<&str>) {
     span.record("toolrunner.outcome", outcome);
-    if outcome != "completed" {
+    if NOT_DONE.contains(&outcome) {
         span.record("error.type", error_type.unwrap_or(outcome));
-        if matches!(outcome, "failed" | "reconciliation_required") {
+        if matches!(
+            outcome,
+            "failed" | "reconciliation_required" | "rejected" | "interrupted"
+        ) {
             span.record("otel.status_code", "ERROR");
         }
     }

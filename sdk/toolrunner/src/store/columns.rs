@@ -84,7 +84,7 @@ fn texts(change: &Change) -> Vec<&String> {
         Change::ReceiptStatus { error, .. } => error.iter().collect(),
         Change::SettlePending { error, .. } => vec![error],
         Change::Note { what, detail, .. } => std::iter::once(what).chain(detail).collect(),
-        Change::AddAttempt(_) | Change::Prune { .. } => Vec::new(),
+        Change::AddAttempt(_) | Change::Prune { .. } | Change::Probe { .. } => Vec::new(),
     }
 }
 
@@ -96,6 +96,6 @@ fn texts_mut(change: &mut Change) -> Vec<&mut String> {
         Change::ReceiptStatus { error, .. } => error.iter_mut().collect(),
         Change::SettlePending { error, .. } => vec![error],
         Change::Note { what, detail, .. } => std::iter::once(what).chain(detail).collect(),
-        Change::AddAttempt(_) | Change::Prune { .. } => Vec::new(),
+        Change::AddAttempt(_) | Change::Prune { .. } | Change::Probe { .. } => Vec::new(),
     }
 }

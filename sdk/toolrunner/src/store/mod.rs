@@ -156,13 +156,13 @@ pub(crate) async fn open(url: &str) -> crate::Result<std::sync::Arc<dyn Store>> 
     Ok(std::sync::Arc::new(SqliteStore::open(url).await?))
 }
 
-/// Whether a store URL names a PostgreSQL database.
 /// One transaction carried the commits of `jobs` callers (group commit):
 /// the histogram `toolrunner_store_calls_per_commit`.
 pub(crate) fn committed_together(jobs: usize) {
     metrics::histogram!("toolrunner_store_calls_per_commit").record(jobs as f64);
 }
 
+/// Whether a store URL names a PostgreSQL database.
 pub(crate) fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }

@@ -418,6 +418,12 @@ pub enum Change {
         /// At most this many calls (one small transaction).
         limit: u32,
     },
+    /// The store's health probe: its one row written with `at` (a real
+    /// write, so that its commit shows the store takes writes).
+    Probe {
+        /// When.
+        at: Timestamp,
+    },
 }
 
 /// One attempt at a call: every operation key and every assignment a call

@@ -125,6 +125,9 @@ fn note(notes: &mut Vec<Note>, run: &str, call: &str, what: String, detail: Opti
 
 /// The statements, each written once.
 mod sql {
+    /// The health probe's one row.
+    pub(super) const PROBE: &str = "INSERT INTO store_probe (one, probed_at) VALUES (1, $1)
+         ON CONFLICT (one) DO UPDATE SET probed_at = excluded.probed_at";
     /// A new call row.
     pub(super) const INSERT_CALL: &str = "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, version, created_at, updated_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (run_id, call_id) DO NOTHING";
@@ -336,6 +339,11 @@ pub(crate) async fn apply<C: Conn>(
             settled_before,
             limit,
         } => return prune(conn, settled_before, *limit).await,
+        Change::Probe { at } => {
+            conn.execute(sql::PROBE, &[rfc3339(at).into()])
+                .await
+                .map_err(|e| failed(e, "probe"))?;
+        }
     }
     Ok(0)
 }

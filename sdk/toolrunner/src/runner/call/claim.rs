@@ -21,6 +21,11 @@ pub(super) async fn claim(
     let used = call.operation_key.clone();
     let mut tries = 0;
     let claimed = loop {
+        if tries > 0 && core.stop.is_cancelled() {
+            // A drain began while the claim was asked again: it waits, with
+            // its key, for the next start.
+            return Err("shutting down: the claim waits for the next start".into());
+        }
         let connection_id = connection::connection_id(core)
             .await
             .map_err(|e| e.to_string())?;
@@ -35,40 +40,31 @@ pub(super) async fn claim(
             .client
             .claim(&call.run_id, &call.call_id, &body, &live)
             .await;
-        claim_metrics(core, &call.tool_name, sent, answer.as_ref().err());
+        let answered = !matches!(answer, Err(ClientError::Unreachable(_)));
+        if answered {
+            let id = &core.cfg.executor_id;
+            telemetry::claim_answered(id, &call.tool_name, sent.elapsed().as_secs_f64());
+        }
         match answer {
-            Ok(c) => break c,
+            Ok(c) => {
+                match c.call_state {
+                    CallState::Pending => {
+                        telemetry::claim_refused(&core.cfg.executor_id, "pending")
+                    }
+                    s if s.is_terminal() => {
+                        telemetry::claim_refused(&core.cfg.executor_id, "call_ended")
+                    }
+                    _ => {}
+                }
+                break c;
+            }
+            // Asked again on a new connection: not a refusal (yet).
             Err(e) if tries < 3 && connection::handle_refusal(core, &connection_id, &e).await => {
                 tries += 1
             }
-            Err(ClientError::Unreachable(m)) => return Err(m),
             Err(e) => {
-                if e.status() == Some(401) || e.code() == Some("missing_scope") {
-                    core.fail(crate::Error::from(e.clone()));
-                    return Err(e.to_string());
-                }
-                return match e.code() {
-                    Some("capacity_exhausted" | "executor_draining") => {
-                        Err(format!("{DEFERRED}: {e}"))
-                    }
-                    Some("lease_expired" | "connection_superseded") => Err(e.to_string()),
-                    _ => {
-                        let why = format!("claim refused, nothing ran: {e}");
-                        let event = Event::ClaimRefused { why };
-                        let moved = core
-                            .advance(&key, Reads::Row, |s| {
-                                s.call
-                                    .as_ref()
-                                    .filter(|c| {
-                                        c.state == LocalState::Claiming && c.operation_key == used
-                                    })
-                                    .map(|_| event.clone())
-                            })
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        row(moved).map(|c| (c, None))
-                    }
-                };
+                telemetry::claim_refused(&core.cfg.executor_id, &refusal_reason(&e));
+                return claim_failed(core, &key, &used, e).await;
             }
         }
     };
@@ -141,26 +137,67 @@ pub(super) async fn claim(
     Ok((call, receipt))
 }
 
-/// The claim's round trip (when the platform answered) and, when it did
-/// not take the call, why.
-fn claim_metrics(
-    core: &Core,
-    tool_name: &str,
-    sent: std::time::Instant,
-    error: Option<&ClientError>,
-) {
-    let id = &core.cfg.executor_id;
-    match error {
-        Some(ClientError::Unreachable(_)) => telemetry::claim_refused(id, "unreachable"),
-        Some(e) => {
-            telemetry::claim_answered(id, tool_name, sent.elapsed().as_secs_f64());
-            // The platform's error code, kept bounded whatever it sends.
-            let bounded = e.code().filter(|c| {
-                c.len() <= 64 && c.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
-            });
-            telemetry::claim_refused(id, bounded.unwrap_or("other"));
+/// A claim that did not take the call: why, and what it leaves (nothing
+/// ran in any case).
+async fn claim_failed(
+    core: &Arc<Core>,
+    key: &CallKey,
+    used: &str,
+    e: ClientError,
+) -> Result<(LocalCall, Option<OutboxReceipt>), String> {
+    if let ClientError::Unreachable(m) = e {
+        return Err(m);
+    }
+    if e.status() == Some(401) || e.code() == Some("missing_scope") {
+        core.fail(crate::Error::from(e.clone()));
+        return Err(e.to_string());
+    }
+    match e.code() {
+        Some("capacity_exhausted" | "executor_draining") => Err(format!("{DEFERRED}: {e}")),
+        Some("lease_expired" | "connection_superseded") => Err(e.to_string()),
+        _ => {
+            let why = format!("claim refused, nothing ran: {e}");
+            let event = Event::ClaimRefused { why };
+            let moved = core
+                .advance(key, Reads::Row, |s| {
+                    s.call
+                        .as_ref()
+                        .filter(|c| c.state == LocalState::Claiming && c.operation_key == used)
+                        .map(|_| event.clone())
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            row(moved).map(|c| (c, None))
         }
-        None => telemetry::claim_answered(id, tool_name, sent.elapsed().as_secs_f64()),
+    }
+}
+
+/// Why a claim did not take the call, as a bounded label: the contract's
+/// claim error codes, `lease_not_live` when nothing was sent, or
+/// `unreachable` / `other`.
+fn refusal_reason(e: &ClientError) -> String {
+    const CODES: [&str; 11] = [
+        "unknown_call",
+        "connection_superseded",
+        "lease_expired",
+        "tool_not_connected",
+        "run_terminated",
+        "executor_draining",
+        "already_claimed",
+        "call_not_claimable",
+        "capacity_exhausted",
+        "missing_scope",
+        "invalid_request",
+    ];
+    match e {
+        ClientError::Unreachable(m) if m == LEASE_NOT_LIVE => "lease_not_live".into(),
+        ClientError::Unreachable(_) => "unreachable".into(),
+        _ => match (e.code(), e.status()) {
+            (Some(code), _) if CODES.contains(&code) => code.into(),
+            (_, Some(404)) => "not_found".into(),
+            (_, Some(401)) => "unauthorized".into(),
+            _ => "other".into(),
+        },
     }
 }
 

@@ -88,16 +88,11 @@ pub(super) async fn run(
     let transactional = tool.effect() == Effect::Transactional;
     let event = outcome_event(asg, outcome, transactional);
     let completed = matches!(&event, Event::HandlerFinished { outcome } if outcome.kind == ReceiptKind::Completed);
-    let outcome_name = match &event {
+    // What the handler said, if its outcome is not the one stored.
+    let said = match &event {
         Event::HandlerFinished { outcome } => outcome.kind.as_str(),
         _ => "reconciliation_required",
     };
-    telemetry::tool_finished(
-        &core.cfg.executor_id,
-        &call.tool_name,
-        outcome_name,
-        ran_for,
-    );
     let transaction = match transaction {
         Some(tx) if !completed => {
             tx.rollback().await;
@@ -117,6 +112,14 @@ pub(super) async fn run(
             .await
             .map_err(|e| e.to_string())?,
     };
+    // Counted once its outcome is stored, as stored (a transactional
+    // tool's `completed` whose transaction could not be written is a
+    // failure; one that did not commit is counted when it runs again).
+    let stored = match &moved {
+        Advanced::Moved { call, receipt } => telemetry::outcome_of(call.state, receipt.as_ref()).0,
+        Advanced::Stayed(_) => said,
+    };
+    telemetry::tool_finished(&core.cfg.executor_id, &call.tool_name, stored, ran_for);
     match moved {
         Advanced::Moved { call, receipt } => {
             if receipt.is_some() {

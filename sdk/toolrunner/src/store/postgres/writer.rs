@@ -74,6 +74,12 @@ enum GroupError {
     Commit(StoreError, Vec<Option<StoreError>>),
 }
 
+/// Whether a job is the health probe alone (not counted as the store's
+/// work).
+fn is_probe(job: &Job) -> bool {
+    matches!(job.changes.as_slice(), [Change::Probe { .. }])
+}
+
 async fn commit_group(pool: &PgPool, group: Vec<Job>, counts: &Counts) {
     let same_fence = group
         .windows(2)
@@ -88,7 +94,10 @@ async fn commit_group(pool: &PgPool, group: Vec<Job>, counts: &Counts) {
     match in_one(pool, &group).await {
         Ok(outcomes) => {
             counts.transactions.fetch_add(1, Ordering::Relaxed);
-            crate::store::committed_together(group.len());
+            let calls = group.iter().filter(|j| !is_probe(j)).count();
+            if calls > 0 {
+                crate::store::committed_together(calls);
+            }
             for (job, outcome) in group.into_iter().zip(outcomes) {
                 let _ = job.reply.send(outcome);
             }
@@ -186,7 +195,7 @@ async fn alone(pool: &PgPool, job: &Job, counts: &Counts) -> Result<u64, StoreEr
         match once(pool, job).await {
             Err(e) if tries < super::RETRIES && super::retryable(&e) => tries += 1,
             outcome => {
-                if outcome.is_ok() {
+                if outcome.is_ok() && !is_probe(job) {
                     counts.transactions.fetch_add(1, Ordering::Relaxed);
                     crate::store::committed_together(1);
                 }
