@@ -11,7 +11,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
+
+#[path = "support/ledger.rs"]
+mod ledger;
 
 use serde_json::{Value, json};
 use toolrunner::testing::store::{CallFilter, LocalState, ReceiptStatus, SqliteStore, Store};
@@ -40,60 +43,6 @@ impl Rng {
     fn between(&mut self, low: u64, high: u64) -> u64 {
         low + self.next() % (high - low + 1)
     }
-}
-
-fn modified(p: &Path) -> Option<SystemTime> {
-    std::fs::metadata(p).and_then(|m| m.modified()).ok()
-}
-
-/// `<target>/<profile>/examples/ledger`, built first if it is missing or
-/// older than this test binary (`cargo test --test kill_loop` alone does not
-/// build examples).
-fn ledger_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("<target>/<profile>/deps/<test>");
-    let bin = profile_dir.join("examples").join("ledger");
-    let stale = match (modified(&bin), modified(&exe)) {
-        (Some(b), Some(e)) => b < e,
-        _ => true,
-    };
-    if stale {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "--example", "ledger"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        // Cargo gives the test process its package's variables; build
-        // scripts that watch them (ring does) would rebuild if the nested
-        // cargo saw them, and the outer one again afterwards.
-        for (name, _) in std::env::vars_os() {
-            let name = name.to_string_lossy().into_owned();
-            let from_cargo = [
-                "CARGO_PKG_",
-                "CARGO_MANIFEST_",
-                "CARGO_CRATE_",
-                "CARGO_BIN_",
-            ]
-            .iter()
-            .any(|p| name.starts_with(p))
-                || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"]
-                    .contains(&name.as_str());
-            if from_cargo {
-                cmd.env_remove(&name);
-            }
-        }
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        if let Some(target) = profile_dir.parent() {
-            cmd.arg("--target-dir").arg(target);
-        }
-        let status = cmd.status().expect("cargo runs");
-        assert!(status.success(), "cargo build --example ledger failed");
-    }
-    assert!(bin.exists(), "no ledger example at {}", bin.display());
-    bin
 }
 
 struct Admin {
@@ -176,7 +125,7 @@ async fn ledger_survives_repeated_sigkill() {
         )
         .with_test_writer()
         .try_init();
-    let bin = ledger_binary();
+    let bin = ledger::ledger_binary().expect("the ledger example builds");
     let started = Instant::now();
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = tmp.path().join("exec.db");

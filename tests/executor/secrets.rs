@@ -5,6 +5,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[path = "../support/leaks.rs"]
+mod leaks;
+
 use anyhow::Result;
 use serde_json::json;
 use toolrunner::Executor;
@@ -171,17 +174,11 @@ async fn secrets_never_reach_logs_or_debug_output() -> Result<()> {
         debug.contains("Grant(<redacted>)"),
         "the assignment's Debug was captured"
     );
-    let mut leaks = Vec::new();
-    for (name, text) in [("logs", &logs), ("Debug output", &debug)] {
-        let secrets = [("the token", TOKEN), ("the refused token", WRONG_TOKEN)]
-            .into_iter()
-            .chain(grants.iter().map(|g| ("a grant", g.as_str())));
-        for (what, secret) in secrets {
-            for (at, _) in text.match_indices(secret) {
-                leaks.push(format!("{what} in the {name}: …{}…", excerpt(text, at)));
-            }
-        }
-    }
+    let planted: Vec<(&str, &str)> = [("the token", TOKEN), ("the refused token", WRONG_TOKEN)]
+        .into_iter()
+        .chain(grants.iter().map(|g| ("a grant", g.as_str())))
+        .collect();
+    let leaks = leaks::leaks(&[("logs", &logs), ("Debug output", &debug)], &planted);
     assert!(
         leaks.is_empty(),
         "{} secret occurrence(s):\n{}",
@@ -189,13 +186,4 @@ async fn secrets_never_reach_logs_or_debug_output() -> Result<()> {
         leaks.join("\n---\n")
     );
     Ok(())
-}
-
-fn excerpt(text: &str, at: usize) -> String {
-    let start = text[..at]
-        .char_indices()
-        .rev()
-        .nth(200)
-        .map_or(0, |(i, _)| i);
-    text[start..].chars().take(400).collect()
 }

@@ -48,49 +48,6 @@ impl Rng {
     }
 }
 
-/// `<target>/debug/examples/ledger` built with the `postgres` feature (cargo
-/// decides whether anything is to be built).
-fn ledger_binary() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("<target>/<profile>/deps/<test>")?;
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "--example", "ledger", "--features", "postgres"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    // As tests/kill_loop.rs: the nested cargo must not see this test's
-    // package variables, or build scripts watching them rebuild.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy().into_owned();
-        let from_cargo = [
-            "CARGO_PKG_",
-            "CARGO_MANIFEST_",
-            "CARGO_CRATE_",
-            "CARGO_BIN_",
-        ]
-        .iter()
-        .any(|p| name.starts_with(p))
-            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name.as_str());
-        if from_cargo {
-            cmd.env_remove(&name);
-        }
-    }
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    if let Some(target) = profile_dir.parent() {
-        cmd.arg("--target-dir").arg(target);
-    }
-    ensure!(
-        cmd.status()?.success(),
-        "cargo build --example ledger --features postgres failed"
-    );
-    let bin = profile_dir.join("examples").join("ledger");
-    ensure!(bin.exists(), "no ledger example at {}", bin.display());
-    Ok(bin)
-}
-
 /// One replica: its executor id and how to start it.
 struct Replica {
     args: Vec<String>,
@@ -192,7 +149,7 @@ use super::lease;
 
 /// The chaos loop, and its checks.
 pub(crate) async fn three_replicas_killed_and_paused(url: &str) -> Result<()> {
-    let bin = ledger_binary()?;
+    let bin = super::rolling::ledger_binary()?;
     let tag = format!("{:08x}", rand::random::<u32>());
     let ids: Vec<String> = ["a", "b", "c"]
         .iter()

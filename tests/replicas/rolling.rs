@@ -12,6 +12,9 @@
 #[path = "../support/rolling.rs"]
 mod common;
 
+/// The `ledger` example's binary (shared with `chaos`).
+pub(crate) use common::ledger::ledger_binary;
+
 use anyhow::{Context, Result};
 use sqlx::Connection;
 use toolrunner::testing::store::{PgStore, Store};

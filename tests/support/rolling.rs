@@ -47,6 +47,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "ledger.rs"]
+pub(crate) mod ledger;
+
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use sqlx::Row;
@@ -96,50 +99,6 @@ pub(crate) trait Backend {
     async fn drained(&self, id: &str) -> Result<Option<String>>;
     /// Executor `id`'s store, to read once its processes stopped.
     async fn store(&self, id: &str) -> Result<Box<dyn Store>>;
-}
-
-/// `<target>/<profile>/examples/ledger`, built by cargo first (it decides
-/// whether anything is to be built; the package's default features, which
-/// include `postgres`, are those of the test build).
-fn ledger_binary() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("<target>/<profile>/deps/<test>")?;
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "--example", "ledger"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    // As tests/kill_loop.rs: the nested cargo must not see this test's
-    // package variables, or build scripts watching them rebuild.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy().into_owned();
-        let from_cargo = [
-            "CARGO_PKG_",
-            "CARGO_MANIFEST_",
-            "CARGO_CRATE_",
-            "CARGO_BIN_",
-        ]
-        .iter()
-        .any(|p| name.starts_with(p))
-            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name.as_str());
-        if from_cargo {
-            cmd.env_remove(&name);
-        }
-    }
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    if let Some(target) = profile_dir.parent() {
-        cmd.arg("--target-dir").arg(target);
-    }
-    ensure!(
-        cmd.status()?.success(),
-        "cargo build --example ledger failed"
-    );
-    let bin = profile_dir.join("examples").join("ledger");
-    ensure!(bin.exists(), "no ledger example at {}", bin.display());
-    Ok(bin)
 }
 
 /// One executor: its id, how to start it, its process.
@@ -525,7 +484,7 @@ struct Line {
 pub(crate) async fn rolling_restart(backend: &impl Backend, ids: &[String]) -> Result<()> {
     ensure!(ids.len() == EXECUTORS, "{EXECUTORS} executor ids");
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let bin = ledger_binary()?;
+    let bin = ledger::ledger_binary()?;
     let tmp = tempfile::tempdir()?;
     let platform_db = tmp.path().join("platform.db");
     let platform = DevServer::builder()
