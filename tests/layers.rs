@@ -749,6 +749,7 @@ fn the_sql_of_each_change_is_written_once() {
         "DELETE FROM events",
         "INSERT INTO attempts",
         "DELETE FROM attempts",
+        "INSERT INTO store_probe",
     ];
     let mut found = Vec::new();
     for (file, source) in &files {

@@ -585,6 +585,19 @@ async fn readiness_follows_the_platform_the_store_and_the_shutdown() -> Result<(
     faults.cut_store(false);
     until(&client, &base, 200).await?;
 
+    // The store stops answering (the process's I/O frozen, as a half-open
+    // connection would leave it): the probe's write does not come back.
+    faults.freeze();
+    let body = until(&client, &base, 503).await?;
+    ensure!(
+        body["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("store not writable: a write did not come back")),
+        "{body}"
+    );
+    faults.thaw();
+    until(&client, &base, 200).await?;
+
     // A slow call in flight: the drain waits for it, not ready throughout.
     let slow_call = kit.submit("t.slow", json!({"note": "n"})).await?;
     kit.platform()
@@ -678,13 +691,16 @@ async fn a_drain_keeps_the_lease_alive_until_the_last_handler_finished() -> Resu
         )
         .await?;
     let running = executor.start().await?;
-    for _ in 0..200 {
-        if health.report().in_use() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    ensure!(health.report().in_use() == 1, "the long handler runs");
+    platform
+        .wait_for(
+            &run.run_id,
+            Duration::from_secs(10),
+            "the long handler runs",
+            |r: &toolrunner::platform::Run| {
+                r.tool_calls[0].state == toolrunner::protocol::wire::CallState::Running
+            },
+        )
+        .await?;
     let started = std::time::Instant::now();
     let mut draining = tokio::spawn(running.shutdown(toolrunner::Shutdown::Drain {
         deadline: Duration::from_secs(10),
@@ -751,8 +767,12 @@ async fn an_executor_superseded_by_another_process_is_not_ready() -> Result<()> 
     let stopped = tokio::time::timeout(Duration::from_secs(10), first.wait()).await?;
     ensure!(stopped.is_err(), "the first stopped by itself");
     let report = health.report();
+    // Why it stopped, not merely that it did.
     ensure!(
-        !report.ready() && report.reason().is_some_and(|r| r.starts_with("stopped: ")),
+        !report.ready()
+            && report.reason().is_some_and(|r| {
+                r.starts_with("stopped: ") && r != "stopped: the executor is not running"
+            }),
         "{report:?}"
     );
     drop(first);

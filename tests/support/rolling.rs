@@ -77,7 +77,7 @@ const CAPACITY: u32 = 4;
 const EXIT_WITHIN: Duration = Duration::from_secs(15);
 /// After a SIGTERM, `/readyz` answers 503 within this (the signal's
 /// delivery and the first step of the drain).
-const NOT_READY_WITHIN: Duration = Duration::from_millis(500);
+const NOT_READY_WITHIN: Duration = Duration::from_secs(2);
 /// A started process connects within this.
 const CONNECT_WITHIN: Duration = Duration::from_secs(20);
 /// The log lines of a start that waited for an identity's lease to lapse
@@ -167,8 +167,9 @@ impl Executor {
     /// ended. The clock starts before `kill` is spawned. Throughout, its
     /// `/readyz` is polled: `200` before the signal; once it answered `503`
     /// (within `NOT_READY_WITHIN` of the signal), never `200` again until
-    /// the process is gone.
-    async fn terminate(&mut self) -> Result<(Duration, ExitStatus)> {
+    /// the process is gone. With `calls_in_flight` (its drain waits for
+    /// them), a 503 must have been seen before the exit.
+    async fn terminate(&mut self, calls_in_flight: bool) -> Result<(Duration, ExitStatus)> {
         let pid = self.child.as_ref().context("not running")?.id();
         let readyz = format!("{}/readyz", self.admin().await?);
         let http = reqwest::Client::new();
@@ -200,9 +201,10 @@ impl Executor {
             self.id
         );
         let sent = Instant::now();
-        let status = Command::new("kill")
+        let status = tokio::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
-            .status()?;
+            .status()
+            .await?;
         ensure!(status.success(), "kill -TERM {pid} failed");
         let mut not_ready_at: Option<Duration> = None;
         loop {
@@ -210,7 +212,7 @@ impl Executor {
                 let took = sent.elapsed();
                 self.child = None;
                 ensure!(
-                    not_ready_at.is_some(),
+                    not_ready_at.is_some() || !calls_in_flight,
                     "{}: /readyz never answered 503 between its SIGTERM and its exit {took:?} later",
                     self.id
                 );
@@ -245,7 +247,7 @@ impl Executor {
                 self.id,
                 self.tail(30)
             );
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -619,7 +621,7 @@ async fn play(
                 .map(|e| e.0)
                 .context("an executor the platform does not list")?;
             let signalled = Instant::now();
-            let (exited_after, status) = ex.terminate().await?;
+            let (exited_after, status) = ex.terminate(in_flight > 0).await?;
             ensure!(
                 status.success(),
                 "{} did not drain cleanly on SIGTERM ({status}):\n{}",
@@ -687,7 +689,7 @@ async fn play(
     }
     // The last drain (not a handover): every process exits 0.
     for ex in &mut executors {
-        let (_, status) = ex.terminate().await?;
+        let (_, status) = ex.terminate(false).await?;
         ensure!(
             status.success(),
             "{} did not drain cleanly on the last SIGTERM ({status}):\n{}",

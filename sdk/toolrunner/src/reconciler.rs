@@ -224,8 +224,8 @@ impl Timeline {
     }
 }
 
-/// How an operator settles a call. Its `Debug` shows a result's size
-/// only.
+/// How an operator settles a call. Its `Debug` shows the size of a result,
+/// a message or a reason, never its text.
 #[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Outcome {
@@ -255,11 +255,15 @@ impl std::fmt::Debug for Outcome {
             Outcome::Failed { code, message } => f
                 .debug_struct("Failed")
                 .field("code", code)
-                .field("message", message)
+                .field(
+                    "message",
+                    &toolrunner_protocol::redact::Redacted::of(message),
+                )
                 .finish(),
-            Outcome::Cancelled { reason } => {
-                f.debug_struct("Cancelled").field("reason", reason).finish()
-            }
+            Outcome::Cancelled { reason } => f
+                .debug_struct("Cancelled")
+                .field("reason", &toolrunner_protocol::redact::Redacted::of(reason))
+                .finish(),
         }
     }
 }

@@ -103,8 +103,9 @@ impl std::fmt::Debug for Platform {
     }
 }
 
-/// An answer to [`Platform::request`], whatever its status.
-#[derive(Debug, Clone)]
+/// An answer to [`Platform::request`], whatever its status. Its `Debug`
+/// shows the status and the sizes of the headers and the body.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct RawResponse {
     /// HTTP status.
@@ -114,6 +115,8 @@ pub struct RawResponse {
     /// The body, byte for byte.
     pub body: Vec<u8>,
 }
+
+toolrunner_protocol::debug_without_payloads!(RawResponse { status } hiding { headers, body });
 
 impl RawResponse {
     /// The body as JSON (`Null` if it is not JSON).

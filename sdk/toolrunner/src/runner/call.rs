@@ -62,6 +62,7 @@ pub(super) async fn drive(
             toolrunner.executor_id = core.cfg.executor_id.as_str(),
             toolrunner.outcome = tracing::field::Empty,
             error.type = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
         ),
     };
     let work = async {

@@ -13,6 +13,9 @@ use crate::store::{CallFilter, LocalState, Timestamp};
 /// How often the store is probed and the gauges published.
 const EVERY: Duration = Duration::from_secs(1);
 
+/// How long the probe's write may take.
+const PROBE_WITHIN: Duration = Duration::from_secs(2);
+
 fn age(t: &Timestamp) -> Duration {
     (chrono::Utc::now() - *t).to_std().unwrap_or_default()
 }
@@ -34,12 +37,16 @@ pub(crate) async fn publish(core: &Core) {
     // A real write of the probe's row (on PostgreSQL, in a transaction
     // that checks the identity's fencing token): its outcome is the
     // store's health, as every commit's is (the fenced store records it).
-    let _ = core
-        .store
-        .commit(vec![crate::store::Change::Probe {
-            at: crate::store::now(),
-        }])
-        .await;
+    // A write that does not come back in time (a half-open connection, a
+    // writer stuck behind one) is a store that does not take writes.
+    let probe = core.store.commit(vec![crate::store::Change::Probe {
+        at: crate::store::now(),
+    }]);
+    if tokio::time::timeout(PROBE_WITHIN, probe).await.is_err() {
+        core.health.store(Err(format!(
+            "a write did not come back within {PROBE_WITHIN:?}"
+        )));
+    }
     let free = u32::try_from(core.slots.available_permits()).unwrap_or(u32::MAX);
     let in_use = core.cfg.capacity.saturating_sub(free);
     metrics::gauge!(metric::CAPACITY_IN_USE, "executor_id" => id.clone()).set(f64::from(in_use));

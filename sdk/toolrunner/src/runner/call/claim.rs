@@ -190,7 +190,8 @@ fn refusal_reason(e: &ClientError) -> String {
         "invalid_request",
     ];
     match e {
-        ClientError::Unreachable(m) if m == LEASE_NOT_LIVE => "lease_not_live".into(),
+        // The client names the request before why it was not sent.
+        ClientError::Unreachable(m) if m.ends_with(LEASE_NOT_LIVE) => "lease_not_live".into(),
         ClientError::Unreachable(_) => "unreachable".into(),
         _ => match (e.code(), e.status()) {
             (Some(code), _) if CODES.contains(&code) => code.into(),
@@ -226,4 +227,21 @@ pub(super) async fn first_checks(
         span.record("toolrunner.refused", *code);
     }
     verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_not_sent_for_a_lapsed_lease_is_its_own_reason() {
+        let not_sent = ClientError::Unreachable(format!(
+            "POST /v1/runs/r/tool-calls/c/claim: {LEASE_NOT_LIVE}"
+        ));
+        assert_eq!(refusal_reason(&not_sent), "lease_not_live");
+        let down = ClientError::Unreachable(
+            "POST /v1/runs/r/tool-calls/c/claim: connection refused".into(),
+        );
+        assert_eq!(refusal_reason(&down), "unreachable");
+    }
 }

@@ -114,7 +114,11 @@ pub(super) async fn run(
     };
     // Counted once its outcome is stored, as stored (a transactional
     // tool's `completed` whose transaction could not be written is a
-    // failure; one that did not commit is counted when it runs again).
+    // failure; a transactional call whose transaction did not commit is
+    // counted when it runs again). When an operator settled the call
+    // while the handler ran, what the handler said; a settlement that
+    // could not be stored at all is not counted (the call is resumed by
+    // the crash table).
     let stored = match &moved {
         Advanced::Moved { call, receipt } => telemetry::outcome_of(call.state, receipt.as_ref()).0,
         Advanced::Stayed(_) => said,

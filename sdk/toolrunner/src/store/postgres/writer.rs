@@ -56,7 +56,9 @@ pub(super) fn spawn(pool: PgPool, counts: Arc<Counts>) -> mpsc::UnboundedSender<
             // its own transaction would have rolled back.
             group.retain(|job| !job.reply.is_closed());
             if !group.is_empty() {
-                counts.jobs.fetch_add(group.len() as u64, Ordering::Relaxed);
+                // The health probe's own jobs are not the store's work.
+                let jobs = group.iter().filter(|j| !is_probe(j)).count();
+                counts.jobs.fetch_add(jobs as u64, Ordering::Relaxed);
                 commit_group(&pool, group, &counts).await;
             }
         }

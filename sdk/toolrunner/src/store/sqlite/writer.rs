@@ -54,12 +54,16 @@ pub(super) struct Counters {
 
 /// What a [`SqliteStore`](super::SqliteStore)'s writer has done since the
 /// store was opened: how many changes were asked for, how many
-/// transactions carried them, and how many fsyncs that cost.
+/// transactions carried them, and how many fsyncs that cost. A running
+/// executor's health probe (one write a second, `Change::Probe`) is left
+/// out of the jobs and transactions (its fsyncs too), not of the
+/// checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 #[cfg_attr(not(feature = "testing"), allow(dead_code))] // read by the testing seam (the bench)
 pub struct WriterStats {
-    /// Commits asked for (calls to `Store::commit`), failed ones included.
+    /// Commits asked for (calls to `Store::commit`), failed ones included,
+    /// the health probe's aside.
     pub jobs: u64,
     /// Transactions committed; with group commit, several jobs share one.
     pub transactions: u64,
