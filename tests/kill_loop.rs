@@ -154,34 +154,13 @@ async fn ledger_survives_repeated_sigkill() {
         http: toolrunner::platform::Platform::new(&platform.base_url(), ADMIN)
             .expect("platform client"),
     };
-    let agent = admin.post("/agents", json!({"name": "kill-loop"})).await;
-    let agent_id = agent["agent_id"].as_str().expect("agent_id").to_owned();
-    let binding = admin
-        .post(
-            "/executor-bindings",
-            json!({"agent_id": agent_id, "name": "ledger", "tool_names": ["ledger.append"]}),
-        )
-        .await;
-    let binding_id = binding["binding_id"]
-        .as_str()
-        .expect("binding_id")
-        .to_owned();
-    let tool = json!({
-        "name": "ledger.append", "description": "Append one entry to the ledger",
-        "binding_id": binding_id,
-        "input_schema": {"type": "object",
-            "properties": {"amount": {"type": "integer", "minimum": 1},
-                           "memo": {"type": "string"}},
-            "required": ["amount", "memo"], "additionalProperties": false},
-        "output_schema": {"type": "object",
-            "properties": {"entry": {"type": "integer"}}, "required": ["entry"]}
-    });
-    let version = admin
-        .post(
-            &format!("/agents/{agent_id}/versions"),
-            json!({"tools": [tool]}),
-        )
-        .await;
+    let ledger::Published {
+        agent_id,
+        binding_id,
+        agent_version,
+    } = ledger::publish_ledger(&admin.http, "kill-loop")
+        .await
+        .expect("the ledger tool is published");
     let memos: Vec<&str> = (0..CALLS)
         .map(|i| if i == 11 || i == 29 { "fail" } else { "coffee" })
         .collect();
@@ -193,7 +172,7 @@ async fn ledger_survives_repeated_sigkill() {
     let run = admin
         .post(
             "/runs",
-            json!({"agent_version": version["agent_version"], "subject": "user_42",
+            json!({"agent_version": agent_version, "subject": "user_42",
                    "tool_calls": calls}),
         )
         .await;

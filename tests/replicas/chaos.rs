@@ -194,33 +194,11 @@ async fn play(url: &str, bin: &Path, ids: &[String]) -> Result<()> {
         .start()
         .await?;
     let admin = Platform::new(&platform.base_url(), "dev-admin")?;
-    let agent = admin.create_agent("replicas").await?;
-    let binding = admin
-        .create_binding(&agent.agent_id, "ledger", &["ledger.append"])
-        .await?;
-    let tool = json!({
-        "name": "ledger.append", "description": "Append one entry to the ledger",
-        "binding_id": binding.binding_id,
-        "input_schema": {"type": "object",
-            "properties": {"amount": {"type": "integer", "minimum": 1},
-                           "memo": {"type": "string"}},
-            "required": ["amount", "memo"], "additionalProperties": false},
-        "output_schema": {"type": "object",
-            "properties": {"entry": {"type": "integer"}}, "required": ["entry"]}
-    });
-    let published = admin
-        .request(
-            toolrunner::platform::Method::POST,
-            &format!("/agents/{}/versions", agent.agent_id),
-        )
-        .json(&json!({ "tools": [tool] }))
-        .send()
-        .await?
-        .json();
-    let agent_version = published["agent_version"]
-        .as_str()
-        .with_context(|| format!("the version: {published}"))?
-        .to_owned();
+    let super::rolling::Published {
+        binding_id,
+        agent_version,
+        ..
+    } = super::rolling::publish_ledger(&admin, "replicas").await?;
     let calls = (0..CALLS)
         .map(|i| {
             let memo = if i % 13 == 5 { "fail" } else { "coffee" };
@@ -241,7 +219,7 @@ async fn play(url: &str, bin: &Path, ids: &[String]) -> Result<()> {
             "--executor-id",
             id,
             "--binding-id",
-            &binding.binding_id,
+            &binding_id,
             "--db",
             url,
             "--ledger",

@@ -12,8 +12,9 @@
 #[path = "../support/rolling.rs"]
 mod common;
 
-/// The `ledger` example's binary (shared with `chaos`).
-pub(crate) use common::ledger::ledger_binary;
+/// The `ledger` example's binary and its publication (shared with
+/// `chaos`).
+pub(crate) use common::ledger::{Published, ledger_binary, publish_ledger};
 
 use anyhow::{Context, Result};
 use sqlx::Connection;

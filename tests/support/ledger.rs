@@ -51,3 +51,55 @@ pub(crate) fn ledger_binary() -> Result<PathBuf> {
     ensure!(bin.exists(), "no ledger example at {}", bin.display());
     Ok(bin)
 }
+
+/// An agent with a binding of the `ledger.append` tool and a version that
+/// publishes it, as the ledger example defines it (its schemas written out:
+/// the example runs as a process of its own).
+pub(crate) struct Published {
+    /// The agent.
+    pub(crate) agent_id: String,
+    /// The binding the ledger processes serve.
+    pub(crate) binding_id: String,
+    /// The version runs are created on.
+    pub(crate) agent_version: String,
+}
+
+/// Creates the agent `name`, its `ledger` binding and a version with
+/// `ledger.append`, through `admin` (the platform's admin token).
+pub(crate) async fn publish_ledger(
+    admin: &toolrunner::platform::Platform,
+    name: &str,
+) -> Result<Published> {
+    let agent = admin.create_agent(name).await?;
+    let binding = admin
+        .create_binding(&agent.agent_id, "ledger", &["ledger.append"])
+        .await?;
+    let tool = serde_json::json!({
+        "name": "ledger.append", "description": "Append one entry to the ledger",
+        "binding_id": binding.binding_id,
+        "input_schema": {"type": "object",
+            "properties": {"amount": {"type": "integer", "minimum": 1},
+                           "memo": {"type": "string"}},
+            "required": ["amount", "memo"], "additionalProperties": false},
+        "output_schema": {"type": "object",
+            "properties": {"entry": {"type": "integer"}}, "required": ["entry"]}
+    });
+    let published = admin
+        .request(
+            toolrunner::platform::Method::POST,
+            &format!("/agents/{}/versions", agent.agent_id),
+        )
+        .json(&serde_json::json!({ "tools": [tool] }))
+        .send()
+        .await?
+        .json();
+    let agent_version = published["agent_version"]
+        .as_str()
+        .with_context(|| format!("the version: {published}"))?
+        .to_owned();
+    Ok(Published {
+        agent_id: agent.agent_id,
+        binding_id: binding.binding_id,
+        agent_version,
+    })
+}

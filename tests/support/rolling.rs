@@ -512,37 +512,15 @@ async fn play(
 ) -> Result<()> {
     let name = backend.name();
     let http = Platform::new(&platform.base_url(), "dev-admin")?;
-    let agent = http.create_agent(&format!("rolling-{name}")).await?;
-    let binding = http
-        .create_binding(&agent.agent_id, "ledger", &["ledger.append"])
-        .await?;
-    let tool = json!({
-        "name": "ledger.append", "description": "Append one entry to the ledger",
-        "binding_id": binding.binding_id,
-        "input_schema": {"type": "object",
-            "properties": {"amount": {"type": "integer", "minimum": 1},
-                           "memo": {"type": "string"}},
-            "required": ["amount", "memo"], "additionalProperties": false},
-        "output_schema": {"type": "object",
-            "properties": {"entry": {"type": "integer"}}, "required": ["entry"]}
-    });
-    let published = http
-        .request(
-            toolrunner::platform::Method::POST,
-            &format!("/agents/{}/versions", agent.agent_id),
-        )
-        .json(&json!({ "tools": [tool] }))
-        .send()
-        .await?
-        .json();
-    let agent_version = published["agent_version"]
-        .as_str()
-        .with_context(|| format!("the version: {published}"))?
-        .to_owned();
+    let ledger::Published {
+        agent_id,
+        binding_id,
+        agent_version,
+    } = ledger::publish_ledger(&http, &format!("rolling-{name}")).await?;
     let admin = Admin {
         http: http.clone(),
-        agent_id: agent.agent_id.clone(),
-        binding_id: binding.binding_id.clone(),
+        agent_id: agent_id.clone(),
+        binding_id: binding_id.clone(),
     };
 
     let mut executors: Vec<Executor> = ids
@@ -557,7 +535,7 @@ async fn play(
                 "--executor-id",
                 id,
                 "--binding-id",
-                &binding.binding_id,
+                &binding_id,
                 "--db",
                 &backend.db(id),
                 "--ledger",
@@ -668,9 +646,7 @@ async fn play(
     // ------------------------------------------ everything settles
     let since = Instant::now();
     loop {
-        let d = http
-            .diagnostics(&agent.agent_id, &binding.binding_id)
-            .await?;
+        let d = http.diagnostics(&agent_id, &binding_id).await?;
         let c = &d.calls;
         if c.pending + c.claimed + c.running + c.reconciliation_required + c.pending_delivery == 0 {
             break;
