@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[path = "support/ledger.rs"]
@@ -91,18 +91,7 @@ struct LedgerProcess {
 
 impl LedgerProcess {
     fn spawn(&self) -> Child {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.stderr)
-            .expect("stderr log");
-        Command::new(&self.bin)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("ledger starts")
+        ledger::spawn(&self.bin, &self.args, &[], &self.stderr).expect("ledger starts")
     }
 }
 

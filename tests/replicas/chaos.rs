@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -57,20 +57,9 @@ struct Replica {
 
 impl Replica {
     fn spawn(&mut self, bin: &Path) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        self.child = Some(
-            Command::new(bin)
-                .args(&self.args)
-                // Errors as one line each, without a backtrace.
-                .env("RUST_BACKTRACE", "0")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()?,
-        );
+        // Errors as one line each, without a backtrace.
+        let env = [("RUST_BACKTRACE", "0")];
+        self.child = Some(super::rolling::spawn(bin, &self.args, &env, &self.log)?);
         Ok(())
     }
 

@@ -103,3 +103,28 @@ pub(crate) async fn publish_ledger(
         agent_version,
     })
 }
+
+/// Starts the ledger `bin` with `args` and the environment `env`, its
+/// stderr appended to `log` (where a test reads what it said), its stdout
+/// dropped.
+pub(crate) fn spawn(
+    bin: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Result<std::process::Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("the log {}", log.display()))?;
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    Ok(cmd.spawn()?)
+}

@@ -42,7 +42,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -113,21 +113,12 @@ struct Executor {
 
 impl Executor {
     fn spawn(&mut self, bin: &Path) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        self.child = Some(
-            Command::new(bin)
-                .args(&self.args)
-                // Its connects, drains and lease decisions, one line each.
-                .env("RUST_LOG", "warn,toolrunner=info")
-                .env("RUST_BACKTRACE", "0")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()?,
-        );
+        // Its connects, drains and lease decisions, one line each.
+        let env = [
+            ("RUST_LOG", "warn,toolrunner=info"),
+            ("RUST_BACKTRACE", "0"),
+        ];
+        self.child = Some(ledger::spawn(bin, &self.args, &env, &self.log)?);
         self.starts += 1;
         Ok(())
     }
