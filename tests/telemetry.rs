@@ -650,6 +650,7 @@ async fn longer(_ctx: CallContext, input: Job) -> Result<Done, ToolError> {
 /// is not ready from the drain's start to its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_keeps_the_lease_alive_until_the_last_handler_finished() -> Result<()> {
+    let prometheus = prometheus();
     let server = toolrunner_devserver::DevServer::builder()
         .listen(([127, 0, 0, 1], 0).into())
         .lease_ttl_ms(1000)
@@ -714,6 +715,18 @@ async fn a_drain_keeps_the_lease_alive_until_the_last_handler_finished() -> Resu
         ensure!(!report.ready(), "ready during the drain: {report:?}");
     };
     drained??;
+    // Stopped, it holds nothing: its gauges say so.
+    let scrape = prometheus.render();
+    for gauge in [
+        "toolrunner_capacity_in_use{executor_id=\"drain-01\"} 0",
+        "toolrunner_calls{executor_id=\"drain-01\",state=\"delivered\"} 0",
+        "toolrunner_undelivered_receipts{executor_id=\"drain-01\"} 0",
+    ] {
+        ensure!(
+            scrape.contains(gauge),
+            "no {gauge} after the drain:\n{scrape}"
+        );
+    }
     ensure!(
         started.elapsed() > Duration::from_millis(1500),
         "the drain waited for the handler ({:?})",

@@ -31,6 +31,31 @@ pub(crate) async fn health_loop(core: Arc<Core>) {
     }
 }
 
+/// Sets this executor's gauges to zero: it stopped, and holds nothing.
+pub(crate) fn clear(core: &Core) {
+    let id = core.cfg.executor_id.clone();
+    for name in [
+        metric::CAPACITY_IN_USE,
+        metric::CAPACITY_AVAILABLE,
+        metric::UNDELIVERED,
+        metric::OLDEST_UNDELIVERED,
+    ] {
+        metrics::gauge!(name, "executor_id" => id.clone()).set(0.0);
+    }
+    if core.holds_a_lease() {
+        metrics::gauge!(metric::LEASE_AGE, "executor_id" => id.clone()).set(0.0);
+    }
+    for state in crate::store::ALL_STATES {
+        metrics::gauge!(metric::CALLS, "executor_id" => id.clone(), "state" => state.as_str())
+            .set(0.0);
+    }
+    for tool in core.tools.keys() {
+        let labels = [("executor_id", id.clone()), ("tool", tool.clone())];
+        metrics::gauge!(metric::RECONCILIATION, &labels).set(0.0);
+        metrics::gauge!(metric::OLDEST_RECONCILIATION, &labels).set(0.0);
+    }
+}
+
 /// One round: the probe, the gauges, the health facts.
 pub(crate) async fn publish(core: &Core) {
     let id = core.cfg.executor_id.clone();

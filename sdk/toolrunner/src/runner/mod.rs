@@ -510,6 +510,10 @@ impl RunningExecutor {
         };
         self.core.halt();
         while self.tasks.join_next().await.is_some() {}
+        // Its gauges say nothing is in flight any more (an adopted identity
+        // let go while its adopter lives would otherwise show its last
+        // counts for good).
+        gauges::clear(&self.core);
         // Nothing more is written: a drain that left nothing lets the
         // identity go, so that no replica adopts it.
         #[cfg(feature = "postgres")]

@@ -134,6 +134,14 @@ fn write_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, counters: Arc<Count
             std::thread::sleep(COMMIT_WINDOW);
             take_waiting(&mut rx, &mut batch);
         }
+        // A job whose caller is gone (its executor stopped or was lost, or
+        // it stopped waiting) is not written, as its own transaction would
+        // not have been: nothing lands after the process that asked for
+        // it is gone (the PostgreSQL writer does the same).
+        batch.retain(|(_, reply)| !reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
         company = batch.len() > 1;
         // The health probe's own transactions are not the store's work:
         // the counters (and the bench's figures) leave them out.
