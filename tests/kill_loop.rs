@@ -169,27 +169,17 @@ async fn ledger_survives_repeated_sigkill() {
 
     let child = LedgerProcess {
         bin,
-        args: [
-            "--base-url",
-            &platform.base_url(),
-            "--token",
-            EXEC_TOKEN,
-            "--executor-id",
-            EXECUTOR_ID,
-            "--binding-id",
-            &binding_id,
-            "--db",
-            &db.display().to_string(),
-            "--ledger",
-            &ledger.display().to_string(),
-            "--capacity",
-            "4",
-            "--effect-delay-ms",
-            "20",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect(),
+        args: ledger::Serving {
+            base_url: &platform.base_url(),
+            token: EXEC_TOKEN,
+            executor_id: EXECUTOR_ID,
+            binding_id: &binding_id,
+            db: &db.display().to_string(),
+            ledger: &ledger,
+            capacity: 4,
+            effect_delay_ms: 20,
+        }
+        .args(&[]),
         stderr: stderr.clone(),
     };
 

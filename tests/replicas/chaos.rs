@@ -199,34 +199,30 @@ async fn play(url: &str, bin: &Path, ids: &[String]) -> Result<()> {
         .collect();
     let run = admin.create_run(&agent_version, "user_42", calls).await?;
 
+    let (grace, ttl, window) = (
+        GRACE_MS.to_string(),
+        TTL_MS.to_string(),
+        WINDOW_MS.to_string(),
+    );
     let args = |id: &str| -> Vec<String> {
-        [
-            "--base-url",
-            &platform.base_url(),
-            "--token",
-            "dev-executor",
-            "--executor-id",
-            id,
-            "--binding-id",
-            &binding_id,
-            "--db",
-            url,
-            "--ledger",
-            &ledger.display().to_string(),
-            "--capacity",
-            "3",
-            "--effect-delay-ms",
-            "300",
+        super::rolling::Serving {
+            base_url: &platform.base_url(),
+            token: "dev-executor",
+            executor_id: id,
+            binding_id: &binding_id,
+            db: url,
+            ledger: &ledger,
+            capacity: 3,
+            effect_delay_ms: 300,
+        }
+        .args(&[
             "--takeover-grace-ms",
-            &GRACE_MS.to_string(),
+            &grace,
             "--lease-ttl-ms",
-            &TTL_MS.to_string(),
+            &ttl,
             "--commit-window-ms",
-            &WINDOW_MS.to_string(),
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect()
+            &window,
+        ])
     };
     let mut replicas: Vec<Replica> = ids
         .iter()

@@ -14,7 +14,7 @@ mod common;
 
 /// The `ledger` example's binary and its publication (shared with
 /// `chaos`).
-pub(crate) use common::ledger::{Published, ledger_binary, publish_ledger, spawn};
+pub(crate) use common::ledger::{Published, Serving, ledger_binary, publish_ledger, spawn};
 
 use anyhow::{Context, Result};
 use sqlx::Connection;

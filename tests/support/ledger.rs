@@ -128,3 +128,53 @@ pub(crate) fn spawn(
     }
     Ok(cmd.spawn()?)
 }
+
+/// Where one ledger process serves and keeps its state: the arguments
+/// every test passes (extra flags go after them).
+pub(crate) struct Serving<'a> {
+    /// The platform.
+    pub(crate) base_url: &'a str,
+    /// The executor token.
+    pub(crate) token: &'a str,
+    /// The executor id.
+    pub(crate) executor_id: &'a str,
+    /// The binding it serves.
+    pub(crate) binding_id: &'a str,
+    /// `--db`: a file or a `postgres://` URL.
+    pub(crate) db: &'a str,
+    /// The ledger file.
+    pub(crate) ledger: &'a Path,
+    /// Calls at once.
+    pub(crate) capacity: u32,
+    /// The handler's sleep after its write.
+    pub(crate) effect_delay_ms: u64,
+}
+
+impl Serving<'_> {
+    /// The command line, with `extra` flags after the common ones.
+    pub(crate) fn args(&self, extra: &[&str]) -> Vec<String> {
+        let common = [
+            "--base-url",
+            self.base_url,
+            "--token",
+            self.token,
+            "--executor-id",
+            self.executor_id,
+            "--binding-id",
+            self.binding_id,
+            "--db",
+            self.db,
+        ];
+        let mut args: Vec<String> = common.iter().map(|s| (*s).to_owned()).collect();
+        args.extend([
+            "--ledger".to_owned(),
+            self.ledger.display().to_string(),
+            "--capacity".to_owned(),
+            self.capacity.to_string(),
+            "--effect-delay-ms".to_owned(),
+            self.effect_delay_ms.to_string(),
+        ]);
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        args
+    }
+}

@@ -518,30 +518,18 @@ async fn play(
         .iter()
         .map(|id| {
             let ledger = tmp.join(format!("{id}.ledger.jsonl"));
-            let args = [
-                "--base-url",
-                &platform.base_url(),
-                "--token",
-                "dev-executor",
-                "--executor-id",
-                id,
-                "--binding-id",
-                &binding_id,
-                "--db",
-                &backend.db(id),
-                "--ledger",
-                &ledger.display().to_string(),
-                "--capacity",
-                &CAPACITY.to_string(),
-                "--effect-delay-ms",
-                &EFFECT_DELAY_MS.to_string(),
-                // Its /readyz, polled through each SIGTERM.
-                "--admin-listen",
-                "127.0.0.1:0",
-            ]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
+            // Its /readyz, polled through each SIGTERM.
+            let args = ledger::Serving {
+                base_url: &platform.base_url(),
+                token: "dev-executor",
+                executor_id: id,
+                binding_id: &binding_id,
+                db: &backend.db(id),
+                ledger: &ledger,
+                capacity: CAPACITY,
+                effect_delay_ms: EFFECT_DELAY_MS,
+            }
+            .args(&["--admin-listen", "127.0.0.1:0"]);
             Executor {
                 id: id.clone(),
                 args,
