@@ -4,6 +4,7 @@
 
 mod budget;
 mod calls;
+mod console;
 mod devserver;
 mod outbox;
 mod output;
@@ -40,6 +41,9 @@ enum Command {
     Tools(tools::ToolsCommand),
     /// Preview what the model sees of a result under a context budget.
     Budget(budget::BudgetArgs),
+    /// Serve the operator console: calls, timelines and actions in a
+    /// browser.
+    Console(console::ConsoleArgs),
 }
 
 /// How a subcommand ended.
@@ -70,7 +74,7 @@ fn main() -> ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
                 tracing_subscriber::EnvFilter::new(match cli.command {
-                    Command::Devserver(_) => "info",
+                    Command::Devserver(_) | Command::Console(_) => "info",
                     _ => "warn",
                 })
             }),
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
             Command::Outbox(c) => outbox::run(c).await,
             Command::Tools(c) => tools::run(c).await,
             Command::Budget(b) => budget::run(b),
+            Command::Console(c) => console::run(c).await,
         }
     });
     match outcome {

@@ -32,6 +32,9 @@ pub(crate) fn call_ref(s: &str) -> Result<(String, String), Failure> {
 
 /// Opens a store for reading and guarded writes; the file must exist.
 pub(crate) async fn open(db: &str) -> Result<toolrunner::Reconciler, Failure> {
+    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
+        return Ok(toolrunner::Reconciler::open(db).await?);
+    }
     let path = db.strip_prefix("sqlite://").unwrap_or(db);
     if !std::path::Path::new(path).exists() {
         return Err(Failure::Usage(format!(

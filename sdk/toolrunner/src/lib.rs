@@ -8,6 +8,8 @@
 pub mod admin;
 mod api;
 mod builder;
+#[cfg(feature = "console")]
+pub mod console;
 mod error;
 mod gate;
 mod health;

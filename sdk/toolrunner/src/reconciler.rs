@@ -108,6 +108,12 @@ impl CallSummary {
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ReceiptView {
+    /// Not in the stable JSON (a receipt is shown under its call there).
+    #[serde(skip)]
+    pub(crate) run_id: String,
+    /// As `run_id`.
+    #[serde(skip)]
+    pub(crate) call_id: String,
     pub(crate) receipt_id: String,
     pub(crate) kind: ReceiptKind,
     pub(crate) sequence: u64,
@@ -120,9 +126,19 @@ pub struct ReceiptView {
     pub(crate) body: String,
 }
 
-toolrunner_protocol::debug_without_payloads!(ReceiptView { receipt_id, kind, sequence, assignment_id, status, attempts, last_error, created_at, delivered_at } hiding { body });
+toolrunner_protocol::debug_without_payloads!(ReceiptView { run_id, call_id, receipt_id, kind, sequence, assignment_id, status, attempts, last_error, created_at, delivered_at } hiding { body });
 
 impl ReceiptView {
+    /// The run of its call.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Its call.
+    pub fn call_id(&self) -> &str {
+        &self.call_id
+    }
+
     /// Id.
     pub fn receipt_id(&self) -> &str {
         &self.receipt_id
@@ -178,6 +194,8 @@ impl ReceiptView {
     /// The operator's view of a stored receipt.
     pub(crate) fn from_row(r: &OutboxReceipt) -> Self {
         ReceiptView {
+            run_id: r.run_id.clone(),
+            call_id: r.call_id.clone(),
             receipt_id: r.receipt_id.clone(),
             kind: r.kind,
             sequence: r.sequence,
@@ -197,6 +215,9 @@ impl ReceiptView {
 #[non_exhaustive]
 pub struct Timeline {
     pub(crate) call: CallSummary,
+    /// Not in the stable JSON (`calls show --json` prints no arguments).
+    #[serde(skip)]
+    pub(crate) arguments: Option<Value>,
     pub(crate) receipts: Vec<ReceiptView>,
     pub(crate) events: Vec<TimelineEvent>,
     pub(crate) attempts: Vec<Attempt>,
@@ -221,6 +242,24 @@ impl Timeline {
     /// Every operation key and assignment the call had, oldest first.
     pub fn attempts(&self) -> &[Attempt] {
         &self.attempts
+    }
+
+    /// The arguments the model gave, as the stored assignment holds them
+    /// (none before the call was assigned). Product data: shown to an
+    /// operator on purpose, never logged, and not part of the timeline's
+    /// JSON.
+    pub fn arguments(&self) -> Option<&Value> {
+        self.arguments.as_ref()
+    }
+
+    /// The result of the call's latest `completed` receipt, if it has one.
+    pub fn result(&self) -> Option<Value> {
+        self.receipts
+            .iter()
+            .rev()
+            .filter(|r| r.kind == ReceiptKind::Completed)
+            .find_map(|r| serde_json::from_str::<Value>(&r.body).ok())
+            .and_then(|mut body| body.get_mut("result").map(Value::take))
     }
 }
 
@@ -296,7 +335,7 @@ impl Evidence {
     }
 
     /// Refused unless it names who decided and says why.
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if self.who.trim().is_empty() {
             return Err(refused(
                 "the evidence names nobody: say who decided (the CLI's --who)",
@@ -451,6 +490,42 @@ impl Reconciler {
         })
     }
 
+    /// One reconciler for each executor identity on the PostgreSQL
+    /// database at `store_url` (feature `postgres`), by executor id: every
+    /// identity that ever held a lease there, each over its own schema.
+    ///
+    /// # Errors
+    /// The database cannot be reached, a store cannot be opened, or the
+    /// `postgres` feature is off.
+    pub async fn open_each_identity(store_url: &str) -> Result<Vec<(String, Reconciler)>> {
+        let mut out = Vec::new();
+        for (id, schema) in Self::identities(store_url).await? {
+            out.push((id, Self::open_identity(store_url, &schema).await?));
+        }
+        Ok(out)
+    }
+
+    /// The executor identities on the PostgreSQL database at `store_url`,
+    /// each with the schema of its store, by executor id.
+    pub(crate) async fn identities(store_url: &str) -> Result<Vec<(String, String)>> {
+        crate::store::postgres_identities(store_url).await
+    }
+
+    /// The reconciler of the store in `schema` on the PostgreSQL database
+    /// at `store_url`.
+    pub(crate) async fn open_identity(store_url: &str, schema: &str) -> Result<Reconciler> {
+        Ok(Reconciler {
+            store: crate::store::open_postgres_schema(store_url, schema).await?,
+            client: None,
+        })
+    }
+
+    /// Whether resolve and redeliver send receipts themselves
+    /// ([`with_platform`](Self::with_platform) was given).
+    pub fn delivers(&self) -> bool {
+        self.client.is_some()
+    }
+
     /// Over a store of the testing seam ([`testing::store`](crate::testing::store)).
     #[cfg(feature = "testing")]
     pub fn new(store: Arc<dyn Store>) -> Reconciler {
@@ -507,6 +582,7 @@ impl Reconciler {
         let events = self.store.events(run_id, call_id).await?;
         let attempts = self.store.attempts(run_id, call_id).await?;
         Ok(Timeline {
+            arguments: call.assignment.as_ref().map(|a| a.arguments.clone()),
             call: CallSummary::from_row(&call),
             receipts: receipts.iter().map(ReceiptView::from_row).collect(),
             events,
@@ -529,39 +605,8 @@ impl Reconciler {
         outcome: Outcome,
         evidence: &Evidence,
     ) -> Result<Resolved> {
-        evidence.check()?;
-        let call = self.load(run_id, call_id).await?;
+        let (kind, extra) = self.settlement(run_id, call_id, outcome, evidence).await?;
         let allowed = [LocalState::ReconciliationRequired, LocalState::Rejected];
-        if !allowed.contains(&call.state) {
-            return Err(refused(format!(
-                "call {run_id}/{call_id} is {}; only reconciliation_required or rejected calls are resolved",
-                call.state.as_str()
-            )));
-        }
-        let asg = call.assignment.clone().ok_or_else(|| {
-            refused("the call has no assignment in this store: settle it on the platform side")
-        })?;
-        let (kind, extra) = match outcome {
-            Outcome::Completed(result) => {
-                if let Some(schema) = &asg.output_schema {
-                    let schema = Schema::compile(schema).map_err(|e| {
-                        refused(format!("the stored output_schema cannot be used: {e}"))
-                    })?;
-                    if let Some(v) = schema.violations(&result).first() {
-                        return Err(refused(format!(
-                            "the result does not match output_schema at '{}': {}",
-                            v.path, v.masked
-                        )));
-                    }
-                }
-                (ReceiptKind::Completed, json!({"result": result}))
-            }
-            Outcome::Failed { code, message } => (
-                ReceiptKind::Failed,
-                json!({"error": {"code": code, "message": message}}),
-            ),
-            Outcome::Cancelled { reason } => (ReceiptKind::Cancelled, json!({"reason": reason})),
-        };
         let executor_id = self.executor_id_of(run_id, call_id).await?;
         let event = Event::OperatorResolved {
             outcome: FinalReceipt { kind, extra },
@@ -593,6 +638,70 @@ impl Reconciler {
             receipt_id: receipt.receipt_id,
             state,
             delivered,
+        })
+    }
+
+    /// Checks a [`resolve`](Self::resolve) without writing or sending
+    /// anything, by the same rules: what a console previews before it asks
+    /// to confirm.
+    ///
+    /// # Errors
+    /// Refused as [`resolve`](Self::resolve) would refuse it now.
+    pub async fn check_resolve(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        outcome: Outcome,
+        evidence: &Evidence,
+    ) -> Result<()> {
+        self.settlement(run_id, call_id, outcome, evidence)
+            .await
+            .map(|_| ())
+    }
+
+    /// The final receipt's kind and fields that settle the call with
+    /// `outcome`; refused for blank evidence, a call in another state or
+    /// without an assignment, or a result that fails the stored
+    /// `output_schema`.
+    async fn settlement(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        outcome: Outcome,
+        evidence: &Evidence,
+    ) -> Result<(ReceiptKind, Value)> {
+        evidence.check()?;
+        let call = self.load(run_id, call_id).await?;
+        let allowed = [LocalState::ReconciliationRequired, LocalState::Rejected];
+        if !allowed.contains(&call.state) {
+            return Err(refused(format!(
+                "call {run_id}/{call_id} is {}; only reconciliation_required or rejected calls are resolved",
+                call.state.as_str()
+            )));
+        }
+        let asg = call.assignment.clone().ok_or_else(|| {
+            refused("the call has no assignment in this store: settle it on the platform side")
+        })?;
+        Ok(match outcome {
+            Outcome::Completed(result) => {
+                if let Some(schema) = &asg.output_schema {
+                    let schema = Schema::compile(schema).map_err(|e| {
+                        refused(format!("the stored output_schema cannot be used: {e}"))
+                    })?;
+                    if let Some(v) = schema.violations(&result).first() {
+                        return Err(refused(format!(
+                            "the result does not match output_schema at '{}': {}",
+                            v.path, v.masked
+                        )));
+                    }
+                }
+                (ReceiptKind::Completed, json!({"result": result}))
+            }
+            Outcome::Failed { code, message } => (
+                ReceiptKind::Failed,
+                json!({"error": {"code": code, "message": message}}),
+            ),
+            Outcome::Cancelled { reason } => (ReceiptKind::Cancelled, json!({"reason": reason})),
         })
     }
 
@@ -784,6 +893,60 @@ impl Reconciler {
         let mut out = Vec::new();
         for r in receipts {
             let executor_id = self.executor_id_of(&r.run_id, &r.call_id).await?;
+            deliver(client, self.store.as_ref(), &executor_id, &r, None).await;
+            let status = self
+                .store
+                .receipt(&r.receipt_id)
+                .await?
+                .map_or(r.status, |x| x.status);
+            out.push((r.receipt_id, status));
+        }
+        Ok(out)
+    }
+
+    /// Sends the undelivered receipts of one call now (all but its
+    /// `accepted`, which only the executor's accept step sends), after
+    /// writing the operator's evidence into the call's timeline
+    /// (`operator_redelivered`). Needs [`with_platform`](Self::with_platform).
+    /// Each receipt with its status afterwards.
+    ///
+    /// # Errors
+    /// Refused: blank evidence, no platform, an unknown call, or nothing of
+    /// the call waits to be sent.
+    #[tracing::instrument(name = "toolrunner.operator", skip_all, fields(otel.name = "toolrunner.operator redeliver", toolrunner.action = "redeliver", gen_ai.tool.call.id = call_id, toolrunner.run_id = run_id))]
+    pub async fn redeliver_call(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        evidence: &Evidence,
+    ) -> Result<Vec<(String, ReceiptStatus)>> {
+        evidence.check()?;
+        let client = self.client.as_ref().ok_or_else(|| {
+            refused("redeliver needs the platform (--base-url and TOOLRUNNER_TOKEN), or a running executor, whose outbox delivers by itself")
+        })?;
+        self.load(run_id, call_id).await?;
+        let waiting: Vec<OutboxReceipt> = self
+            .store
+            .receipts(run_id, call_id)
+            .await?
+            .into_iter()
+            .filter(|r| r.status == ReceiptStatus::Pending && r.kind != ReceiptKind::Accepted)
+            .collect();
+        if waiting.is_empty() {
+            return Err(refused(format!(
+                "call {run_id}/{call_id} has no receipt waiting to be sent"
+            )));
+        }
+        let executor_id = self.executor_id_of(run_id, call_id).await?;
+        lifecycle::note(
+            self.store.as_ref(),
+            (run_id, call_id),
+            lifecycle::OPERATOR_REDELIVERED_NOTE,
+            Some(serde_json::to_string(evidence).unwrap_or_default()),
+        )
+        .await?;
+        let mut out = Vec::new();
+        for r in waiting {
             deliver(client, self.store.as_ref(), &executor_id, &r, None).await;
             let status = self
                 .store

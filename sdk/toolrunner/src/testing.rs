@@ -294,6 +294,22 @@ impl TestKit {
         &self.platform
     }
 
+    /// The embedded platform's base URL, for an operator's tool that
+    /// delivers receipts itself ([`crate::Reconciler::with_platform`]).
+    pub fn base_url(&self) -> String {
+        self.server
+            .as_ref()
+            .map(DevServer::base_url)
+            .unwrap_or_default()
+    }
+
+    /// The executor's token on the embedded platform (scopes
+    /// `executors:connect,tools:execute`), for an operator's tool that
+    /// delivers receipts itself, with [`base_url`](Self::base_url).
+    pub fn executor_token(&self) -> &str {
+        EXEC
+    }
+
     /// The published agent version.
     pub fn agent_version(&self) -> &str {
         &self.agent_version

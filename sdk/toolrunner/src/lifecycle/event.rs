@@ -139,6 +139,9 @@ pub(crate) const OUTCOME_UNKNOWN_NOTE: &str = "orphaned_outcome_unknown";
 /// The timeline entry of an operator's close of such a call.
 pub(crate) const OPERATOR_CLOSED_NOTE: &str = "operator_closed";
 
+/// The timeline entry of an operator's redelivery, with the evidence.
+pub(crate) const OPERATOR_REDELIVERED_NOTE: &str = "operator_redelivered";
+
 impl Event {
     /// The name of its row in [`TABLE`].
     pub(crate) fn name(&self) -> &'static str {

@@ -156,6 +156,46 @@ pub(crate) async fn open(url: &str) -> crate::Result<std::sync::Arc<dyn Store>> 
     Ok(std::sync::Arc::new(SqliteStore::open(url).await?))
 }
 
+/// Every executor identity on the PostgreSQL database at `url`, with the
+/// schema of its store, by executor id (operators' tools).
+#[cfg(feature = "postgres")]
+pub(crate) async fn postgres_identities(url: &str) -> crate::Result<Vec<(String, String)>> {
+    Ok(PgStore::identities(url).await?)
+}
+
+/// The store in `schema` of the PostgreSQL database at `url`, without a
+/// lease (operators' tools).
+#[cfg(feature = "postgres")]
+pub(crate) async fn open_postgres_schema(
+    url: &str,
+    schema: &str,
+) -> crate::Result<std::sync::Arc<dyn Store>> {
+    Ok(std::sync::Arc::new(
+        PgStore::open_in_schema(url, schema).await?,
+    ))
+}
+
+/// Without the `postgres` feature a `postgres://` URL is a missing feature.
+#[cfg(not(feature = "postgres"))]
+pub(crate) async fn postgres_identities(_url: &str) -> crate::Result<Vec<(String, String)>> {
+    Err(crate::error::missing_feature(
+        "a postgres:// store",
+        "postgres",
+    ))
+}
+
+/// Without the `postgres` feature a `postgres://` URL is a missing feature.
+#[cfg(not(feature = "postgres"))]
+pub(crate) async fn open_postgres_schema(
+    _url: &str,
+    _schema: &str,
+) -> crate::Result<std::sync::Arc<dyn Store>> {
+    Err(crate::error::missing_feature(
+        "a postgres:// store",
+        "postgres",
+    ))
+}
+
 /// One transaction carried the commits of `jobs` callers (group commit):
 /// the histogram `toolrunner_store_calls_per_commit`.
 pub(crate) fn committed_together(jobs: usize) {

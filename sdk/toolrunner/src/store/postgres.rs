@@ -496,6 +496,51 @@ impl PgStore {
         Ok(store)
     }
 
+    /// Every executor identity that has held a lease on the database at
+    /// `url`, with the schema its store lives in, by executor id: none when
+    /// no executor ever ran there (no lease table yet).
+    ///
+    /// # Errors
+    /// The URL does not parse, or the server cannot be reached.
+    pub(crate) async fn identities(url: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let options = session(PgConnectOptions::from_str(url)?);
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await?;
+        let rows: Result<Vec<(String, String)>, sqlx::Error> = sqlx::query_as(
+            "SELECT executor_id, store_schema FROM toolrunner_leases.executor_leases ORDER BY executor_id",
+        )
+        .fetch_all(&pool)
+        .await;
+        pool.close().await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            // 42P01: undefined table (no executor has run on it yet).
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(rows
+            .into_iter()
+            .map(|(id, schema)| {
+                let schema = if schema.is_empty() {
+                    Self::identity_schema(&id)
+                } else {
+                    schema
+                };
+                (id, schema)
+            })
+            .collect())
+    }
+
+    /// The store in `schema` at `url`, for an operator (no lease taken).
+    ///
+    /// # Errors
+    /// As [`connect_in_schema`](Self::connect_in_schema).
+    pub(crate) async fn open_in_schema(url: &str, schema: &str) -> Result<PgStore, StoreError> {
+        Self::in_schema(PgConnectOptions::from_str(url)?, schema).await
+    }
+
     /// A small pool in `schema` (created if missing), not migrated.
     async fn in_schema_pool(options: PgConnectOptions, schema: &str) -> Result<PgPool, StoreError> {
         create_schema(&options, schema).await?;
