@@ -379,6 +379,14 @@ mod suite {
                 },
             ),
             (
+                "replicas::console::three_identities_show_each_their_calls",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::console::three_identities_show_each_their_calls(&u).await
+                    })
+                },
+            ),
+            (
                 "replicas::health::the_lease_shows_in_health_and_metrics_and_readiness_follows_the_database",
                 |u| {
                     Box::pin(async move {

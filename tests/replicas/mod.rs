@@ -12,9 +12,12 @@
 //!   started again with its own id, under a steady stream of calls;
 //! - `health`: the lease in the health report and the metrics, and
 //!   readiness while the database does not answer;
+//! - `console`: the operator console over one database with three
+//!   identities;
 //! - here: the fencing token itself.
 
 pub(crate) mod chaos;
+pub(crate) mod console;
 pub(crate) mod health;
 mod pause;
 #[path = "../../examples/support/proxy.rs"]

@@ -513,14 +513,19 @@ impl PgStore {
         )
         .fetch_all(&pool)
         .await;
-        pool.close().await;
         let rows = match rows {
             Ok(rows) => rows,
             // 42P01: undefined table (no executor has run on it yet).
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
-            Err(e) => return Err(e.into()),
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
+                pool.close().await;
+                return Ok(Vec::new());
+            }
+            Err(e) => {
+                pool.close().await;
+                return Err(e.into());
+            }
         };
-        Ok(rows
+        let rows: Vec<(String, String)> = rows
             .into_iter()
             .map(|(id, schema)| {
                 let schema = if schema.is_empty() {
@@ -530,6 +535,22 @@ impl PgStore {
                 };
                 (id, schema)
             })
+            .collect();
+        // Only the identities whose store is there (a schema dropped by
+        // hand leaves its lease row behind): an operator's look creates
+        // nothing.
+        let names: Vec<String> = rows.iter().map(|(_, s)| s.clone()).collect();
+        let present: Result<Vec<String>, sqlx::Error> = sqlx::query_scalar(
+            "SELECT schema_name::TEXT FROM information_schema.schemata WHERE schema_name = ANY($1)",
+        )
+        .bind(&names)
+        .fetch_all(&pool)
+        .await;
+        pool.close().await;
+        let present = present?;
+        Ok(rows
+            .into_iter()
+            .filter(|(_, schema)| present.contains(schema))
             .collect())
     }
 
