@@ -146,11 +146,8 @@ fn browser() -> Option<(PathBuf, PathBuf)> {
             .filter(|p| p.is_file())
             .or_else(|| on_path("chromedriver")),
     }?;
-    let chrome = from_env("CHROME")
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"))
-        .canonicalize()
-        .ok()
-        .filter(|p| p.is_file())?;
+    let chrome = from_env("CHROME").unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    let chrome = Some(chrome).filter(|p| p.is_file())?;
     Some((chromedriver, chrome))
 }
 

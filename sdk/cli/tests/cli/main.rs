@@ -39,6 +39,7 @@ const CLAIMING: &str = "run_3/call_claiming";
 mod budget;
 mod calls;
 mod canary;
+mod console;
 mod help;
 mod outbox;
 mod platform;

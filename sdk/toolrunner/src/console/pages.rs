@@ -441,6 +441,12 @@ fn call_body(v: &Visitor, source: &Source, t: &Timeline) -> Markup {
         .collect();
     entries.sort_by_key(Entry::at);
     let result = t.result();
+    let mut keys: Vec<&str> = Vec::new();
+    for a in t.attempts() {
+        if !keys.contains(&a.operation_key()) {
+            keys.push(a.operation_key());
+        }
+    }
     let waiting: Vec<&ReceiptView> = t
         .receipts()
         .iter()
@@ -475,9 +481,9 @@ fn call_body(v: &Visitor, source: &Source, t: &Timeline) -> Markup {
         h2 { "Look up downstream" }
         p { "The operation key this call's handler passed downstream (the idempotency key): look it up in the business system to learn whether the effect happened." }
         p { input #operation-key .key type="text" readonly value=(c.operation_key()) aria-label="operation key"; }
-        @if t.attempts().len() > 1 {
-            p .muted { "Every operation key this call had, oldest first:" }
-            ul #operation-keys { @for a in t.attempts() { li { code { (a.operation_key()) } } } }
+        @if keys.len() > 1 {
+            p .muted { "Every operation key this call had, oldest first (each claim had its own):" }
+            ul #operation-keys { @for k in &keys { li { code { (k) } } } }
         }
         h2 { "Arguments" }
         @match t.arguments() {

@@ -1,0 +1,284 @@
+//! `toolrunner console`: the listening line, the loopback rule, the CSRF
+//! token, the read-only mode and the auth token, over HTTP on loopback
+//! (the browser tests are the workspace's `console` target).
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command as Process, Stdio};
+
+use super::*;
+
+/// A console process, killed when dropped.
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `toolrunner console --db DB --listen 127.0.0.1:0 EXTRA…`, once it
+/// printed its one line.
+fn serve(db: &str, extra: &[&str]) -> Served {
+    let mut child = Process::new(assert_cmd::cargo::cargo_bin("toolrunner"))
+        .args(["console", "--db", db, "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env_remove("TOOLRUNNER_DB")
+        .env_remove("TOOLRUNNER_TOKEN")
+        .env_remove("TOOLRUNNER_CONSOLE_TOKEN")
+        .env_remove("TOOLRUNNER_BASE_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start toolrunner console");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the console's line");
+    let addr = line
+        .trim_end()
+        .strip_prefix("toolrunner console listening on http://")
+        .unwrap_or_else(|| {
+            panic!("the console printed {line:?}, not `toolrunner console listening on http://…`")
+        })
+        .to_owned();
+    assert!(addr.starts_with("127.0.0.1:"), "listening on {addr}");
+    Served { child, addr }
+}
+
+/// One HTTP/1.1 exchange: `(status, headers in lower case, body)`.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the console");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if method == "POST" {
+        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).expect("send");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read the answer");
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, head.to_lowercase(), body.to_owned())
+}
+
+/// The CSRF token a page's forms carry.
+fn csrf(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with its CSRF token");
+    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
+    rest[..rest.find('"').expect("end of the token")].to_owned()
+}
+
+#[test]
+fn console_refuses_a_non_loopback_address_without_a_token() {
+    let f = Fixture::seeded();
+    let out = run(&["console", "--db", f.db(), "--listen", "0.0.0.0:0"]);
+    out.code(2);
+    assert!(
+        out.stderr.contains("--auth-token") && out.stderr.contains("loopback"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn console_lists_links_and_refuses_a_post_without_its_csrf_token() {
+    let f = Fixture::seeded();
+    let s = serve(f.db(), &[]);
+    let (status, _, overview) = http(&s.addr, "GET", "/", &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        overview.contains("id=\"total-reconciliation_required\""),
+        "{overview}"
+    );
+    let (status, _, list) = http(
+        &s.addr,
+        "GET",
+        "/calls?state=reconciliation_required",
+        &[],
+        "",
+    );
+    assert_eq!(status, 200);
+    assert!(
+        list.contains("href=\"/calls/run_1/call_recon?identity=exec\""),
+        "{list}"
+    );
+    assert!(!list.contains("call_rejected"), "{list}");
+    let (status, _, page) = http(&s.addr, "GET", "/calls/run_1/call_recon", &[], "");
+    assert_eq!(status, 200);
+    assert!(!page.contains(GRANT), "the grant is on the page");
+    let token = csrf(&page);
+    let form =
+        "outcome=completed&result=%7B%22entry%22%3A1%7D&who=alice&evidence=checked&confirm=yes";
+    for body in [form.to_owned(), format!("{form}&csrf=not{token}")] {
+        let (status, _, refused) = http(
+            &s.addr,
+            "POST",
+            "/calls/run_1/call_recon/resolve",
+            &[],
+            &body,
+        );
+        assert_eq!(status, 403, "{refused}");
+        assert!(refused.contains("id=\"error\""), "{refused}");
+    }
+    assert_eq!(
+        f.call(RECON).state,
+        LocalState::ReconciliationRequired,
+        "a refused POST changed the call"
+    );
+    // With the token and without `confirm`: a preview, nothing changed.
+    let preview = format!(
+        "outcome=completed&result=%7B%22entry%22%3A1%7D&who=alice&evidence=checked&csrf={token}"
+    );
+    let (status, _, page) = http(
+        &s.addr,
+        "POST",
+        "/calls/run_1/call_recon/resolve",
+        &[],
+        &preview,
+    );
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("id=\"preview\"") && page.contains("id=\"confirm-form\""),
+        "{page}"
+    );
+    assert_eq!(
+        f.call(RECON).state,
+        LocalState::ReconciliationRequired,
+        "a preview changed the call"
+    );
+    // Confirmed: resolved (saved for the executor's outbox: no platform).
+    let (status, _, page) = http(
+        &s.addr,
+        "POST",
+        "/calls/run_1/call_recon/resolve",
+        &[],
+        &format!("{preview}&confirm=yes"),
+    );
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("id=\"done\""), "{page}");
+    assert_eq!(f.call(RECON).state, LocalState::Settled);
+}
+
+#[test]
+fn a_read_only_console_shows_no_action_and_refuses_every_post() {
+    let f = Fixture::seeded();
+    let s = serve(f.db(), &["--read-only"]);
+    let (status, _, page) = http(&s.addr, "GET", "/calls/run_1/call_recon", &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("id=\"read-only\"") && !page.contains("<form id=\"resolve-form\""),
+        "{page}"
+    );
+    let (status, _, outbox) = http(&s.addr, "GET", "/outbox", &[], "");
+    assert_eq!(status, 200);
+    assert!(!outbox.contains("bulk-redeliver-form"), "{outbox}");
+    for path in [
+        "/calls/run_1/call_recon/resolve",
+        "/outbox/redeliver",
+        "/login",
+        "/nowhere",
+    ] {
+        let (status, _, _) = http(
+            &s.addr,
+            "POST",
+            path,
+            &[],
+            "outcome=completed&result=%7B%7D&who=a&evidence=b&confirm=yes&csrf=x",
+        );
+        assert_eq!(status, 403, "POST {path}");
+    }
+    assert_eq!(f.call(RECON).state, LocalState::ReconciliationRequired);
+}
+
+#[test]
+fn with_an_auth_token_every_page_needs_it_and_the_login_sets_a_strict_cookie() {
+    let f = Fixture::seeded();
+    let s = serve(f.db(), &["--auth-token", "s3cret-console-token"]);
+    let (status, head, _) = http(&s.addr, "GET", "/", &[], "");
+    assert_eq!(status, 303, "{head}");
+    assert!(head.contains("location: /login"), "{head}");
+    let (status, _, _) = http(
+        &s.addr,
+        "GET",
+        "/",
+        &[("Authorization", "Bearer wrong")],
+        "",
+    );
+    assert_eq!(status, 303);
+    let (status, _, page) = http(
+        &s.addr,
+        "GET",
+        "/",
+        &[("Authorization", "Bearer s3cret-console-token")],
+        "",
+    );
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("id=\"plain-http\""),
+        "no plain-HTTP warning: {page}"
+    );
+    assert!(
+        !page.contains("s3cret-console-token"),
+        "the token is on the page"
+    );
+    let (status, _, login) = http(&s.addr, "GET", "/login", &[], "");
+    assert_eq!(status, 200);
+    let token = csrf(&login);
+    let (status, _, _) = http(
+        &s.addr,
+        "POST",
+        "/login",
+        &[],
+        &format!("token=wrong&csrf={token}"),
+    );
+    assert_eq!(status, 401);
+    let (status, _, _) = http(&s.addr, "POST", "/login", &[], "token=s3cret-console-token");
+    assert_eq!(status, 403, "a login without its CSRF token");
+    let (status, head, _) = http(
+        &s.addr,
+        "POST",
+        "/login",
+        &[],
+        &format!("token=s3cret-console-token&csrf={token}"),
+    );
+    assert_eq!(status, 303, "{head}");
+    let cookie_line = head
+        .lines()
+        .find(|l| l.starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie: {head}"));
+    assert!(
+        cookie_line.contains("httponly") && cookie_line.contains("samesite=strict"),
+        "{cookie_line}"
+    );
+    let cookie = cookie_line["set-cookie:".len()..]
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    // The header was lower-cased; the cookie's value is hex, its name lower case.
+    let (status, _, page) = http(&s.addr, "GET", "/calls", &[("Cookie", &cookie)], "");
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("call_recon"), "{page}");
+}
