@@ -252,6 +252,15 @@ impl Timeline {
         self.arguments.as_ref()
     }
 
+    /// Whether [`Reconciler::close`] would take the call: `orphaned` while
+    /// its outcome was unknown, and not closed yet.
+    pub fn closable(&self) -> bool {
+        let has = |what: &str| self.events.iter().any(|e| e.what == what);
+        self.call.state == LocalState::Orphaned
+            && has(lifecycle::OUTCOME_UNKNOWN_NOTE)
+            && !has(lifecycle::OPERATOR_CLOSED_NOTE)
+    }
+
     /// The result of the call's latest `completed` receipt, if it has one.
     pub fn result(&self) -> Option<Value> {
         self.receipts

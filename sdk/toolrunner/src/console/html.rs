@@ -34,7 +34,7 @@ button{font:inherit;padding:.3em 1em;cursor:pointer}
 #timeline li{margin:.3em 0}.muted{color:#57606a}
 .key{font-family:ui-monospace,monospace;min-width:30em}
 .identity{background:#fff;border:1px solid #d0d7de;padding:.4em 1em;margin:.6em 0}
-.grid{display:flex;flex-wrap:wrap;gap:1.2em}
+.grid{display:flex;flex-wrap:wrap;gap:1.2em;align-items:flex-start}
 "#;
 
 /// A whole page, `200`.

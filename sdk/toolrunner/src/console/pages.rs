@@ -452,10 +452,7 @@ fn call_body(v: &Visitor, source: &Source, t: &Timeline) -> Markup {
         .iter()
         .filter(|r| r.status() == ReceiptStatus::Pending && r.kind() != ReceiptKind::Accepted)
         .collect();
-    let has = |what: &str| t.events().iter().any(|e| e.what() == what);
-    let closable = c.state() == LocalState::Orphaned
-        && has(crate::lifecycle::OUTCOME_UNKNOWN_NOTE)
-        && !has(crate::lifecycle::OPERATOR_CLOSED_NOTE);
+    let closable = t.closable();
     let here = |action: &str| {
         v.link(&html::with_query(
             &format!(
@@ -480,7 +477,7 @@ fn call_body(v: &Visitor, source: &Source, t: &Timeline) -> Markup {
         }
         h2 { "Look up downstream" }
         p { "The operation key this call's handler passed downstream (the idempotency key): look it up in the business system to learn whether the effect happened." }
-        p { input #operation-key .key type="text" readonly value=(c.operation_key()) aria-label="operation key"; }
+        p { input #operation-key .key type="text" readonly size="60" value=(c.operation_key()) aria-label="operation key"; }
         @if keys.len() > 1 {
             p .muted { "Every operation key this call had, oldest first (each claim had its own):" }
             ul #operation-keys { @for k in &keys { li { code { (k) } } } }
@@ -493,9 +490,6 @@ fn call_body(v: &Visitor, source: &Source, t: &Timeline) -> Markup {
         @if let Some(r) = &result {
             h2 { "Result" }
             pre #result { (pretty(r)) }
-        }
-        @if !v.read_only {
-            (actions(v, source, t, &here, &waiting, closable))
         }
         h2 { "Timeline" }
         ol #timeline {
@@ -520,6 +514,9 @@ fn call_body(v: &Visitor, source: &Source, t: &Timeline) -> Markup {
                     },
                 }
             }
+        }
+        @if !v.read_only {
+            (actions(v, source, t, &here, &waiting, closable))
         }
     }
 }
