@@ -70,6 +70,14 @@ fn main() -> ExitCode {
     // reqwest (rustls-no-provider) and the reconcilers' clients need one.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let Some((chromedriver, chrome)) = browser() else {
+        // `.ci/run` installs the browser and sets this: there, a missing
+        // browser is a failure, not a skipped suite.
+        if std::env::var_os("TOOLRUNNER_CONSOLE_REQUIRE_BROWSER").is_some_and(|v| !v.is_empty()) {
+            eprintln!(
+                "the console's browser tests cannot run: TOOLRUNNER_CONSOLE_REQUIRE_BROWSER is set and no chromedriver/chromium was found (apt-get install chromium chromium-driver, or set CHROMEDRIVER and CHROME)"
+            );
+            return ExitCode::FAILURE;
+        }
         println!(
             "the console's browser tests were not run: no chromedriver/chromium found (apt-get install chromium chromium-driver)"
         );
