@@ -782,6 +782,8 @@ async fn screenshots_of_the_overview_and_a_call_page(fx: &Fixture, c: &Client) -
     let png = c.screenshot().await?;
     let overview = dir.join("console-overview.png");
     std::fs::write(&overview, png).with_context(|| format!("writing {}", overview.display()))?;
+    // The whole call page: its timeline and the resolve form below it.
+    c.set_window_size(1280, 1900).await?;
     goto(c, &fx.call_url("live", &fx.plain)).await?;
     find(c, "#resolve-form").await?;
     let png = c.screenshot().await?;

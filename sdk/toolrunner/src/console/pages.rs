@@ -367,9 +367,11 @@ pub(super) async fn calls(
     html::page(&v, &title, false, body)
 }
 
-/// One entry of a call's timeline, in time order.
+/// One entry of a call's timeline, in time order; an event repeated
+/// with the same detail one after another (an automatic check that keeps
+/// answering `unknown`) is one entry with its count and last time.
 enum Entry<'a> {
-    Event(&'a Event),
+    Event(&'a Event, Option<(usize, Timestamp)>),
     Attempt(&'a Attempt),
     Receipt(&'a ReceiptView),
 }
@@ -377,11 +379,29 @@ enum Entry<'a> {
 impl Entry<'_> {
     fn at(&self) -> Timestamp {
         match self {
-            Entry::Event(e) => e.at(),
+            Entry::Event(e, _) => e.at(),
             Entry::Attempt(a) => a.created_at(),
             Entry::Receipt(r) => r.created_at(),
         }
     }
+}
+
+/// Folds each run of one event repeated with the same detail into its
+/// first entry, with the count and the last time.
+fn collapse(entries: Vec<Entry<'_>>) -> Vec<Entry<'_>> {
+    let mut out: Vec<Entry> = Vec::with_capacity(entries.len());
+    for e in entries {
+        if let (Some(Entry::Event(first, repeats)), Entry::Event(next, None)) = (out.last_mut(), &e)
+            && first.what() == next.what()
+            && first.detail() == next.detail()
+        {
+            let n = repeats.map_or(2, |(n, _)| n + 1);
+            *repeats = Some((n, next.at()));
+            continue;
+        }
+        out.push(e);
+    }
+    out
 }
 
 /// The action a timeline entry records, as `data-what` names it: the
@@ -435,11 +455,12 @@ fn call_body(v: &Visitor, source: &Source, t: &Timeline) -> Markup {
     let mut entries: Vec<Entry> = t
         .events()
         .iter()
-        .map(Entry::Event)
+        .map(|e| Entry::Event(e, None))
         .chain(t.attempts().iter().map(Entry::Attempt))
         .chain(t.receipts().iter().map(Entry::Receipt))
         .collect();
     entries.sort_by_key(Entry::at);
+    let entries = collapse(entries);
     let result = t.result();
     let mut keys: Vec<&str> = Vec::new();
     for a in t.attempts() {
@@ -495,9 +516,16 @@ fn call_body(v: &Visitor, source: &Source, t: &Timeline) -> Markup {
         ol #timeline {
             @for e in &entries {
                 @match e {
-                    Entry::Event(ev) => li .event data-what=(action_name(ev.what())) {
+                    Entry::Event(ev, repeats) => li .event data-what=(action_name(ev.what())) {
                         (stamp(&ev.at())) " · " strong { (ev.what()) }
-                        @if let Some(d) = ev.detail() { pre { (pretty_text(d)) } }
+                        @if let Some((n, last)) = repeats { " " span .muted { "× " (n) ", the last at " (stamp(last)) } }
+                        @if let Some(d) = ev.detail() {
+                            @if d.len() <= 120 && !d.contains('\n') && !d.starts_with('{') {
+                                " — " (d)
+                            } @else {
+                                pre { (pretty_text(d)) }
+                            }
+                        }
                     },
                     Entry::Attempt(a) => li .attempt {
                         (stamp(&a.created_at())) " · " strong { "attempt" } " operation key " code { (a.operation_key()) }
