@@ -210,8 +210,9 @@ impl ReceiptView {
     }
 }
 
-/// Everything known about one call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Everything known about one call. Its `Debug` shows the arguments' size
+/// only.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Timeline {
     pub(crate) call: CallSummary,
@@ -222,6 +223,8 @@ pub struct Timeline {
     pub(crate) events: Vec<TimelineEvent>,
     pub(crate) attempts: Vec<Attempt>,
 }
+
+toolrunner_protocol::debug_without_payloads!(Timeline { call, receipts, events, attempts } hiding { arguments });
 
 impl Timeline {
     /// The call.
