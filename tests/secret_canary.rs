@@ -34,6 +34,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 const TOKEN: &str = "tok-CANARY-token-5f1e0a";
+/// The operator console's own token.
+const CONSOLE_TOKEN: &str = "console-CANARY-token-77aa01";
 const ARGUMENT: &str = "CANARY-argument-9b2c4d";
 const RESULT: &str = "CANARY-result-7e3f81";
 const ADMIN: &str = "canary-admin";
@@ -262,6 +264,38 @@ async fn no_secret_argument_or_result_reaches_logs_spans_metrics_or_debug() -> R
     }
     debug.push(format!("{:?}", reconciler.outbox().await?));
     debug.push(format!("{:?}", LocalState::ALL));
+    // The operator console over the store, with the platform's token and
+    // a token of its own: every page, as a signed-in operator sees it.
+    let builder = toolrunner::console::Console::builder()
+        .database(&store_url)
+        .platform(server.base_url(), TOKEN)
+        .auth_token(CONSOLE_TOKEN);
+    debug.push(format!("{builder:?}"));
+    let console = builder.build().await?;
+    debug.push(format!("{console:?}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let serving = tokio::spawn(axum::serve(listener, console.router()).into_future());
+    let http = reqwest::Client::new();
+    let mut pages = String::new();
+    let mut paths: Vec<String> = ["/", "/calls", "/calls?needs=person", "/outbox", "/login"]
+        .map(str::to_owned)
+        .to_vec();
+    paths.extend(
+        listed
+            .iter()
+            .map(|c| format!("/calls/{}/{}", c.run_id(), c.call_id())),
+    );
+    for path in &paths {
+        let page = http
+            .get(format!("{base}{path}"))
+            .bearer_auth(CONSOLE_TOKEN)
+            .send()
+            .await?;
+        ensure!(page.status() == 200, "GET {path}: {}", page.status());
+        pages.push_str(&page.text().await?);
+    }
+    serving.abort();
     let asked = authorizer.0.lock().expect("not poisoned").clone();
     ensure!(
         asked.len() == tools.len(),
@@ -321,7 +355,11 @@ async fn no_secret_argument_or_result_reaches_logs_spans_metrics_or_debug() -> R
     .chain(grants.into_iter().map(|g| ("a grant", g)))
     .collect();
     let planted: Vec<(&str, &str)> = planted.iter().map(|(w, s)| (*w, s.as_str())).collect();
-    let leaks = leaks::leaks(
+    ensure!(
+        pages.contains("id=\"operation-key\"") && pages.contains(ARGUMENT),
+        "the console's pages were captured (a call's page shows its arguments, on purpose)"
+    );
+    let mut leaks = leaks::leaks(
         &[
             ("logs", &logs),
             ("spans", &spans),
@@ -330,6 +368,19 @@ async fn no_secret_argument_or_result_reaches_logs_spans_metrics_or_debug() -> R
         ],
         &planted,
     );
+    // The console shows arguments and results to an operator on purpose;
+    // never a token or a grant.
+    let secrets: Vec<(&str, &str)> = planted
+        .iter()
+        .copied()
+        .filter(|(what, _)| matches!(*what, "the token" | "a grant"))
+        .chain([("the console's token", CONSOLE_TOKEN)])
+        .collect();
+    leaks.extend(leaks::leaks(&[("console pages", &pages)], &secrets));
+    leaks.extend(leaks::leaks(
+        &[("Debug output", &debug)],
+        &[("the console's token", CONSOLE_TOKEN)],
+    ));
     ensure!(
         leaks.is_empty(),
         "{} leak(s):\n{}",
