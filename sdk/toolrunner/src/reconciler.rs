@@ -905,15 +905,26 @@ impl Reconciler {
         let mut out = Vec::new();
         for r in receipts {
             let executor_id = self.executor_id_of(&r.run_id, &r.call_id).await?;
-            deliver(client, self.store.as_ref(), &executor_id, &r, None).await;
-            let status = self
-                .store
-                .receipt(&r.receipt_id)
-                .await?
-                .map_or(r.status, |x| x.status);
-            out.push((r.receipt_id, status));
+            out.push(self.send(client, &executor_id, r).await?);
         }
         Ok(out)
+    }
+
+    /// Sends one stored receipt (its stored bytes, through the outbox's
+    /// delivery) and reads back where it stands.
+    async fn send(
+        &self,
+        client: &Client,
+        executor_id: &str,
+        r: OutboxReceipt,
+    ) -> Result<(String, ReceiptStatus)> {
+        deliver(client, self.store.as_ref(), executor_id, &r, None).await;
+        let status = self
+            .store
+            .receipt(&r.receipt_id)
+            .await?
+            .map_or(r.status, |x| x.status);
+        Ok((r.receipt_id, status))
     }
 
     /// Sends the undelivered receipts of one call now (all but its
@@ -959,13 +970,7 @@ impl Reconciler {
         .await?;
         let mut out = Vec::new();
         for r in waiting {
-            deliver(client, self.store.as_ref(), &executor_id, &r, None).await;
-            let status = self
-                .store
-                .receipt(&r.receipt_id)
-                .await?
-                .map_or(r.status, |x| x.status);
-            out.push((r.receipt_id, status));
+            out.push(self.send(client, &executor_id, r).await?);
         }
         Ok(out)
     }
