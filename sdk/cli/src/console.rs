@@ -1,7 +1,5 @@
 //! `toolrunner console`: the operator console in a browser, over one or
 //! more executor stores.
-use std::net::SocketAddr;
-
 use toolrunner::console::Console;
 
 use crate::output::PlatformArgs;
@@ -14,9 +12,10 @@ pub(crate) struct ConsoleArgs {
     /// identity on it).
     #[arg(long = "db", env = "TOOLRUNNER_DB", default_value = "toolrunner.db")]
     db: Vec<String>,
-    /// Where to listen. A non-loopback address needs --auth-token.
+    /// Where to listen (HOST:PORT). A non-loopback address needs
+    /// --auth-token.
     #[arg(long, default_value = "127.0.0.1:8710")]
-    listen: SocketAddr,
+    listen: String,
     /// The token every page needs (a bearer header, or the login form
     /// once); required off loopback.
     #[arg(long, env = "TOOLRUNNER_CONSOLE_TOKEN", hide_env_values = true)]
@@ -29,7 +28,17 @@ pub(crate) struct ConsoleArgs {
 }
 
 pub(crate) async fn run(args: ConsoleArgs) -> Outcome {
-    if !args.listen.ip().is_loopback() && args.auth_token.is_none() {
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&args.listen)
+        .await
+        .map_err(|e| Failure::Usage(format!("--listen {}: not HOST:PORT ({e})", args.listen)))?
+        .collect();
+    let Some(&addr) = addrs.first() else {
+        return Err(Failure::Usage(format!(
+            "--listen {}: no address",
+            args.listen
+        )));
+    };
+    if addrs.iter().any(|a| !a.ip().is_loopback()) && args.auth_token.is_none() {
         return Err(Failure::Usage(format!(
             "{} is not a loopback address: give --auth-token (or TOOLRUNNER_CONSOLE_TOKEN) so that only operators get in, or listen on 127.0.0.1",
             args.listen
@@ -48,7 +57,7 @@ pub(crate) async fn run(args: ConsoleArgs) -> Outcome {
         builder = builder.auth_token(token);
     }
     let console = builder.build().await?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| Failure::Usage(format!("cannot listen on {}: {e}", args.listen)))?;
     let addr = listener

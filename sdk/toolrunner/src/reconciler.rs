@@ -258,10 +258,7 @@ impl Timeline {
     /// Whether [`Reconciler::close`] would take the call: `orphaned` while
     /// its outcome was unknown, and not closed yet.
     pub fn closable(&self) -> bool {
-        let has = |what: &str| self.events.iter().any(|e| e.what == what);
-        self.call.state == LocalState::Orphaned
-            && has(lifecycle::OUTCOME_UNKNOWN_NOTE)
-            && !has(lifecycle::OPERATOR_CLOSED_NOTE)
+        closable(self.call.state, &self.events)
     }
 
     /// The result of the call's latest `completed` receipt, if it has one.
@@ -435,6 +432,15 @@ impl OutboxStatus {
     pub fn pending(&self) -> &[ReceiptView] {
         &self.pending
     }
+}
+
+/// Whether [`Reconciler::close`] takes a call in `state` with this
+/// timeline: `orphaned` while its outcome was unknown, not closed yet.
+fn closable(state: LocalState, events: &[TimelineEvent]) -> bool {
+    let has = |what: &str| events.iter().any(|e| e.what == what);
+    state == LocalState::Orphaned
+        && has(lifecycle::OUTCOME_UNKNOWN_NOTE)
+        && !has(lifecycle::OPERATOR_CLOSED_NOTE)
 }
 
 /// Why a request was refused (exit code 1 in the CLI).
@@ -653,6 +659,59 @@ impl Reconciler {
         })
     }
 
+    /// Checks a [`compensated`](Self::compensated) without writing
+    /// anything, by the same rules.
+    ///
+    /// # Errors
+    /// Refused as [`compensated`](Self::compensated) would refuse it now.
+    pub async fn check_compensated(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        evidence: &Evidence,
+    ) -> Result<()> {
+        evidence.check()?;
+        let call = self.load(run_id, call_id).await?;
+        if call.state != LocalState::Rejected {
+            return Err(refused(format!(
+                "call {run_id}/{call_id} is {}; only rejected calls are marked compensated",
+                call.state.as_str()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a [`close`](Self::close) without writing anything, by the
+    /// same rules.
+    ///
+    /// # Errors
+    /// Refused as [`close`](Self::close) would refuse it now.
+    pub async fn check_close(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        evidence: &Evidence,
+    ) -> Result<()> {
+        evidence.check()?;
+        let call = self.load(run_id, call_id).await?;
+        let events = self.store.events(run_id, call_id).await?;
+        if events
+            .iter()
+            .any(|e| e.what == lifecycle::OPERATOR_CLOSED_NOTE)
+        {
+            return Err(refused(format!(
+                "call {run_id}/{call_id} was closed already"
+            )));
+        }
+        if !closable(call.state, &events) {
+            return Err(refused(format!(
+                "call {run_id}/{call_id} is {}; only orphaned calls whose outcome was unknown are closed (resolve a reconciliation_required one instead)",
+                call.state.as_str()
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks a [`resolve`](Self::resolve) without writing or sending
     /// anything, by the same rules: what a console previews before it asks
     /// to confirm.
@@ -729,14 +788,7 @@ impl Reconciler {
         call_id: &str,
         evidence: &Evidence,
     ) -> Result<()> {
-        evidence.check()?;
-        let call = self.load(run_id, call_id).await?;
-        if call.state != LocalState::Rejected {
-            return Err(refused(format!(
-                "call {run_id}/{call_id} is {}; only rejected calls are marked compensated",
-                call.state.as_str()
-            )));
-        }
+        self.check_compensated(run_id, call_id, evidence).await?;
         let executor_id = self
             .executor_id_of(run_id, call_id)
             .await
@@ -767,21 +819,7 @@ impl Reconciler {
     /// outcome was known, or it was closed already.
     #[tracing::instrument(name = "toolrunner.operator", skip_all, fields(otel.name = "toolrunner.operator close", toolrunner.action = "close", gen_ai.tool.call.id = call_id, toolrunner.run_id = run_id))]
     pub async fn close(&self, run_id: &str, call_id: &str, evidence: &Evidence) -> Result<()> {
-        evidence.check()?;
-        let call = self.load(run_id, call_id).await?;
-        let events = self.store.events(run_id, call_id).await?;
-        let has = |what: &str| events.iter().any(|e| e.what == what);
-        if call.state != LocalState::Orphaned || !has(lifecycle::OUTCOME_UNKNOWN_NOTE) {
-            return Err(refused(format!(
-                "call {run_id}/{call_id} is {}; only orphaned calls whose outcome was unknown are closed (resolve a reconciliation_required one instead)",
-                call.state.as_str()
-            )));
-        }
-        if has(lifecycle::OPERATOR_CLOSED_NOTE) {
-            return Err(refused(format!(
-                "call {run_id}/{call_id} was closed already"
-            )));
-        }
+        self.check_close(run_id, call_id, evidence).await?;
         let executor_id = self
             .executor_id_of(run_id, call_id)
             .await
@@ -905,7 +943,7 @@ impl Reconciler {
         let mut out = Vec::new();
         for r in receipts {
             let executor_id = self.executor_id_of(&r.run_id, &r.call_id).await?;
-            out.push(self.send(client, &executor_id, r).await?);
+            out.push(self.send(client, &executor_id, r).await?.0);
         }
         Ok(out)
     }
@@ -917,30 +955,34 @@ impl Reconciler {
         client: &Client,
         executor_id: &str,
         r: OutboxReceipt,
-    ) -> Result<(String, ReceiptStatus)> {
-        deliver(client, self.store.as_ref(), executor_id, &r, None).await;
+    ) -> Result<((String, ReceiptStatus), Delivery)> {
+        let delivery = deliver(client, self.store.as_ref(), executor_id, &r, None).await;
         let status = self
             .store
             .receipt(&r.receipt_id)
             .await?
             .map_or(r.status, |x| x.status);
-        Ok((r.receipt_id, status))
+        Ok(((r.receipt_id, status), delivery))
     }
 
-    /// Sends the undelivered receipts of one call now (all but its
-    /// `accepted`, which only the executor's accept step sends), after
-    /// writing the operator's evidence into the call's timeline
-    /// (`operator_redelivered`). Needs [`with_platform`](Self::with_platform).
-    /// Each receipt with its status afterwards.
+    /// Sends the receipts `receipt_ids` of one call now (those a preview
+    /// listed: each must be the call's, waiting, and not an `accepted`,
+    /// which only the executor's accept step sends), after writing the
+    /// operator's evidence into the call's timeline (`operator_redelivered`).
+    /// A receipt that no longer waits is not sent; the sending stops at the
+    /// first the platform did not take (out of reach, or the call moved
+    /// on), as the outbox does. Needs [`with_platform`](Self::with_platform).
+    /// Each receipt named, with its status afterwards.
     ///
     /// # Errors
-    /// Refused: blank evidence, no platform, an unknown call, or nothing of
-    /// the call waits to be sent.
+    /// Refused: blank evidence, no platform, an unknown call, no receipt
+    /// named, or one that is not this call's or is an `accepted`.
     #[tracing::instrument(name = "toolrunner.operator", skip_all, fields(otel.name = "toolrunner.operator redeliver", toolrunner.action = "redeliver", gen_ai.tool.call.id = call_id, toolrunner.run_id = run_id))]
     pub async fn redeliver_call(
         &self,
         run_id: &str,
         call_id: &str,
+        receipt_ids: &[String],
         evidence: &Evidence,
     ) -> Result<Vec<(String, ReceiptStatus)>> {
         evidence.check()?;
@@ -948,17 +990,22 @@ impl Reconciler {
             refused("redeliver needs the platform (--base-url and TOOLRUNNER_TOKEN), or a running executor, whose outbox delivers by itself")
         })?;
         self.load(run_id, call_id).await?;
-        let waiting: Vec<OutboxReceipt> = self
-            .store
-            .receipts(run_id, call_id)
-            .await?
-            .into_iter()
-            .filter(|r| r.status == ReceiptStatus::Pending && r.kind != ReceiptKind::Accepted)
-            .collect();
-        if waiting.is_empty() {
-            return Err(refused(format!(
-                "call {run_id}/{call_id} has no receipt waiting to be sent"
-            )));
+        if receipt_ids.is_empty() {
+            return Err(refused("name the receipts to send"));
+        }
+        let stored = self.store.receipts(run_id, call_id).await?;
+        let mut named = Vec::new();
+        for id in receipt_ids {
+            let r = stored
+                .iter()
+                .find(|r| &r.receipt_id == id)
+                .ok_or_else(|| refused(format!("call {run_id}/{call_id} has no receipt {id}")))?;
+            if r.kind == ReceiptKind::Accepted {
+                return Err(refused(format!(
+                    "receipt {id} is an accepted: only the executor's accept step sends it; start the executor instead"
+                )));
+            }
+            named.push(r.clone());
         }
         let executor_id = self.executor_id_of(run_id, call_id).await?;
         lifecycle::note(
@@ -969,8 +1016,15 @@ impl Reconciler {
         )
         .await?;
         let mut out = Vec::new();
-        for r in waiting {
-            out.push(self.send(client, &executor_id, r).await?);
+        let mut stopped = false;
+        for r in named {
+            if stopped || r.status != ReceiptStatus::Pending {
+                out.push((r.receipt_id, r.status));
+                continue;
+            }
+            let (sent, delivery) = self.send(client, &executor_id, r).await?;
+            stopped = matches!(delivery, Delivery::Later | Delivery::Settled);
+            out.push(sent);
         }
         Ok(out)
     }

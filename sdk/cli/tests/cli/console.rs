@@ -23,8 +23,14 @@ impl Drop for Served {
 /// `toolrunner console --db DB --listen 127.0.0.1:0 EXTRA…`, once it
 /// printed its one line.
 fn serve(db: &str, extra: &[&str]) -> Served {
+    let listen: &[&str] = if extra.contains(&"--listen") {
+        &[]
+    } else {
+        &["--listen", "127.0.0.1:0"]
+    };
     let mut child = Process::new(assert_cmd::cargo::cargo_bin("toolrunner"))
-        .args(["console", "--db", db, "--listen", "127.0.0.1:0"])
+        .args(["console", "--db", db])
+        .args(listen)
         .args(extra)
         .env_remove("TOOLRUNNER_DB")
         .env_remove("TOOLRUNNER_TOKEN")
@@ -58,7 +64,10 @@ fn http(
     body: &str,
 ) -> (u16, String, String) {
     let mut s = TcpStream::connect(addr).expect("connect to the console");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -199,7 +208,7 @@ fn a_read_only_console_shows_no_action_and_refuses_every_post() {
         "/login",
         "/nowhere",
     ] {
-        let (status, _, _) = http(
+        let (status, _, body) = http(
             &s.addr,
             "POST",
             path,
@@ -207,6 +216,8 @@ fn a_read_only_console_shows_no_action_and_refuses_every_post() {
             "outcome=completed&result=%7B%7D&who=a&evidence=b&confirm=yes&csrf=x",
         );
         assert_eq!(status, 403, "POST {path}");
+        // Refused for being read-only, not for the CSRF token.
+        assert!(body.contains("read-only"), "POST {path}: {body}");
     }
     assert_eq!(f.call(RECON).state, LocalState::ReconciliationRequired);
 }
@@ -281,4 +292,154 @@ fn with_an_auth_token_every_page_needs_it_and_the_login_sets_a_strict_cookie() {
     let (status, _, page) = http(&s.addr, "GET", "/calls", &[("Cookie", &cookie)], "");
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("call_recon"), "{page}");
+}
+
+/// The session cookie a sign-in set (`name=value`).
+fn session_cookie(head: &str) -> String {
+    head.lines()
+        .find_map(|l| l.strip_prefix("set-cookie:"))
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("no cookie: {head}"))
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn a_read_only_console_with_a_token_still_signs_in() {
+    let f = Fixture::seeded();
+    let s = serve(f.db(), &["--read-only", "--auth-token", "tok-ro"]);
+    let (_, _, login) = http(&s.addr, "GET", "/login", &[], "");
+    let token = csrf(&login);
+    let (status, head, _) = http(
+        &s.addr,
+        "POST",
+        "/login",
+        &[],
+        &format!("token=tok-ro&csrf={token}"),
+    );
+    assert_eq!(status, 303, "{head}");
+    let cookie = session_cookie(&head);
+    let (status, _, page) = http(
+        &s.addr,
+        "GET",
+        "/calls/run_1/call_recon",
+        &[("Cookie", &cookie)],
+        "",
+    );
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("id=\"read-only\"") && !page.contains("resolve-form"),
+        "{page}"
+    );
+    let session_csrf = csrf(&page);
+    let (status, _, body) = http(
+        &s.addr,
+        "POST",
+        "/calls/run_1/call_recon/resolve",
+        &[("Cookie", &cookie)],
+        &format!(
+            "outcome=completed&result=%7B%22entry%22%3A1%7D&who=a&evidence=b&confirm=yes&csrf={session_csrf}"
+        ),
+    );
+    assert_eq!(status, 403);
+    assert!(body.contains("read-only"), "{body}");
+    assert_eq!(f.call(RECON).state, LocalState::ReconciliationRequired);
+}
+
+#[test]
+fn a_console_without_a_token_answers_only_to_loopback_host_names() {
+    let f = Fixture::seeded();
+    let s = serve(f.db(), &[]);
+    let port = s.addr.rsplit(':').next().unwrap_or_default().to_owned();
+    // A page of another site whose name was rebound to 127.0.0.1 sends
+    // its own host name: refused, so it can neither read the CSRF token
+    // nor act.
+    for host in [
+        format!("attacker.example:{port}"),
+        "attacker.example".to_owned(),
+    ] {
+        let (status, _, body) = http(
+            &s.addr,
+            "GET",
+            "/calls/run_1/call_recon",
+            &[("Host", &host)],
+            "",
+        );
+        assert_eq!(status, 403, "Host: {host}");
+        assert!(!body.contains("name=\"csrf\""), "{body}");
+    }
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let (status, _, _) = http(&s.addr, "GET", "/", &[("Host", &host)], "");
+        assert_eq!(status, 200, "Host: {host}");
+    }
+}
+
+#[test]
+fn the_login_forms_csrf_token_does_not_let_a_bearer_request_act() {
+    let f = Fixture::seeded();
+    let s = serve(f.db(), &["--auth-token", "tok-b"]);
+    // Anyone can read the login form's token.
+    let (_, _, login) = http(&s.addr, "GET", "/login", &[], "");
+    let public = csrf(&login);
+    let form = "outcome=completed&result=%7B%22entry%22%3A1%7D&who=ops&evidence=x&confirm=yes";
+    let (status, _, body) = http(
+        &s.addr,
+        "POST",
+        "/calls/run_1/call_recon/resolve",
+        &[("Authorization", "Bearer tok-b")],
+        &format!("{form}&csrf={public}"),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(f.call(RECON).state, LocalState::ReconciliationRequired);
+    // The token of a page the bearer request itself read acts (the
+    // scheme's case does not matter).
+    let (_, _, page) = http(
+        &s.addr,
+        "GET",
+        "/calls/run_1/call_recon",
+        &[("Authorization", "bearer tok-b")],
+        "",
+    );
+    let own = csrf(&page);
+    assert_ne!(own, public);
+    let (status, _, body) = http(
+        &s.addr,
+        "POST",
+        "/calls/run_1/call_recon/resolve",
+        &[("Authorization", "Bearer tok-b")],
+        &format!("{form}&csrf={own}"),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(f.call(RECON).state, LocalState::Settled);
+}
+
+#[test]
+fn sign_out_ends_the_session() {
+    let f = Fixture::seeded();
+    let s = serve(
+        f.db(),
+        &["--auth-token", "tok-c", "--listen", "localhost:0"],
+    );
+    let (_, _, login) = http(&s.addr, "GET", "/login", &[], "");
+    let (_, head, _) = http(
+        &s.addr,
+        "POST",
+        "/login",
+        &[],
+        &format!("token=tok-c&csrf={}", csrf(&login)),
+    );
+    let cookie = session_cookie(&head);
+    let (status, _, page) = http(&s.addr, "GET", "/", &[("Cookie", &cookie)], "");
+    assert_eq!(status, 200);
+    assert!(page.contains("id=\"logout\""), "{page}");
+    let (status, _, _) = http(
+        &s.addr,
+        "POST",
+        "/logout",
+        &[("Cookie", &cookie)],
+        &format!("csrf={}", csrf(&page)),
+    );
+    assert_eq!(status, 303);
+    let (status, _, _) = http(&s.addr, "GET", "/", &[("Cookie", &cookie)], "");
+    assert_eq!(status, 303, "the session outlived its sign-out");
 }

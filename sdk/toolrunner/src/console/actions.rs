@@ -15,11 +15,11 @@ use serde::Deserialize;
 use toolrunner_protocol::wire::ReceiptKind;
 
 use super::Inner;
-use super::html::{self, call_path, pretty, pretty_text};
-use super::pages::Identity;
+use super::html::{self, call_path, pretty};
+use super::pages::{Identity, find};
 use super::security::Visitor;
 use super::sources::Source;
-use crate::reconciler::{Evidence, Outcome, ReceiptView, Timeline};
+use crate::reconciler::{Evidence, Outcome, ReceiptView};
 use crate::store::{CallFilter, ReceiptStatus};
 
 /// The fields every action's form carries, besides its own.
@@ -84,32 +84,6 @@ pub(super) struct ResolveForm {
     reason: String,
     #[serde(flatten)]
     given: Given,
-}
-
-/// The call the action is for, in the store `identity` names (or the first
-/// that holds it): a 404 page when none does.
-async fn find(
-    state: &Inner,
-    v: &Visitor,
-    (run_id, call_id): (&str, &str),
-    identity: &str,
-) -> Result<(Source, Timeline), Response> {
-    let sources = state
-        .sources
-        .only(Some(identity))
-        .await
-        .map_err(|e| failed(v, &e, None))?;
-    for source in sources {
-        if let Ok(t) = source.reconciler.show(run_id, call_id).await {
-            return Ok((source, t));
-        }
-    }
-    Err(html::error(
-        v,
-        StatusCode::NOT_FOUND,
-        &format!("no store of this console holds the call {run_id}/{call_id}"),
-        Some(("all calls", v.link("/calls"))),
-    ))
 }
 
 /// The page for an error: 422 for a refusal (nothing changed), 503
@@ -345,7 +319,12 @@ async fn local_action(
         ),
     };
     if !given.confirmed() {
-        if let Err(e) = evidence.check() {
+        let r = &source.reconciler;
+        let checked = match action {
+            Local::Compensated => r.check_compensated(run_id, call_id, &evidence).await,
+            Local::Close => r.check_close(run_id, call_id, &evidence).await,
+        };
+        if let Err(e) = checked {
             return failed(v, &e, Some(v.link(&back)));
         }
         let body = html! {
@@ -385,6 +364,16 @@ async fn local_action(
     }
 }
 
+/// The redeliver form: the receipts its preview listed (comma-separated
+/// ids), which the confirmation sends and no other.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RedeliverForm {
+    #[serde(default)]
+    receipts: String,
+    #[serde(flatten)]
+    given: Given,
+}
+
 /// `POST /calls/RUN_ID/CALL_ID/redeliver`: send the call's waiting
 /// receipts now.
 pub(super) async fn redeliver(
@@ -392,13 +381,14 @@ pub(super) async fn redeliver(
     Extension(v): Extension<Visitor>,
     Path((run_id, call_id)): Path<(String, String)>,
     Query(identity): Query<Identity>,
-    Form(given): Form<Given>,
+    Form(form): Form<RedeliverForm>,
 ) -> Response {
     let (source, t) = match find(&state, &v, (&run_id, &call_id), identity.label()).await {
         Ok(found) => found,
         Err(page) => return page,
     };
     let back = call_path(&run_id, &call_id, &source.label);
+    let given = &form.given;
     let evidence = given.evidence();
     if !given.confirmed() {
         if let Err(e) = evidence.check() {
@@ -423,7 +413,7 @@ pub(super) async fn redeliver(
             p { "This sends the platform these " (waiting.len()) " receipt(s) of the call " code { (run_id) "/" (call_id) } ", byte for byte as stored:" }
             @for r in &waiting {
                 p { strong { (r.kind().as_str()) } " " code { (r.receipt_id()) } " (" (r.attempts()) " attempts so far)" }
-                pre { (pretty_text(r.body())) }
+                pre { (r.body()) }
             }
             (given.shown())
         };
@@ -435,16 +425,31 @@ pub(super) async fn redeliver(
             ),
             &[("identity", &source.label)],
         );
-        return preview(&v, "Redeliver: preview", body, &path, given.hidden(), &back);
+        let ids: Vec<&str> = waiting.iter().map(|r| r.receipt_id()).collect();
+        let hidden = html! {
+            input type="hidden" name="receipts" value=(ids.join(","));
+            (given.hidden())
+        };
+        return preview(&v, "Redeliver: preview", body, &path, hidden, &back);
     }
+    let ids = split_ids(&form.receipts);
     match source
         .reconciler
-        .redeliver_call(&run_id, &call_id, &evidence)
+        .redeliver_call(&run_id, &call_id, &ids, &evidence)
         .await
     {
-        Ok(sent) => done(&v, "Redelivered", statuses(&sent), &back),
+        Ok(sent) => done(&v, sent_title(&sent), statuses(&sent), &back),
         Err(e) => failed(&v, &e, Some(v.link(&back))),
     }
+}
+
+/// Comma-separated ids.
+fn split_ids(ids: &str) -> Vec<String> {
+    ids.split(',')
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Whether the console may send a receipt: waiting, and not an
@@ -453,80 +458,151 @@ fn sendable(r: &ReceiptView) -> bool {
     r.status() == ReceiptStatus::Pending && r.kind() != ReceiptKind::Accepted
 }
 
-/// Each receipt sent and where it stands now.
+/// The title of a page after receipts were sent: whether all arrived.
+fn sent_title(sent: &[(String, ReceiptStatus)]) -> &'static str {
+    if sent.iter().all(|(_, s)| *s == ReceiptStatus::Delivered) {
+        "Redelivered"
+    } else {
+        "Sent, not all delivered"
+    }
+}
+
+/// Each receipt named and where it stands now.
 fn statuses(sent: &[(String, ReceiptStatus)]) -> Markup {
     let delivered = sent
         .iter()
         .filter(|(_, s)| *s == ReceiptStatus::Delivered)
         .count();
     html! {
-        p { (sent.len()) " receipt(s) sent: " (delivered) " delivered, " (sent.len() - delivered) " not." }
+        p {
+            (sent.len()) " receipt(s): " (delivered) " delivered, " (sent.len() - delivered) " not"
+            @if delivered < sent.len() { " (one not delivered keeps waiting: its call's timeline shows the last error, and the executor's outbox retries it)" }
+            "."
+        }
         ul { @for (id, s) in sent { li { code { (id) } ": " (s.as_str()) } } }
     }
 }
 
-/// The bulk redeliver's filter and evidence.
+/// The bulk redeliver's filter and evidence, and at confirmation the
+/// receipts its preview counted.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct BulkForm {
     #[serde(default)]
     identity: String,
     #[serde(default)]
     tool: String,
+    /// What the preview counted, one `LABEL RUN CALL RECEIPT,…` per line
+    /// (each part percent-encoded): the confirmation sends those only.
+    #[serde(default)]
+    previewed: String,
     #[serde(flatten)]
     given: Given,
 }
 
-/// The calls whose waiting receipts a bulk redeliver sends, per store.
+/// The calls whose waiting receipts a bulk redeliver sends, in one store:
+/// each call with the ids of its receipts.
 struct Matched {
     source: Source,
-    calls: Vec<(String, String, usize)>,
+    calls: Vec<(String, String, Vec<String>)>,
 }
 
-async fn matching(state: &Inner, form: &BulkForm) -> crate::Result<Vec<Matched>> {
+/// The waiting receipts of the calls that match, store by store; a store
+/// that cannot be read is a problem, left out.
+async fn matching(state: &Inner, form: &BulkForm) -> (Vec<Matched>, Vec<String>) {
+    let view = state.sources.only(&form.identity).await;
+    let mut problems = view.problems;
     let mut out = Vec::new();
-    for source in state.sources.only(Some(&form.identity)).await? {
-        let tool = form.tool.trim();
-        let of_tool: Option<Vec<(String, String)>> = if tool.is_empty() {
-            None
-        } else {
-            Some(
-                source
-                    .reconciler
-                    .list(&CallFilter::new().tool_name(tool))
-                    .await?
-                    .into_iter()
-                    .map(|c| (c.run_id().to_owned(), c.call_id().to_owned()))
-                    .collect(),
-            )
-        };
-        let mut calls: Vec<(String, String, usize)> = Vec::new();
-        for r in source
-            .reconciler
-            .outbox()
-            .await?
-            .pending()
-            .iter()
-            .filter(|r| sendable(r))
-        {
-            let key = (r.run_id().to_owned(), r.call_id().to_owned());
-            if of_tool.as_ref().is_some_and(|calls| !calls.contains(&key)) {
-                continue;
-            }
-            match calls
-                .iter_mut()
-                .find(|(run, call, _)| (run, call) == (&key.0, &key.1))
-            {
-                Some(entry) => entry.2 += 1,
-                None => calls.push((key.0, key.1, 1)),
-            }
+    for source in view.sources {
+        match matching_in(&source, form.tool.trim()).await {
+            Ok(calls) => out.push(Matched { source, calls }),
+            Err(e) => problems.push(format!("the store of {} cannot be read: {e}", source.label)),
         }
-        out.push(Matched { source, calls });
     }
-    Ok(out)
+    (out, problems)
+}
+
+async fn matching_in(
+    source: &Source,
+    tool: &str,
+) -> crate::Result<Vec<(String, String, Vec<String>)>> {
+    let of_tool: Option<Vec<(String, String)>> = if tool.is_empty() {
+        None
+    } else {
+        Some(
+            source
+                .reconciler
+                .list(&CallFilter::new().tool_name(tool))
+                .await?
+                .into_iter()
+                .map(|c| (c.run_id().to_owned(), c.call_id().to_owned()))
+                .collect(),
+        )
+    };
+    let mut calls: Vec<(String, String, Vec<String>)> = Vec::new();
+    for r in source
+        .reconciler
+        .outbox()
+        .await?
+        .pending()
+        .iter()
+        .filter(|r| sendable(r))
+    {
+        let key = (r.run_id().to_owned(), r.call_id().to_owned());
+        if of_tool.as_ref().is_some_and(|calls| !calls.contains(&key)) {
+            continue;
+        }
+        let id = r.receipt_id().to_owned();
+        match calls
+            .iter_mut()
+            .find(|(run, call, _)| (run, call) == (&key.0, &key.1))
+        {
+            Some(entry) => entry.2.push(id),
+            None => calls.push((key.0, key.1, vec![id])),
+        }
+    }
+    Ok(calls)
+}
+
+/// What a preview counted, as the confirmation carries it.
+fn previewed(matched: &[&Matched]) -> String {
+    matched
+        .iter()
+        .flat_map(|m| {
+            m.calls.iter().map(|(run, call, ids)| {
+                format!(
+                    "{} {} {} {}",
+                    html::encode(&m.source.label),
+                    html::encode(run),
+                    html::encode(call),
+                    ids.iter()
+                        .map(|id| html::encode(id))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The calls a confirmation carries: `(label, run, call, receipts)`.
+fn read_previewed(text: &str) -> Vec<(String, String, String, Vec<String>)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.split(' ').map(html::decode);
+            Some((
+                parts.next()?,
+                parts.next()?,
+                parts.next()?,
+                split_ids(&parts.next()?),
+            ))
+        })
+        .collect()
 }
 
 /// `POST /outbox/redeliver`: send every waiting receipt of the calls that
-/// match, after a preview of how many.
+/// match, after a preview of how many; the confirmation sends what the
+/// preview counted, nothing that began to wait since.
 pub(super) async fn bulk_redeliver(
     State(state): State<Arc<Inner>>,
     Extension(v): Extension<Visitor>,
@@ -537,60 +613,82 @@ pub(super) async fn bulk_redeliver(
     if let Err(e) = evidence.check() {
         return failed(&v, &e, None);
     }
-    let matched = match matching(&state, &form).await {
-        Ok(m) => m,
-        Err(e) => return failed(&v, &e, None),
-    };
+    if form.given.confirmed() {
+        return bulk_send(&state, &v, &form, &evidence, &back).await;
+    }
+    let (matched, problems) = matching(&state, &form).await;
     let (sendable, unsendable): (Vec<&Matched>, Vec<&Matched>) =
         matched.iter().partition(|m| m.source.reconciler.delivers());
-    let count: usize = sendable.iter().flat_map(|m| &m.calls).map(|c| c.2).sum();
-    let held: usize = unsendable.iter().flat_map(|m| &m.calls).map(|c| c.2).sum();
-    if !form.given.confirmed() {
-        let body = html! {
-            h1 { "Redeliver by filter: preview" }
-            div #preview .banner.info {
-                p { "This sends the platform " span #bulk-count { (count) } " waiting receipt(s) of " (sendable.iter().map(|m| m.calls.len()).sum::<usize>()) " call(s), byte for byte as stored, and writes the evidence into each call's timeline." }
-                @if held > 0 { p { (held) " more wait in stores this console has no platform for; their executors' outboxes retry them." } }
-                ul {
-                    @for m in &sendable { @for (run, call, n) in &m.calls {
-                        li { a href=(v.link(&call_path(run, call, &m.source.label))) { (run) "/" (call) } " (" (m.source.label) "): " (n) " receipt(s)" }
-                    } }
-                }
-                (form.given.shown())
+    let count: usize = sendable
+        .iter()
+        .flat_map(|m| &m.calls)
+        .map(|c| c.2.len())
+        .sum();
+    let held: usize = unsendable
+        .iter()
+        .flat_map(|m| &m.calls)
+        .map(|c| c.2.len())
+        .sum();
+    let calls: usize = sendable.iter().map(|m| m.calls.len()).sum();
+    let body = html! {
+        h1 { "Redeliver by filter: preview" }
+        (html::problems(&problems))
+        div #preview .banner.info {
+            p { "This sends the platform " span #bulk-count { (count) } " waiting receipt(s) of " (calls) " call(s), byte for byte as stored, and writes the evidence into each call's timeline. Receipts that begin to wait after this preview are not sent." }
+            @if held > 0 { p { (held) " more wait in stores this console has no platform for; their executors' outboxes retry them." } }
+            ul {
+                @for m in &sendable { @for (run, call, ids) in &m.calls {
+                    li { a href=(v.link(&call_path(run, call, &m.source.label))) { (run) "/" (call) } " (" (m.source.label) "): " (ids.len()) " receipt(s)" }
+                } }
             }
-            @if count > 0 {
-                form #confirm-form .action method="post" action=(v.link("/outbox/redeliver")) {
-                    input type="hidden" name="csrf" value=(v.csrf);
-                    input type="hidden" name="identity" value=(form.identity);
-                    input type="hidden" name="tool" value=(form.tool);
-                    (form.given.hidden())
-                    button #confirm type="submit" { "Confirm and send" }
-                    " "
-                    a href=(v.link(&back)) { "cancel" }
-                }
-            } @else {
-                p { "Nothing to send. " a href=(v.link(&back)) { "Back to the outbox" } }
+            (form.given.shown())
+        }
+        @if count > 0 {
+            form #confirm-form .action method="post" action=(v.link("/outbox/redeliver")) {
+                input type="hidden" name="csrf" value=(v.csrf);
+                input type="hidden" name="identity" value=(form.identity);
+                input type="hidden" name="tool" value=(form.tool);
+                input type="hidden" name="previewed" value=(previewed(&sendable));
+                (form.given.hidden())
+                button #confirm type="submit" { "Confirm and send" }
+                " "
+                a href=(v.link(&back)) { "cancel" }
             }
-        };
-        return html::page(&v, "Redeliver: preview", false, body);
-    }
+        } @else {
+            p { "Nothing to send. " a href=(v.link(&back)) { "Back to the outbox" } }
+        }
+    };
+    html::page(&v, "Redeliver: preview", false, body)
+}
+
+/// The confirmed bulk redeliver: each previewed call's receipts, through
+/// its store's reconciler.
+async fn bulk_send(
+    state: &Inner,
+    v: &Visitor,
+    form: &BulkForm,
+    evidence: &crate::reconciler::Evidence,
+    back: &str,
+) -> Response {
+    let view = state.sources.in_view().await;
     let mut sent = Vec::new();
-    let mut refusals = Vec::new();
-    for m in sendable {
-        for (run, call, _) in &m.calls {
-            match m
-                .source
-                .reconciler
-                .redeliver_call(run, call, &evidence)
-                .await
-            {
-                Ok(s) => sent.extend(s),
-                Err(e) => refusals.push(format!("{run}/{call}: {e}")),
-            }
+    let mut refusals = view.problems;
+    for (label, run, call, ids) in read_previewed(&form.previewed) {
+        let Some(source) = view.sources.iter().find(|s| s.label == label) else {
+            refusals.push(format!("{run}/{call}: the store {label} is not in view"));
+            continue;
+        };
+        match source
+            .reconciler
+            .redeliver_call(&run, &call, &ids, evidence)
+            .await
+        {
+            Ok(s) => sent.extend(s),
+            Err(e) => refusals.push(format!("{run}/{call}: {e}")),
         }
     }
     let body = html! {
-        h1 { "Redelivered" }
+        h1 { (sent_title(&sent)) }
         div #done .done {
             (statuses(&sent))
             @if !refusals.is_empty() {
@@ -598,7 +696,7 @@ pub(super) async fn bulk_redeliver(
                 ul { @for r in &refusals { li { (r) } } }
             }
         }
-        p { a href=(v.link(&back)) { "back to the outbox" } }
+        p { a href=(v.link(back)) { "back to the outbox" } }
     };
-    html::page(&v, "Redelivered", false, body)
+    html::page(v, sent_title(&sent), false, body)
 }

@@ -67,6 +67,12 @@ pub(super) fn page_with(
                     a href=(v.link("/calls")) { "Calls" }
                     a href=(v.link("/calls?needs=person")) { "Needs a person" }
                     a href=(v.link("/outbox")) { "Outbox" }
+                    @if v.signed_in {
+                        form #logout method="post" action=(v.link("/logout")) style="margin-left:auto" {
+                            input type="hidden" name="csrf" value=(v.csrf);
+                            button type="submit" { "Sign out" }
+                        }
+                    }
                 }
                 main {
                     @if v.plain_http {
@@ -130,6 +136,18 @@ pub(super) fn error(
     page_with(v, status, "Not done", false, body)
 }
 
+/// What could not be read, above a page's content (nothing when all was).
+pub(super) fn problems(problems: &[String]) -> Markup {
+    html! {
+        @if !problems.is_empty() {
+            div #store-problems .banner.warn {
+                p { strong { "Not every store could be read; what is shown leaves them out:" } }
+                ul { @for p in problems { li { (p) } } }
+            }
+        }
+    }
+}
+
 /// A time as the pages show it (UTC, seconds).
 pub(super) fn stamp(t: &Timestamp) -> String {
     t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
@@ -173,6 +191,31 @@ pub(super) fn encode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// What [`encode`] encoded (a malformed escape stays as it is).
+pub(super) fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `path?k=v&…` with the non-empty pairs encoded.

@@ -83,6 +83,7 @@ pub struct ConsoleBuilder {
     platform: Option<(String, String)>,
     read_only: bool,
     auth_token: Option<String>,
+    hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for ConsoleBuilder {
@@ -93,6 +94,7 @@ impl std::fmt::Debug for ConsoleBuilder {
             .field("platform", &self.platform.as_ref().map(|(url, _)| url))
             .field("read_only", &self.read_only)
             .field("auth_token", &self.auth_token.as_ref().map(|_| "…"))
+            .field("hosts", &self.hosts)
             .finish()
     }
 }
@@ -124,6 +126,7 @@ impl Console {
             )
             .route("/outbox/redeliver", post(actions::bulk_redeliver))
             .route("/login", get(security::login_page).post(security::login))
+            .route("/logout", post(security::logout))
             .fallback(pages::not_found)
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
@@ -175,6 +178,19 @@ impl ConsoleBuilder {
         self
     }
 
+    /// A host name requests may name (the `Host` header, without its
+    /// port), besides the others given; once one is given, only those.
+    /// Without any: every host when an [`auth_token`](Self::auth_token) is
+    /// set, and otherwise only `localhost`, `127.0.0.1` (and the rest of
+    /// `127.0.0.0/8`) and `[::1]`, so that a site whose name was rebound
+    /// to the loopback address cannot reach the console (DNS rebinding).
+    /// A product that mounts the console behind its own authentication
+    /// names its host here.
+    pub fn allow_host(mut self, host: impl Into<String>) -> Self {
+        self.hosts.push(host.into());
+        self
+    }
+
     /// Opens the stores.
     ///
     /// # Errors
@@ -201,7 +217,7 @@ impl ConsoleBuilder {
         Ok(Console {
             inner: Arc::new(Inner {
                 sources,
-                security: Security::new(self.auth_token),
+                security: Security::new(self.auth_token, self.hosts),
                 read_only: self.read_only,
             }),
         })

@@ -50,14 +50,20 @@ struct Counts {
     oldest_needing: Option<Timestamp>,
 }
 
-/// A store that cannot be read: 503, saying which and why.
-fn unavailable(v: &Visitor, e: &crate::Error) -> Response {
-    html::error(
-        v,
-        StatusCode::SERVICE_UNAVAILABLE,
-        &format!("a store cannot be read: {e}"),
-        None,
-    )
+/// Whether a call needs a person: its outcome is unknown
+/// (`reconciliation_required`), the platform refused it after its effect
+/// may have happened (`rejected`), or the platform forgot it while its
+/// outcome was unknown and nobody closed it yet (`orphaned`).
+async fn needs_a_person(source: &Source, c: &CallSummary) -> bool {
+    match c.state() {
+        s if NEEDS_A_PERSON.contains(&s) => true,
+        LocalState::Orphaned => source
+            .reconciler
+            .show(c.run_id(), c.call_id())
+            .await
+            .is_ok_and(|t| t.closable()),
+        _ => false,
+    }
 }
 
 /// `GET /`: calls by state and by tool, receipts waiting and calls needing
@@ -66,15 +72,13 @@ pub(super) async fn overview(
     State(state): State<Arc<Inner>>,
     Extension(v): Extension<Visitor>,
 ) -> Response {
-    let sources = match state.sources.all().await {
-        Ok(s) => s,
-        Err(e) => return unavailable(&v, &e),
-    };
+    let view = state.sources.in_view().await;
+    let mut problems = view.problems;
     let mut all = Vec::new();
-    for source in &sources {
+    for source in &view.sources {
         match counts(source).await {
             Ok(c) => all.push(c),
-            Err(e) => return unavailable(&v, &e.context(&format!("store {}", source.label))),
+            Err(e) => problems.push(format!("the store of {} cannot be read: {e}", source.label)),
         }
     }
     let total = |s: LocalState| all.iter().map(|c| c.by_state[s.as_str()]).sum::<usize>();
@@ -84,6 +88,7 @@ pub(super) async fn overview(
     let oldest_waiting = all.iter().filter_map(|c| c.oldest_waiting).min();
     let body = html! {
         h1 { "Overview" }
+        (html::problems(&problems))
         div .grid {
             table #totals {
                 tr { th { "state" } th { "calls" } }
@@ -150,10 +155,12 @@ async fn counts(source: &Source) -> crate::Result<Counts> {
         *by_state.entry(c.state().as_str()).or_default() += 1;
         *by_tool.entry(c.tool_name().to_owned()).or_default() += 1;
     }
-    let needing: Vec<&CallSummary> = calls
-        .iter()
-        .filter(|c| NEEDS_A_PERSON.contains(&c.state()))
-        .collect();
+    let mut needing: Vec<&CallSummary> = Vec::new();
+    for c in &calls {
+        if needs_a_person(source, c).await {
+            needing.push(c);
+        }
+    }
     Ok(Counts {
         label: source.label.clone(),
         by_state,
@@ -248,7 +255,7 @@ pub(super) async fn calls(
         };
         filter = filter.state(s);
     } else if query.needs == "person" {
-        filter = filter.states(NEEDS_A_PERSON);
+        filter = filter.states(NEEDS_A_PERSON.into_iter().chain([LocalState::Orphaned]));
     }
     if !query.tool.is_empty() {
         filter = filter.tool_name(query.tool.clone());
@@ -270,33 +277,37 @@ pub(super) async fn calls(
             .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
         filter = filter.updated_before(before);
     }
-    let sources = match state.sources.only(Some(&query.identity)).await {
-        Ok(s) => s,
-        Err(e) => return unavailable(&v, &e),
-    };
-    let all_labels: Vec<String> = match state.sources.all().await {
-        Ok(s) => s.into_iter().map(|s| s.label).collect(),
-        Err(e) => return unavailable(&v, &e),
-    };
+    let view = state.sources.only(&query.identity).await;
+    let mut problems = view.problems;
+    let all_labels: Vec<String> = state
+        .sources
+        .in_view()
+        .await
+        .sources
+        .into_iter()
+        .map(|s| s.label)
+        .collect();
     let mut rows: Vec<(String, CallSummary)> = Vec::new();
     let q = query.q.trim();
-    for source in &sources {
+    for source in &view.sources {
         let listed = match source.reconciler.list(&filter).await {
             Ok(l) => l,
-            Err(e) => return unavailable(&v, &e.context(&format!("store {}", source.label))),
+            Err(e) => {
+                problems.push(format!("the store of {} cannot be read: {e}", source.label));
+                continue;
+            }
         };
-        rows.extend(
-            listed
-                .into_iter()
-                .filter(|c| query.run.is_empty() || c.run_id() == query.run.trim())
-                .filter(|c| {
-                    q.is_empty()
-                        || c.call_id().contains(q)
-                        || c.operation_key() == q
-                        || c.run_id() == q
-                })
-                .map(|c| (source.label.clone(), c)),
-        );
+        for c in listed {
+            let matches = (query.run.is_empty() || c.run_id() == query.run.trim())
+                && (q.is_empty()
+                    || c.call_id().contains(q)
+                    || c.operation_key().contains(q)
+                    || c.run_id() == q);
+            if !matches || (query.needs == "person" && !needs_a_person(source, &c).await) {
+                continue;
+            }
+            rows.push((source.label.clone(), c));
+        }
     }
     let newest = query.sort == "newest";
     rows.sort_by(|a, b| {
@@ -315,6 +326,7 @@ pub(super) async fn calls(
     };
     let body = html! {
         h1 { (title) }
+        (html::problems(&problems))
         form #filters method="get" action=(v.link("/calls")) {
             label { "state " select name="state" {
                 option value="" { "any" }
@@ -415,6 +427,43 @@ fn action_name(what: &str) -> &str {
     }
 }
 
+/// The call, in the store `identity` names (or the first that holds it):
+/// a 404 page when no store does, a 503 page naming the stores that could
+/// not be read when the call may be in one of them.
+pub(super) async fn find(
+    state: &Inner,
+    v: &Visitor,
+    (run_id, call_id): (&str, &str),
+    identity: &str,
+) -> Result<(Source, Timeline), Response> {
+    let view = state.sources.only(identity).await;
+    let mut problems = view.problems;
+    for source in view.sources {
+        match source.reconciler.show(run_id, call_id).await {
+            Ok(t) => return Ok((source, t)),
+            Err(e) if e.is_refused() => {}
+            Err(e) => problems.push(format!("the store of {} cannot be read: {e}", source.label)),
+        }
+    }
+    if problems.is_empty() {
+        return Err(html::error(
+            v,
+            StatusCode::NOT_FOUND,
+            &format!("no store of this console holds the call {run_id}/{call_id}"),
+            Some(("all calls", v.link("/calls"))),
+        ));
+    }
+    Err(html::error(
+        v,
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!(
+            "the call {run_id}/{call_id} is in no store that could be read; {}",
+            problems.join("; ")
+        ),
+        Some(("all calls", v.link("/calls"))),
+    ))
+}
+
 /// `GET /calls/RUN_ID/CALL_ID`: the call's timeline, its arguments and
 /// result, what to look up downstream, and the actions its state allows.
 pub(super) async fn call(
@@ -423,24 +472,9 @@ pub(super) async fn call(
     Path((run_id, call_id)): Path<(String, String)>,
     Query(identity): Query<Identity>,
 ) -> Response {
-    let sources = match state.sources.only(Some(&identity.identity)).await {
-        Ok(s) => s,
-        Err(e) => return unavailable(&v, &e),
-    };
-    let mut found = None;
-    for source in sources {
-        if let Ok(t) = source.reconciler.show(&run_id, &call_id).await {
-            found = Some((source, t));
-            break;
-        }
-    }
-    let Some((source, t)) = found else {
-        return html::error(
-            &v,
-            StatusCode::NOT_FOUND,
-            &format!("no store of this console holds the call {run_id}/{call_id}"),
-            Some(("all calls", v.link("/calls"))),
-        );
+    let (source, t) = match find(&state, &v, (&run_id, &call_id), identity.label()).await {
+        Ok(found) => found,
+        Err(page) => return page,
     };
     html::page(
         &v,
@@ -631,19 +665,24 @@ pub(super) async fn outbox(
     Extension(v): Extension<Visitor>,
     Query(identity): Query<Identity>,
 ) -> Response {
-    let sources = match state.sources.only(Some(&identity.identity)).await {
-        Ok(s) => s,
-        Err(e) => return unavailable(&v, &e),
-    };
-    let labels: Vec<String> = match state.sources.all().await {
-        Ok(s) => s.into_iter().map(|s| s.label).collect(),
-        Err(e) => return unavailable(&v, &e),
-    };
+    let view = state.sources.only(identity.label()).await;
+    let mut problems = view.problems;
+    let labels: Vec<String> = state
+        .sources
+        .in_view()
+        .await
+        .sources
+        .into_iter()
+        .map(|s| s.label)
+        .collect();
     let mut rows = Vec::new();
-    for source in &sources {
+    for source in &view.sources {
         let status = match source.reconciler.outbox().await {
             Ok(s) => s,
-            Err(e) => return unavailable(&v, &e.context(&format!("store {}", source.label))),
+            Err(e) => {
+                problems.push(format!("the store of {} cannot be read: {e}", source.label));
+                continue;
+            }
         };
         for r in status.pending() {
             rows.push((source.label.clone(), r.clone()));
@@ -652,6 +691,7 @@ pub(super) async fn outbox(
     rows.sort_by_key(|(_, r)| r.created_at());
     let body = html! {
         h1 { "Outbox" }
+        (html::problems(&problems))
         p .muted { (rows.len()) " receipts wait to be sent. A running executor's outbox retries each by itself, with backoff." }
         table #outbox {
             tr { th { "receipt" } th { "call" } th { "identity" } th { "kind" } th { "waiting since" } th { "attempts" } th { "why it waits" } }
@@ -681,7 +721,8 @@ pub(super) async fn outbox(
             }
         }
     };
-    html::page(&v, "Outbox", true, body)
+    // A page with a form to fill in does not reload itself.
+    html::page(&v, "Outbox", v.read_only, body)
 }
 
 /// Why a receipt still waits, in words.

@@ -30,8 +30,17 @@ const MAX_FORM_BYTES: usize = 1 << 20;
 /// without a session, and the sessions of the login form.
 pub(super) struct Security {
     token: Option<String>,
+    /// The CSRF token of admitted visitors without a session.
     csrf: String,
+    /// The CSRF token of the login form (shown to anyone; it admits
+    /// nothing but a login).
+    login_csrf: String,
     sessions: Mutex<HashMap<String, Session>>,
+    /// The host names requests may name; `None`: any (a token guards the
+    /// console). Without a token, loopback names by default, so that a
+    /// page of another site whose name was rebound to 127.0.0.1 cannot
+    /// read or act (DNS rebinding).
+    hosts: Option<Vec<String>>,
 }
 
 /// One login.
@@ -52,6 +61,8 @@ pub(super) struct Visitor {
     pub(super) read_only: bool,
     /// A token is needed and the request did not come over HTTPS.
     pub(super) plain_http: bool,
+    /// The request came with a session cookie (the page offers a logout).
+    pub(super) signed_in: bool,
 }
 
 impl Visitor {
@@ -59,14 +70,62 @@ impl Visitor {
     pub(super) fn link(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
+
+    /// The console's first page.
+    pub(super) fn home(&self) -> String {
+        if self.base.is_empty() {
+            "/".to_owned()
+        } else {
+            self.base.clone()
+        }
+    }
 }
 
 impl Security {
-    pub(super) fn new(token: Option<String>) -> Security {
+    pub(super) fn new(token: Option<String>, allowed_hosts: Vec<String>) -> Security {
+        let hosts = match (&token, allowed_hosts.is_empty()) {
+            (_, false) => Some(allowed_hosts),
+            (None, true) => Some(
+                ["localhost", "127.0.0.1", "[::1]"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ),
+            (Some(_), true) => None,
+        };
         Security {
             token,
             csrf: random_token(),
+            login_csrf: random_token(),
             sessions: Mutex::default(),
+            hosts,
+        }
+    }
+
+    /// Whether the request's `Host` is one the console answers to.
+    fn host_allowed(&self, headers: &HeaderMap) -> bool {
+        let Some(hosts) = &self.hosts else {
+            return true;
+        };
+        let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+            return false;
+        };
+        // Without the port: `name:port`, `[v6]:port`.
+        let name = match host.rfind(':') {
+            Some(i) if !host[i..].contains(']') => &host[..i],
+            _ => host,
+        };
+        let name = name.to_ascii_lowercase();
+        hosts.iter().any(|h| h.eq_ignore_ascii_case(&name))
+            || (name.starts_with("127.")
+                && name.parse::<std::net::Ipv4Addr>().is_ok()
+                && hosts.iter().any(|h| h == "127.0.0.1"))
+    }
+
+    /// Ends the session the request's cookie names.
+    fn close_session(&self, headers: &HeaderMap) {
+        if let Some(id) = cookie(headers, COOKIE) {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            sessions.retain(|sid, _| !same(sid, &id));
         }
     }
 
@@ -94,7 +153,9 @@ impl Security {
         let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t);
         if bearer.is_some_and(|b| same(b.trim(), token)) {
             return Some(self.csrf.clone());
         }
@@ -132,24 +193,64 @@ struct Csrf {
     csrf: String,
 }
 
-/// Before every request: a POST is refused in read-only mode; a request
-/// without the token (when one is set) goes to the login form; a POST
-/// whose form lacks the page's CSRF token is refused (403, nothing
-/// changed). Pages get their [`Visitor`].
+/// Before every request: a request naming a host the console does not
+/// answer to is refused; a POST is refused in read-only mode (but the
+/// login); a request without the token (when one is set) goes to the login
+/// form; a POST whose form lacks the page's CSRF token is refused (403,
+/// nothing changed). Pages get their [`Visitor`]; every answer gets
+/// headers that keep it out of caches and frames.
 pub(super) async fn guard(
     State(state): State<Arc<Inner>>,
     request: Request,
     next: Next,
 ) -> Response {
+    let mut response = admit(&state, request, next).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    headers.insert("x-frame-options", header::HeaderValue::from_static("DENY"));
+    headers.insert(
+        "x-content-type-options",
+        header::HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        "content-security-policy",
+        header::HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    response
+}
+
+/// Where the console is mounted: the original path without the path the
+/// console sees (`""` at the root).
+fn mount_point(request: &Request) -> String {
+    let path = request.uri().path();
+    let Some(original) = request.extensions().get::<OriginalUri>() else {
+        return String::new();
+    };
+    let original = original.path();
+    let base = original
+        .strip_suffix(path)
+        .or_else(|| (path == "/").then_some(original))
+        .unwrap_or_default();
+    base.trim_end_matches('/').to_owned()
+}
+
+async fn admit(state: &Inner, request: Request, next: Next) -> Response {
     let post = request.method() == Method::POST;
     let path = request.uri().path().to_owned();
-    let base = request
-        .extensions()
-        .get::<OriginalUri>()
-        .and_then(|o| o.path().strip_suffix(path.as_str()).map(str::to_owned))
-        .unwrap_or_default();
-    let base = base.trim_end_matches('/').to_owned();
-    if post && state.read_only {
+    let base = mount_point(&request);
+    if !state.security.host_allowed(request.headers()) {
+        return html::refusal(
+            StatusCode::FORBIDDEN,
+            "this console answers only to its own host names (without --auth-token: localhost and 127.0.0.1); a page of another site may have been rebound to it: nothing was done",
+        );
+    }
+    let login = path == "/login" || path == "/logout";
+    if post && state.read_only && !(login && state.security.authenticates()) {
         return html::refusal(
             StatusCode::FORBIDDEN,
             "this console is read-only: no action is taken (start it without --read-only to act)",
@@ -160,10 +261,9 @@ pub(super) async fn guard(
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("https"));
-    let login = path == "/login";
     let csrf = match state.security.admit(request.headers()) {
         Some(csrf) => csrf,
-        None if login => state.security.csrf.clone(),
+        None if login => state.security.login_csrf.clone(),
         None if request.method() == Method::GET => {
             return Redirect::to(&format!("{base}/login")).into_response();
         }
@@ -200,26 +300,15 @@ pub(super) async fn guard(
     } else {
         request
     };
+    let signed_in = state.security.session_csrf(request.headers()).is_some();
     request.extensions_mut().insert(Visitor {
         csrf,
         base,
         read_only: state.read_only,
         plain_http: state.security.authenticates() && !forwarded_https,
+        signed_in,
     });
-    let mut response = next.run(request).await;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CACHE_CONTROL,
-        header::HeaderValue::from_static("no-store"),
-    );
-    headers.insert("x-frame-options", header::HeaderValue::from_static("DENY"));
-    headers.insert(
-        "content-security-policy",
-        header::HeaderValue::from_static(
-            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-        ),
-    );
-    response
+    next.run(request).await
 }
 
 /// `GET /login`: the token form.
@@ -242,7 +331,7 @@ pub(super) async fn login(
     Form(form): Form<Login>,
 ) -> Response {
     let Some(token) = &state.security.token else {
-        return Redirect::to(&v.link("/")).into_response();
+        return Redirect::to(&v.home()).into_response();
     };
     if !same(form.token.trim(), token) {
         return html::login(
@@ -266,6 +355,24 @@ pub(super) async fn login(
         if secure { "; Secure" } else { "" }
     );
     let mut response = Redirect::to(&v.link("/")).into_response();
+    if let Ok(value) = header::HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// `POST /logout`: ends the session and clears its cookie.
+pub(super) async fn logout(
+    State(state): State<Arc<Inner>>,
+    axum::Extension(v): axum::Extension<Visitor>,
+    headers: HeaderMap,
+) -> Response {
+    state.security.close_session(&headers);
+    let mut response = Redirect::to(&v.link("/login")).into_response();
+    let cookie = format!(
+        "{COOKIE}=; HttpOnly; SameSite=Strict; Path={}; Max-Age=0",
+        v.home()
+    );
     if let Ok(value) = header::HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }

@@ -1,20 +1,25 @@
 //! The stores a console shows, each labelled with its identity: the ones
 //! given, SQLite files (one per executor), and every executor identity of
-//! a PostgreSQL database, found again as replicas come and go.
+//! a PostgreSQL database, found again as replicas come and go. A database
+//! that cannot be reached, or an identity whose store went away, is a
+//! problem the pages name; the other stores stay in view.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use crate::error::{Error, Kind, Result};
 use crate::reconciler::Reconciler;
 
 /// How long a list of a database's identities is used before it is read
 /// again.
 const REDISCOVER_AFTER: Duration = Duration::from_secs(5);
+/// How long a look at a database's identities may take.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One executor's store, as the console shows it.
 #[derive(Clone)]
 pub(super) struct Source {
-    /// The identity: the executor id, the file's name, or the given label.
+    /// The identity: the executor id, the file's name, or the given label
+    /// (unique among the console's stores).
     pub(super) label: String,
     /// The operator's API over its store.
     pub(super) reconciler: Arc<Reconciler>,
@@ -31,8 +36,19 @@ pub(super) struct Sources {
 /// The identities found on the PostgreSQL databases.
 #[derive(Default)]
 struct Found {
-    sources: Vec<Source>,
+    /// Each with the database it is on (its index) and its executor id.
+    sources: Vec<(usize, String, Source)>,
+    /// Why a database could not be looked at, by database.
+    problems: Vec<String>,
     at: Option<Instant>,
+}
+
+/// The stores in view, and what could not be read.
+pub(super) struct InView {
+    /// The stores.
+    pub(super) sources: Vec<Source>,
+    /// What could not be read, in words (a database down, …).
+    pub(super) problems: Vec<String>,
 }
 
 impl Sources {
@@ -42,13 +58,19 @@ impl Sources {
         databases: Vec<String>,
         platform: Option<(String, String)>,
     ) -> Result<Sources> {
-        let mut fixed: Vec<Source> = stores
-            .into_iter()
-            .map(|(label, reconciler)| Source {
+        let mut fixed: Vec<Source> = Vec::new();
+        for (label, reconciler) in stores {
+            if fixed.iter().any(|s| s.label == label) {
+                return Err(Error::new(
+                    Kind::Builder,
+                    format!("two stores are labelled {label:?}: give each its own label"),
+                ));
+            }
+            fixed.push(Source {
                 label,
                 reconciler: Arc::new(reconciler),
-            })
-            .collect();
+            });
+        }
         let mut postgres = Vec::new();
         for url in databases {
             if crate::store::is_postgres(&url) {
@@ -58,15 +80,15 @@ impl Sources {
             let path = url.strip_prefix("sqlite://").unwrap_or(&url);
             let path = path.split('?').next().unwrap_or(path);
             if !std::path::Path::new(path).exists() {
-                return Err(crate::error::Error::new(
-                    crate::error::Kind::Builder,
+                return Err(Error::new(
+                    Kind::Builder,
                     format!(
                         "no executor store at {path}: give the store file of an executor (--db PATH)"
                     ),
                 ));
             }
             let reconciler = with_platform(Reconciler::open(&sqlite_url(&url)).await?, &platform)?;
-            let label = unique(&fixed, file_label(&url));
+            let label = unique(fixed.iter().map(|s| s.label.as_str()), file_label(&url));
             fixed.push(Source {
                 label,
                 reconciler: Arc::new(reconciler),
@@ -78,51 +100,105 @@ impl Sources {
             platform,
             found: tokio::sync::Mutex::default(),
         };
-        sources.all().await?;
+        // At start a database that cannot be read is a mistake to report.
+        let first = sources.in_view().await;
+        if let Some(problem) = first.problems.first() {
+            return Err(Error::new(Kind::Store, problem.clone()));
+        }
         Ok(sources)
     }
 
-    /// Every store, the databases' identities found again when the last
-    /// look is older than a few seconds.
-    ///
-    /// # Errors
-    /// A database cannot be reached, or a new identity's store opened.
-    pub(super) async fn all(&self) -> Result<Vec<Source>> {
-        let mut all = self.fixed.clone();
+    /// Every store in view, the databases' identities looked at again when
+    /// the last look is older than a few seconds (a new identity appears,
+    /// one whose store is gone leaves), and what could not be read.
+    pub(super) async fn in_view(&self) -> InView {
+        let mut sources = self.fixed.clone();
         if self.databases.is_empty() {
-            return Ok(all);
+            return InView {
+                sources,
+                problems: Vec::new(),
+            };
         }
         let mut found = self.found.lock().await;
         if found.at.is_none_or(|at| at.elapsed() >= REDISCOVER_AFTER) {
-            for url in &self.databases {
-                for (id, schema) in Reconciler::identities(url).await? {
-                    if found.sources.iter().any(|s| s.label == id) {
-                        continue;
-                    }
-                    let reconciler = with_platform(
-                        Reconciler::open_identity(url, &schema).await?,
-                        &self.platform,
-                    )?;
-                    found.sources.push(Source {
-                        label: unique(&self.fixed, id),
-                        reconciler: Arc::new(reconciler),
-                    });
-                }
-            }
-            found.sources.sort_by(|a, b| a.label.cmp(&b.label));
+            self.discover(&mut found).await;
             found.at = Some(Instant::now());
         }
-        all.extend(found.sources.iter().cloned());
-        Ok(all)
+        sources.extend(found.sources.iter().map(|(_, _, s)| s.clone()));
+        InView {
+            sources,
+            problems: found.problems.clone(),
+        }
     }
 
-    /// The stores shown as `identity`, or every store for none.
-    pub(super) async fn only(&self, identity: Option<&str>) -> Result<Vec<Source>> {
-        let all = self.all().await?;
-        Ok(match identity.filter(|i| !i.is_empty()) {
-            Some(label) => all.into_iter().filter(|s| s.label == label).collect(),
-            None => all,
-        })
+    /// Looks at each database's identities: opens the new ones, drops the
+    /// ones whose store is gone; a database that does not answer keeps
+    /// what was found on it before, and is a problem.
+    async fn discover(&self, found: &mut Found) {
+        found.problems.clear();
+        for (db, url) in self.databases.iter().enumerate() {
+            let listed =
+                match tokio::time::timeout(DISCOVERY_TIMEOUT, Reconciler::identities(url)).await {
+                    Ok(Ok(listed)) => listed,
+                    Ok(Err(e)) => {
+                        found
+                            .problems
+                            .push(format!("database {} cannot be read: {e}", db + 1));
+                        continue;
+                    }
+                    Err(_) => {
+                        found.problems.push(format!(
+                            "database {} did not answer within {}s",
+                            db + 1,
+                            DISCOVERY_TIMEOUT.as_secs()
+                        ));
+                        continue;
+                    }
+                };
+            found
+                .sources
+                .retain(|(d, id, _)| *d != db || listed.iter().any(|(l, _)| l == id));
+            for (id, schema) in listed {
+                if found.sources.iter().any(|(d, i, _)| *d == db && *i == id) {
+                    continue;
+                }
+                let reconciler = match Reconciler::open_identity(url, &schema).await {
+                    Ok(r) => with_platform(r, &self.platform),
+                    Err(e) => Err(e),
+                };
+                match reconciler {
+                    Ok(reconciler) => {
+                        let taken = self
+                            .fixed
+                            .iter()
+                            .map(|s| s.label.as_str())
+                            .chain(found.sources.iter().map(|(_, _, s)| s.label.as_str()));
+                        let label = unique(taken, id.clone());
+                        found.sources.push((
+                            db,
+                            id,
+                            Source {
+                                label,
+                                reconciler: Arc::new(reconciler),
+                            },
+                        ));
+                    }
+                    Err(e) => found
+                        .problems
+                        .push(format!("the store of {id} cannot be opened: {e}")),
+                }
+            }
+        }
+        found.sources.sort_by(|a, b| a.2.label.cmp(&b.2.label));
+    }
+
+    /// The stores in view shown as `identity` (every store for none).
+    pub(super) async fn only(&self, identity: &str) -> InView {
+        let mut view = self.in_view().await;
+        if !identity.is_empty() {
+            view.sources.retain(|s| s.label == identity);
+        }
+        view
     }
 }
 
@@ -152,9 +228,9 @@ fn file_label(db: &str) -> String {
         .map_or_else(|| path.to_owned(), |s| s.to_string_lossy().into_owned())
 }
 
-/// `label`, or `label (2)`, `label (3)`, … when a store already has it.
-fn unique(taken: &[Source], label: String) -> String {
-    let used = |l: &str| taken.iter().any(|s| s.label == l);
+/// `label`, or `label (2)`, `label (3)`, … when one of `taken` has it.
+fn unique<'a>(taken: impl Iterator<Item = &'a str> + Clone, label: String) -> String {
+    let used = |l: &str| taken.clone().any(|t| t == l);
     if !used(&label) {
         return label;
     }
@@ -177,5 +253,12 @@ mod tests {
         );
         assert_eq!(sqlite_url("/x/y.db"), "sqlite:///x/y.db");
         assert_eq!(sqlite_url("sqlite://y.db"), "sqlite://y.db");
+    }
+
+    #[test]
+    fn a_label_taken_gets_a_number() {
+        let taken = ["a", "a (2)", "b"];
+        assert_eq!(unique(taken.iter().copied(), "a".into()), "a (3)");
+        assert_eq!(unique(taken.iter().copied(), "c".into()), "c");
     }
 }

@@ -554,12 +554,26 @@ impl PgStore {
             .collect())
     }
 
-    /// The store in `schema` at `url`, for an operator (no lease taken).
+    /// The store in `schema` at `url` as it is, for an operator's look: no
+    /// lease taken, nothing created, nothing migrated (the executors that
+    /// own it migrate it), a small pool.
     ///
     /// # Errors
-    /// As [`connect_in_schema`](Self::connect_in_schema).
+    /// The URL does not parse, or the server cannot be reached.
     pub(crate) async fn open_in_schema(url: &str, schema: &str) -> Result<PgStore, StoreError> {
-        Self::in_schema(PgConnectOptions::from_str(url)?, schema).await
+        let options = PgConnectOptions::from_str(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .idle_timeout(std::time::Duration::from_secs(30))
+            .connect_with(session(options.clone()).options([("search_path", schema)]))
+            .await?;
+        Ok(PgStore {
+            pool,
+            options,
+            hold: None,
+            writer: Arc::default(),
+            counts: Arc::default(),
+        })
     }
 
     /// A small pool in `schema` (created if missing), not migrated.
