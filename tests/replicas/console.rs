@@ -170,7 +170,104 @@ async fn check(url: &str) -> Result<()> {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
     server.abort();
-    drop(stores);
     drop(late);
+    two_databases(url).await?;
+    drop(stores);
     Ok(())
+}
+
+/// A second database with an identity of the same id: both shown, told
+/// apart, and neither opened again and again; an identity whose store is
+/// dropped leaves the view; a database that goes away is named on the
+/// pages, which still show the others.
+async fn two_databases(url: &str) -> Result<()> {
+    let db = format!("toolrunner_console2_{:08x}", rand::random::<u32>());
+    let mut admin = sqlx::PgConnection::connect(url).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
+        .execute(&mut admin)
+        .await?;
+    let second = with_database(url, &db)?;
+    let outcome = async {
+        let twin = PgStore::connect_as(&second, "console-a", "bnd_console", "ins_twin").await?;
+        let mut call = crate::store_contract::rows::call("call_a_db2", LocalState::Delivered, 0);
+        call.run_id = "run_console-a".into();
+        twin.commit(vec![Change::InsertCall(call)]).await?;
+        drop(twin);
+        let console = Console::builder()
+            .database(url)
+            .database(&second)
+            .build()
+            .await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let server = tokio::spawn(async move { axum::serve(listener, console.router()).await });
+        let http = reqwest::Client::new();
+        let calls = || {
+            let http = http.clone();
+            let base = base.clone();
+            async move {
+                let answer = http.get(format!("{base}/calls")).send().await?;
+                ensure!(answer.status() == 200, "GET /calls: {}", answer.status());
+                Ok::<String, anyhow::Error>(answer.text().await?)
+            }
+        };
+        let page = calls().await?;
+        let first = row(&page, "call_a1").context("call_a1 is not listed")?;
+        let twin =
+            row(&page, "call_a_db2").context("the second database's console-a is not listed")?;
+        ensure!(
+            first.contains("data-identity=\"console-a\"")
+                && twin.contains("data-identity=\"console-a (2)\""),
+            "the two console-a are not told apart: {first} / {twin}"
+        );
+        let shown = page.matches("<tr class=\"call\"").count();
+        // Found again after 5 s: the same calls, once each.
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        let again = calls().await?;
+        let now = again.matches("<tr class=\"call\"").count();
+        ensure!(
+            now == shown,
+            "{shown} calls listed, then {now} once the identities were looked at again"
+        );
+
+        // console-c's store is dropped: it leaves the view, the rest stays.
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            PgStore::identity_schema("console-c")
+        )))
+        .execute(&mut conn)
+        .await?;
+        conn.close().await?;
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        let page = calls().await?;
+        ensure!(
+            row(&page, "call_c1").is_none() && row(&page, "call_a1").is_some(),
+            "after console-c's store was dropped: {page}"
+        );
+
+        // The second database goes away: named on the page, the first
+        // database's calls still listed.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE {db} WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await?;
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        let page = calls().await?;
+        ensure!(
+            page.contains("id=\"store-problems\"") && row(&page, "call_a1").is_some(),
+            "with the second database gone: {page}"
+        );
+        server.abort();
+        Ok(())
+    }
+    .await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await?;
+    admin.close().await?;
+    outcome
 }

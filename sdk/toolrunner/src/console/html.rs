@@ -63,7 +63,7 @@ pub(super) fn page_with(
             body {
                 header {
                     strong { "toolrunner console" }
-                    a href=(v.link("/")) { "Overview" }
+                    a href=(v.home()) { "Overview" }
                     a href=(v.link("/calls")) { "Calls" }
                     a href=(v.link("/calls?needs=person")) { "Needs a person" }
                     a href=(v.link("/outbox")) { "Outbox" }

@@ -345,16 +345,12 @@ pub(super) async fn login(
         .get("x-forwarded-proto")
         .and_then(|h| h.to_str().ok())
         .is_some_and(|p| p.eq_ignore_ascii_case("https"));
-    let path = if v.base.is_empty() {
-        "/"
-    } else {
-        v.base.as_str()
-    };
     let cookie = format!(
-        "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path={path}{}",
+        "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path={}{}",
+        v.home(),
         if secure { "; Secure" } else { "" }
     );
-    let mut response = Redirect::to(&v.link("/")).into_response();
+    let mut response = Redirect::to(&v.home()).into_response();
     if let Ok(value) = header::HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
