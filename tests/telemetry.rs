@@ -173,10 +173,27 @@ fn check_call_span(span: &SpanData, tool: &str, run_id: &str, outcome: &str) -> 
     Ok(())
 }
 
+/// A global default subscriber for the whole test binary (a bare
+/// registry, which records nothing anyone reads), installed before any
+/// test runs code. tracing caches each callsite's interest process-wide;
+/// with at most one dispatcher registered it recomputes that interest
+/// against whatever the recomputing thread has as its default, so a
+/// sibling test's thread without a subscriber could mark a span this test
+/// awaits as never enabled (the operator's span once went missing in CI
+/// that way). With a global registry, every callsite stays enabled and
+/// each test's own `set_default` subscriber sees its spans.
+fn callsites_stay_live() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+    });
+}
+
 /// A completed, a failed and an unknown-outcome call, then an operator's
 /// resolve: the span tree and attributes a tracing backend receives.
 #[tokio::test]
 async fn spans_follow_the_genai_conventions_for_completed_failed_and_unknown_calls() -> Result<()> {
+    callsites_stay_live();
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
@@ -419,6 +436,7 @@ fn families(scrape: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
 /// no `toolrunner_` metric the table lacks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scrape_holds_every_metric_of_the_table_and_no_other() -> Result<()> {
+    callsites_stay_live();
     let prometheus = prometheus();
     let mut kit = TestKit::builder()
         .crash_at(Step::BeforeClaim)
@@ -539,6 +557,7 @@ async fn until(client: &reqwest::Client, base: &str, status: u16) -> Result<Valu
 /// and 503 from the start of the shutdown until it ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_platform_the_store_and_the_shutdown() -> Result<()> {
+    callsites_stay_live();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let faults = ProcessFaults::new();
     let given = faults.clone();
@@ -650,6 +669,7 @@ async fn longer(_ctx: CallContext, input: Job) -> Result<Done, ToolError> {
 /// is not ready from the drain's start to its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_keeps_the_lease_alive_until_the_last_handler_finished() -> Result<()> {
+    callsites_stay_live();
     let prometheus = prometheus();
     let server = toolrunner_devserver::DevServer::builder()
         .listen(([127, 0, 0, 1], 0).into())
@@ -747,6 +767,7 @@ async fn a_drain_keeps_the_lease_alive_until_the_last_handler_finished() -> Resu
 /// executor id) says so: not ready, with why, while it still runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_executor_superseded_by_another_process_is_not_ready() -> Result<()> {
+    callsites_stay_live();
     let server = toolrunner_devserver::DevServer::builder()
         .listen(([127, 0, 0, 1], 0).into())
         .heartbeat_interval_ms(200)
