@@ -193,9 +193,11 @@ async fn two_databases(url: &str) -> Result<()> {
         call.run_id = "run_console-a".into();
         twin.commit(vec![Change::InsertCall(call)]).await?;
         drop(twin);
+        // The second database through a proxy that can stop answering.
+        let proxy = super::pause::Proxy::start(super::pause::address_of(&second)).await?;
         let console = Console::builder()
             .database(url)
-            .database(&second)
+            .database(proxy.url(&second))
             .build()
             .await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -229,6 +231,24 @@ async fn two_databases(url: &str) -> Result<()> {
             now == shown,
             "{shown} calls listed, then {now} once the identities were looked at again"
         );
+
+        // The second database stops answering (its connections stand
+        // still): the pages still answer within seconds, name it, and show
+        // the first database's calls.
+        proxy.pause();
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        let asked = std::time::Instant::now();
+        let page = calls().await?;
+        let took = asked.elapsed();
+        ensure!(
+            took < std::time::Duration::from_secs(15),
+            "with a database that does not answer, /calls took {took:?}"
+        );
+        ensure!(
+            page.contains("id=\"store-problems\"") && row(&page, "call_a1").is_some(),
+            "with the second database not answering: {page}"
+        );
+        proxy.resume();
 
         // console-c's store is dropped: it leaves the view, the rest stays.
         let mut conn = sqlx::PgConnection::connect(url).await?;

@@ -45,6 +45,14 @@ pub(crate) async fn run(args: ConsoleArgs) -> Outcome {
         )));
     }
     let mut builder = Console::builder().read_only(args.read_only);
+    // On loopback the console answers only to loopback host names, token
+    // or not (a page of another site rebound to 127.0.0.1 cannot reach
+    // even the login form).
+    if addrs.iter().all(|a| a.ip().is_loopback()) {
+        for host in ["localhost", "127.0.0.1", "[::1]"] {
+            builder = builder.allow_host(host);
+        }
+    }
     for db in &args.db {
         builder = builder.database(db);
     }

@@ -972,11 +972,13 @@ impl Reconciler {
     /// A receipt that no longer waits is not sent; the sending stops at the
     /// first the platform did not take (out of reach, or the call moved
     /// on), as the outbox does. Needs [`with_platform`](Self::with_platform).
-    /// Each receipt named, with its status afterwards.
+    /// Each receipt named (once, in sequence order), with its status
+    /// afterwards.
     ///
     /// # Errors
-    /// Refused: blank evidence, no platform, an unknown call, no receipt
-    /// named, or one that is not this call's or is an `accepted`.
+    /// Refused, with nothing written or sent: blank evidence, no platform,
+    /// an unknown call, no receipt named, one that is not this call's or is
+    /// an `accepted`, or none of them waits any more.
     #[tracing::instrument(name = "toolrunner.operator", skip_all, fields(otel.name = "toolrunner.operator redeliver", toolrunner.action = "redeliver", gen_ai.tool.call.id = call_id, toolrunner.run_id = run_id))]
     pub async fn redeliver_call(
         &self,
@@ -994,8 +996,11 @@ impl Reconciler {
             return Err(refused("name the receipts to send"));
         }
         let stored = self.store.receipts(run_id, call_id).await?;
-        let mut named = Vec::new();
+        let mut named: Vec<OutboxReceipt> = Vec::new();
         for id in receipt_ids {
+            if named.iter().any(|r| &r.receipt_id == id) {
+                continue;
+            }
             let r = stored
                 .iter()
                 .find(|r| &r.receipt_id == id)
@@ -1006,6 +1011,18 @@ impl Reconciler {
                 )));
             }
             named.push(r.clone());
+        }
+        // In the order the outbox sends them.
+        named.sort_by_key(|r| r.sequence);
+        if named.iter().all(|r| r.status != ReceiptStatus::Pending) {
+            let now: Vec<String> = named
+                .iter()
+                .map(|r| format!("{} {}", r.receipt_id, r.status.as_str()))
+                .collect();
+            return Err(refused(format!(
+                "none of these receipts waits any more ({}): nothing was sent",
+                now.join(", ")
+            )));
         }
         let executor_id = self.executor_id_of(run_id, call_id).await?;
         lifecycle::note(

@@ -443,3 +443,222 @@ fn sign_out_ends_the_session() {
     let (status, _, _) = http(&s.addr, "GET", "/", &[("Cookie", &cookie)], "");
     assert_eq!(status, 303, "the session outlived its sign-out");
 }
+
+/// A POST of `form` with the CSRF token of the page at `page`.
+fn post_with_token(s: &Served, page: &str, path: &str, form: &str) -> (u16, String, String) {
+    let (_, _, shown) = http(&s.addr, "GET", page, &[], "");
+    http(
+        &s.addr,
+        "POST",
+        path,
+        &[],
+        &format!("{form}&csrf={}", csrf(&shown)),
+    )
+}
+
+#[test]
+fn a_redeliver_sends_the_receipts_named_in_order_and_stops_where_the_outbox_would() {
+    let f = Fixture::seeded();
+    // A second receipt waits on the settled call.
+    let settled = f.call(SETTLED);
+    f.commit(vec![Change::AddReceipt(receipt(
+        &settled,
+        ReceiptKind::Progress,
+        2,
+        ReceiptStatus::Pending,
+        json!({"progress": {"message": "late", "fraction": 1.0, "data": null}}),
+    ))]);
+    // A platform nobody answers for.
+    let s = serve(
+        f.db(),
+        &["--base-url", "http://127.0.0.1:9", "--token", "t"],
+    );
+    let page = "/calls/run_2/call_settled";
+    let path = "/calls/run_2/call_settled/redeliver";
+    let evidence = "who=ops&evidence=the%20network%20is%20back&confirm=yes";
+    let notes = |f: &Fixture| {
+        f.events(SETTLED)
+            .iter()
+            .filter(|e| e.what() == "operator_redelivered")
+            .count()
+    };
+    // Refused, nothing written: no receipt named, another call's receipt,
+    // one that waits no more.
+    for (receipts, why) in [
+        ("", "name the receipts"),
+        ("rcp_call_recon_1", "has no receipt"),
+        ("rcp_call_settled_0", "an accepted"),
+    ] {
+        let (status, _, body) =
+            post_with_token(&s, page, path, &format!("{evidence}&receipts={receipts}"));
+        assert_eq!(status, 422, "receipts={receipts}: {body}");
+        assert!(body.contains(why), "receipts={receipts}: {body}");
+    }
+    assert_eq!(notes(&f), 0, "a refused redeliver wrote to the timeline");
+    // Named twice and out of order: sent once each, by sequence; the
+    // first is not taken (nobody answers), so the second is not tried.
+    let (status, _, body) = post_with_token(
+        &s,
+        page,
+        path,
+        &format!("{evidence}&receipts=rcp_call_settled_2,rcp_call_settled_1,rcp_call_settled_2"),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("Sent, not all delivered"), "{body}");
+    assert_eq!(
+        body.matches("<li><code>rcp_call_settled_2</code>").count(),
+        1,
+        "{body}"
+    );
+    let receipts = f.receipts(SETTLED);
+    let attempts = |id: &str| {
+        receipts
+            .iter()
+            .find(|r| r.receipt_id == id)
+            .map(|r| r.attempts)
+            .unwrap_or_else(|| panic!("no {id}"))
+    };
+    assert!(
+        attempts("rcp_call_settled_1") > 3,
+        "the completed receipt was not tried"
+    );
+    assert_eq!(
+        attempts("rcp_call_settled_2"),
+        0,
+        "sent on after the platform did not take the first"
+    );
+    assert_eq!(notes(&f), 1);
+}
+
+#[test]
+fn a_redeliver_of_receipts_that_wait_no_more_sends_and_writes_nothing() {
+    let f = Fixture::seeded();
+    let s = serve(
+        f.db(),
+        &["--base-url", "http://127.0.0.1:9", "--token", "t"],
+    );
+    // (A delivered call's page has no form: the outbox's carries the token.)
+    let (status, _, body) = post_with_token(
+        &s,
+        "/outbox",
+        "/calls/run_2/call_delivered/redeliver",
+        "who=ops&evidence=again&confirm=yes&receipts=rcp_call_delivered_1",
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("waits any more"), "{body}");
+    assert!(
+        !f.events(DELIVERED)
+            .iter()
+            .any(|e| e.what() == "operator_redelivered"),
+        "a redeliver of nothing wrote to the timeline"
+    );
+}
+
+#[test]
+fn previews_are_checked_by_the_reconcilers_rules() {
+    let f = Fixture::seeded();
+    let s = serve(f.db(), &[]);
+    // A compensation of a call that was not rejected, a close of one that
+    // is not orphaned: refused at the preview, nothing promised.
+    for (action, why) in [
+        ("compensated", "only rejected calls"),
+        ("close", "only orphaned calls"),
+    ] {
+        let (status, _, body) = post_with_token(
+            &s,
+            "/calls/run_1/call_recon",
+            &format!("/calls/run_1/call_recon/{action}"),
+            "who=ops&evidence=checked",
+        );
+        assert_eq!(status, 422, "{action}: {body}");
+        assert!(
+            body.contains(why) && !body.contains("id=\"confirm-form\""),
+            "{action}: {body}"
+        );
+    }
+}
+
+#[test]
+fn an_orphaned_call_of_unknown_outcome_needs_a_person_until_it_is_closed() {
+    let f = Fixture::seeded();
+    for (call_id, closed) in [("call_lost", false), ("call_lost_closed", true)] {
+        let call = local_call(None, "run_9", call_id, TOOL, LocalState::Orphaned, 0);
+        let note = |what: &str| Change::Note {
+            run_id: "run_9".into(),
+            call_id: call_id.into(),
+            what: what.into(),
+            detail: None,
+        };
+        let mut changes = vec![Change::InsertCall(call), note("orphaned_outcome_unknown")];
+        if closed {
+            changes.push(note("operator_closed"));
+        }
+        f.commit(changes);
+    }
+    let s = serve(f.db(), &[]);
+    let (_, _, list) = http(&s.addr, "GET", "/calls?needs=person", &[], "");
+    assert!(list.contains("data-call-id=\"call_lost\""), "{list}");
+    assert!(
+        !list.contains("data-call-id=\"call_lost_closed\""),
+        "{list}"
+    );
+    // reconciliation_required, rejected, and the orphaned one.
+    let (_, _, overview) = http(&s.addr, "GET", "/", &[], "");
+    assert!(
+        overview.contains("id=\"total-needs-person\" href=\"/calls?needs=person\">3<"),
+        "{overview}"
+    );
+    let (_, _, page) = http(&s.addr, "GET", "/calls/run_9/call_lost", &[], "");
+    assert!(page.contains("id=\"close-form\""), "{page}");
+    let (_, _, page) = http(&s.addr, "GET", "/calls/run_9/call_lost_closed", &[], "");
+    assert!(!page.contains("id=\"close-form\""), "{page}");
+}
+
+#[test]
+fn every_answer_keeps_out_of_frames_and_caches() {
+    let f = Fixture::seeded();
+    let s = serve(f.db(), &["--read-only"]);
+    let port = s.addr.rsplit(':').next().unwrap_or_default().to_owned();
+    for (method, path, host) in [
+        ("GET", "/", format!("127.0.0.5:{port}")),
+        ("POST", "/calls/run_1/call_recon/resolve", s.addr.clone()),
+        ("GET", "/", format!("elsewhere.example:{port}")),
+    ] {
+        let (_, head, _) = http(&s.addr, method, path, &[("Host", &host)], "csrf=x");
+        for header in [
+            "x-frame-options: deny",
+            "cache-control: no-store",
+            "content-security-policy: default-src 'none'",
+        ] {
+            assert!(
+                head.contains(header),
+                "{method} {path} (Host {host}) lacks {header}: {head}"
+            );
+        }
+    }
+    // Another loopback address is a loopback host name too.
+    let (status, _, _) = http(
+        &s.addr,
+        "GET",
+        "/",
+        &[("Host", &format!("127.0.0.5:{port}"))],
+        "",
+    );
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn sign_out_needs_the_session_itself() {
+    let f = Fixture::seeded();
+    let s = serve(f.db(), &["--auth-token", "tok-d"]);
+    let (_, _, login) = http(&s.addr, "GET", "/login", &[], "");
+    let (status, head, _) = http(
+        &s.addr,
+        "POST",
+        "/logout",
+        &[],
+        &format!("csrf={}", csrf(&login)),
+    );
+    assert_eq!(status, 401, "{head}");
+    assert!(!head.contains("set-cookie"), "{head}");
+}

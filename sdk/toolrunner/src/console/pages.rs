@@ -15,7 +15,7 @@ use toolrunner_protocol::wire::ReceiptKind;
 use super::Inner;
 use super::html::{self, age, call_path, pretty, pretty_text, stamp, with_query};
 use super::security::Visitor;
-use super::sources::Source;
+use super::sources::{self, Source};
 use crate::reconciler::{CallSummary, ReceiptView, Timeline};
 use crate::store::{Attempt, CallFilter, Event, LocalState, ReceiptStatus, Timestamp};
 
@@ -54,16 +54,16 @@ struct Counts {
 /// (`reconciliation_required`), the platform refused it after its effect
 /// may have happened (`rejected`), or the platform forgot it while its
 /// outcome was unknown and nobody closed it yet (`orphaned`).
-async fn needs_a_person(source: &Source, c: &CallSummary) -> bool {
-    match c.state() {
+async fn needs_a_person(source: &Source, c: &CallSummary) -> crate::Result<bool> {
+    Ok(match c.state() {
         s if NEEDS_A_PERSON.contains(&s) => true,
         LocalState::Orphaned => source
             .reconciler
             .show(c.run_id(), c.call_id())
-            .await
-            .is_ok_and(|t| t.closable()),
+            .await?
+            .closable(),
         _ => false,
-    }
+    })
 }
 
 /// `GET /`: calls by state and by tool, receipts waiting and calls needing
@@ -74,13 +74,9 @@ pub(super) async fn overview(
 ) -> Response {
     let view = state.sources.in_view().await;
     let mut problems = view.problems;
-    let mut all = Vec::new();
-    for source in &view.sources {
-        match counts(source).await {
-            Ok(c) => all.push(c),
-            Err(e) => problems.push(format!("the store of {} cannot be read: {e}", source.label)),
-        }
-    }
+    let (counted, unread) = sources::each(&view.sources, |s| async move { counts(&s).await }).await;
+    problems.extend(unread);
+    let all: Vec<Counts> = counted.into_iter().map(|(_, c)| c).collect();
     let total = |s: LocalState| all.iter().map(|c| c.by_state[s.as_str()]).sum::<usize>();
     let waiting: usize = all.iter().map(|c| c.waiting).sum();
     let needing: usize = all.iter().map(|c| c.needs_person).sum();
@@ -157,7 +153,7 @@ async fn counts(source: &Source) -> crate::Result<Counts> {
     }
     let mut needing: Vec<&CallSummary> = Vec::new();
     for c in &calls {
-        if needs_a_person(source, c).await {
+        if needs_a_person(source, c).await? {
             needing.push(c);
         }
     }
@@ -214,6 +210,53 @@ impl CallsQuery {
             ],
         )
     }
+}
+
+/// The calls of one store the calls page shows: the store's filter, then
+/// the run, the search (a call id, a run id, or an operation key: the
+/// current one, else, when no call's matches, any earlier one), and
+/// `needs=person`.
+async fn matching_calls(
+    source: &Source,
+    filter: &CallFilter,
+    query: &CallsQuery,
+    q: &str,
+) -> crate::Result<Vec<CallSummary>> {
+    let listed: Vec<CallSummary> = source
+        .reconciler
+        .list(filter)
+        .await?
+        .into_iter()
+        .filter(|c| query.run.is_empty() || c.run_id() == query.run.trim())
+        .collect();
+    let mut found: Vec<CallSummary> = listed
+        .iter()
+        .filter(|c| {
+            q.is_empty()
+                || c.call_id().contains(q)
+                || c.operation_key().contains(q)
+                || c.run_id() == q
+        })
+        .cloned()
+        .collect();
+    if found.is_empty() && !q.is_empty() {
+        for c in &listed {
+            let t = source.reconciler.show(c.run_id(), c.call_id()).await?;
+            if t.attempts().iter().any(|a| a.operation_key().contains(q)) {
+                found.push(c.clone());
+            }
+        }
+    }
+    if query.needs == "person" {
+        let mut kept = Vec::new();
+        for c in found {
+            if needs_a_person(source, &c).await? {
+                kept.push(c);
+            }
+        }
+        found = kept;
+    }
+    Ok(found)
 }
 
 /// `10s`, `5m`, `2h`, `3d` as seconds.
@@ -287,28 +330,18 @@ pub(super) async fn calls(
         .into_iter()
         .map(|s| s.label)
         .collect();
-    let mut rows: Vec<(String, CallSummary)> = Vec::new();
     let q = query.q.trim();
-    for source in &view.sources {
-        let listed = match source.reconciler.list(&filter).await {
-            Ok(l) => l,
-            Err(e) => {
-                problems.push(format!("the store of {} cannot be read: {e}", source.label));
-                continue;
-            }
-        };
-        for c in listed {
-            let matches = (query.run.is_empty() || c.run_id() == query.run.trim())
-                && (q.is_empty()
-                    || c.call_id().contains(q)
-                    || c.operation_key().contains(q)
-                    || c.run_id() == q);
-            if !matches || (query.needs == "person" && !needs_a_person(source, &c).await) {
-                continue;
-            }
-            rows.push((source.label.clone(), c));
-        }
-    }
+    let (found, unread) = sources::each(&view.sources, |source| {
+        let filter = filter.clone();
+        let query = &query;
+        async move { matching_calls(&source, &filter, query, q).await }
+    })
+    .await;
+    problems.extend(unread);
+    let mut rows: Vec<(String, CallSummary)> = found
+        .into_iter()
+        .flat_map(|(source, calls)| calls.into_iter().map(move |c| (source.label.clone(), c)))
+        .collect();
     let newest = query.sort == "newest";
     rows.sort_by(|a, b| {
         let order = a.1.updated_at().cmp(&b.1.updated_at());
@@ -675,19 +708,21 @@ pub(super) async fn outbox(
         .into_iter()
         .map(|s| s.label)
         .collect();
-    let mut rows = Vec::new();
-    for source in &view.sources {
-        let status = match source.reconciler.outbox().await {
-            Ok(s) => s,
-            Err(e) => {
-                problems.push(format!("the store of {} cannot be read: {e}", source.label));
-                continue;
-            }
-        };
-        for r in status.pending() {
-            rows.push((source.label.clone(), r.clone()));
-        }
-    }
+    let (read, unread) = sources::each(&view.sources, |source| async move {
+        source.reconciler.outbox().await
+    })
+    .await;
+    problems.extend(unread);
+    let mut rows: Vec<(String, ReceiptView)> = read
+        .into_iter()
+        .flat_map(|(source, status)| {
+            status
+                .pending()
+                .iter()
+                .map(|r| (source.label.clone(), r.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     rows.sort_by_key(|(_, r)| r.created_at());
     let body = html! {
         h1 { "Outbox" }

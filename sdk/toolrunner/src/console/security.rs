@@ -249,8 +249,8 @@ async fn admit(state: &Inner, request: Request, next: Next) -> Response {
             "this console answers only to its own host names (without --auth-token: localhost and 127.0.0.1); a page of another site may have been rebound to it: nothing was done",
         );
     }
-    let login = path == "/login" || path == "/logout";
-    if post && state.read_only && !(login && state.security.authenticates()) {
+    let signing = path == "/login" || path == "/logout";
+    if post && state.read_only && !(signing && state.security.authenticates()) {
         return html::refusal(
             StatusCode::FORBIDDEN,
             "this console is read-only: no action is taken (start it without --read-only to act)",
@@ -263,7 +263,7 @@ async fn admit(state: &Inner, request: Request, next: Next) -> Response {
         .is_some_and(|v| v.eq_ignore_ascii_case("https"));
     let csrf = match state.security.admit(request.headers()) {
         Some(csrf) => csrf,
-        None if login => state.security.login_csrf.clone(),
+        None if path == "/login" => state.security.login_csrf.clone(),
         None if request.method() == Method::GET => {
             return Redirect::to(&format!("{base}/login")).into_response();
         }
@@ -334,6 +334,8 @@ pub(super) async fn login(
         return Redirect::to(&v.home()).into_response();
     };
     if !same(form.token.trim(), token) {
+        // Slows a guessing loop down.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         return html::login(
             &v,
             StatusCode::UNAUTHORIZED,

@@ -12,8 +12,12 @@ use crate::reconciler::Reconciler;
 /// How long a list of a database's identities is used before it is read
 /// again.
 const REDISCOVER_AFTER: Duration = Duration::from_secs(5);
-/// How long a look at a database's identities may take.
+/// How long a look at a database's identities, or the opening of one's
+/// store, may take.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one store's reads for a page may take: a database that does
+/// not answer is named on the page instead of holding it up.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One executor's store, as the console shows it.
 #[derive(Clone)]
@@ -71,14 +75,25 @@ impl Sources {
                 reconciler: Arc::new(reconciler),
             });
         }
-        let mut postgres = Vec::new();
+        let mut postgres: Vec<String> = Vec::new();
+        let mut files: Vec<std::path::PathBuf> = Vec::new();
         for url in databases {
             if crate::store::is_postgres(&url) {
-                postgres.push(url);
+                // A database given twice is shown once.
+                if !postgres.contains(&url) {
+                    postgres.push(url);
+                }
                 continue;
             }
             let path = url.strip_prefix("sqlite://").unwrap_or(&url);
             let path = path.split('?').next().unwrap_or(path);
+            // A file given twice (a path, then its URL) is shown once.
+            if let Ok(real) = std::fs::canonicalize(path) {
+                if files.contains(&real) {
+                    continue;
+                }
+                files.push(real);
+            }
             if !std::path::Path::new(path).exists() {
                 return Err(Error::new(
                     Kind::Builder,
@@ -141,15 +156,16 @@ impl Sources {
                 match tokio::time::timeout(DISCOVERY_TIMEOUT, Reconciler::identities(url)).await {
                     Ok(Ok(listed)) => listed,
                     Ok(Err(e)) => {
-                        found
-                            .problems
-                            .push(format!("database {} cannot be read: {e}", db + 1));
+                        found.problems.push(format!(
+                            "the database {} cannot be read: {e}",
+                            describe(url)
+                        ));
                         continue;
                     }
                     Err(_) => {
                         found.problems.push(format!(
-                            "database {} did not answer within {}s",
-                            db + 1,
+                            "the database {} did not answer within {}s",
+                            describe(url),
                             DISCOVERY_TIMEOUT.as_secs()
                         ));
                         continue;
@@ -162,10 +178,18 @@ impl Sources {
                 if found.sources.iter().any(|(d, i, _)| *d == db && *i == id) {
                     continue;
                 }
-                let reconciler = match Reconciler::open_identity(url, &schema).await {
-                    Ok(r) => with_platform(r, &self.platform),
-                    Err(e) => Err(e),
-                };
+                let opened = tokio::time::timeout(
+                    DISCOVERY_TIMEOUT,
+                    Reconciler::open_identity(url, &schema),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        Kind::Store,
+                        format!("no answer within {}s", DISCOVERY_TIMEOUT.as_secs()),
+                    ))
+                });
+                let reconciler = opened.and_then(|r| with_platform(r, &self.platform));
                 match reconciler {
                     Ok(reconciler) => {
                         let taken = self
@@ -200,6 +224,45 @@ impl Sources {
         }
         view
     }
+}
+
+/// `read` on every store at once, each within a few seconds: the answers
+/// by store, in the stores' order, and what could not be read.
+pub(super) async fn each<T, F, Fut>(sources: &[Source], read: F) -> (Vec<(Source, T)>, Vec<String>)
+where
+    F: Fn(Source) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let reads = sources.iter().map(|source| {
+        let read = read(source.clone());
+        async move {
+            let answer = tokio::time::timeout(READ_TIMEOUT, read).await;
+            (source.clone(), answer)
+        }
+    });
+    let mut answers = Vec::new();
+    let mut problems = Vec::new();
+    for (source, answer) in futures_util::future::join_all(reads).await {
+        match answer {
+            Ok(Ok(value)) => answers.push((source, value)),
+            Ok(Err(e)) => {
+                problems.push(format!("the store of {} cannot be read: {e}", source.label))
+            }
+            Err(_) => problems.push(format!(
+                "the store of {} did not answer within {}s",
+                source.label,
+                READ_TIMEOUT.as_secs()
+            )),
+        }
+    }
+    (answers, problems)
+}
+
+/// A database's URL without its credentials or options, to name it.
+fn describe(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split('?').next().unwrap_or(rest).to_owned()
 }
 
 /// A reconciler that delivers to `platform`, when one is given.
@@ -253,6 +316,15 @@ mod tests {
         );
         assert_eq!(sqlite_url("/x/y.db"), "sqlite:///x/y.db");
         assert_eq!(sqlite_url("sqlite://y.db"), "sqlite://y.db");
+    }
+
+    #[test]
+    fn a_database_is_named_without_its_credentials() {
+        assert_eq!(
+            describe("postgres://app:s3cret@db.internal:5432/ops?sslmode=require"),
+            "db.internal:5432/ops"
+        );
+        assert_eq!(describe("postgres://127.0.0.1/test"), "127.0.0.1/test");
     }
 
     #[test]
