@@ -322,14 +322,7 @@ pub(super) async fn calls(
     }
     let view = state.sources.only(&query.identity).await;
     let mut problems = view.problems;
-    let all_labels: Vec<String> = state
-        .sources
-        .in_view()
-        .await
-        .sources
-        .into_iter()
-        .map(|s| s.label)
-        .collect();
+    let all_labels = state.sources.labels().await;
     let q = query.q.trim();
     let (found, unread) = sources::each(&view.sources, |source| {
         let filter = filter.clone();
@@ -700,14 +693,7 @@ pub(super) async fn outbox(
 ) -> Response {
     let view = state.sources.only(identity.label()).await;
     let mut problems = view.problems;
-    let labels: Vec<String> = state
-        .sources
-        .in_view()
-        .await
-        .sources
-        .into_iter()
-        .map(|s| s.label)
-        .collect();
+    let labels = state.sources.labels().await;
     let (read, unread) = sources::each(&view.sources, |source| async move {
         source.reconciler.outbox().await
     })

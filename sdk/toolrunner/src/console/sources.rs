@@ -216,6 +216,16 @@ impl Sources {
         found.sources.sort_by(|a, b| a.2.label.cmp(&b.2.label));
     }
 
+    /// The labels of the stores in view, for a page's identity filter.
+    pub(super) async fn labels(&self) -> Vec<String> {
+        self.in_view()
+            .await
+            .sources
+            .into_iter()
+            .map(|s| s.label)
+            .collect()
+    }
+
     /// The stores in view shown as `identity` (every store for none).
     pub(super) async fn only(&self, identity: &str) -> InView {
         let mut view = self.in_view().await;
