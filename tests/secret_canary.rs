@@ -24,7 +24,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use toolrunner::platform::{NewToolCall, Platform};
+use toolrunner::platform::{CallState, NewToolCall, Platform};
 use toolrunner::{
     CallContext, CallFilter, Evidence, Executor, LocalState, Outcome, Reconciled, ToolError,
 };
@@ -204,8 +204,27 @@ async fn no_secret_argument_or_result_reaches_logs_spans_metrics_or_debug() -> R
         .await?;
     let running = executor.start().await?;
     debug.push(format!("{running:?}"));
+    // Settled, and the hooked call's `reconciliation_required` (itself a
+    // settled state) past: its hook completes it on a later check.
     let settled = platform
-        .wait_settled(&run.run_id, Duration::from_secs(20))
+        .wait_for(
+            &run.run_id,
+            Duration::from_secs(20),
+            "settled, the hooked call completed",
+            |run| {
+                run.tool_calls.iter().all(|c| {
+                    matches!(
+                        c.state,
+                        CallState::Completed
+                            | CallState::Failed
+                            | CallState::ReconciliationRequired
+                    )
+                }) && run
+                    .tool_calls
+                    .get(3)
+                    .is_some_and(|c| c.state == CallState::Completed)
+            },
+        )
         .await?;
     debug.push(format!("{settled:?}"));
     let states: Vec<String> = settled
