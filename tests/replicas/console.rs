@@ -52,12 +52,22 @@ fn row<'a>(page: &'a str, call_id: &str) -> Option<&'a str> {
 
 pub(crate) async fn three_identities_show_each_their_calls(url: &str) -> Result<()> {
     let db = format!("toolrunner_console_{:08x}", rand::random::<u32>());
+    in_new_database(url, &db, async |db_url, _| check(&db_url).await).await
+}
+
+/// Runs `body` on a database `db` made for it beside the one at `url`
+/// (with the URL of `db` and a connection to `url` to drop it early),
+/// then drops it, whatever `body` did.
+async fn in_new_database(
+    url: &str,
+    db: &str,
+    body: impl AsyncFnOnce(String, &mut sqlx::PgConnection) -> Result<()>,
+) -> Result<()> {
     let mut admin = sqlx::PgConnection::connect(url).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
         .execute(&mut admin)
         .await?;
-    let db_url = with_database(url, &db)?;
-    let outcome = check(&db_url).await;
+    let outcome = body(with_database(url, db)?, &mut admin).await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
     )))
@@ -182,12 +192,7 @@ async fn check(url: &str) -> Result<()> {
 /// pages, which still show the others.
 async fn two_databases(url: &str) -> Result<()> {
     let db = format!("toolrunner_console2_{:08x}", rand::random::<u32>());
-    let mut admin = sqlx::PgConnection::connect(url).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
-        .execute(&mut admin)
-        .await?;
-    let second = with_database(url, &db)?;
-    let outcome = async {
+    in_new_database(url, &db, async |second, admin| {
         let twin = PgStore::connect_as(&second, "console-a", "bnd_console", "ins_twin").await?;
         let mut call = crate::store_contract::rows::call("call_a_db2", LocalState::Delivered, 0);
         call.run_id = "run_console-a".into();
@@ -271,7 +276,7 @@ async fn two_databases(url: &str) -> Result<()> {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP DATABASE {db} WITH (FORCE)"
         )))
-        .execute(&mut admin)
+        .execute(&mut *admin)
         .await?;
         tokio::time::sleep(std::time::Duration::from_secs(6)).await;
         let page = calls().await?;
@@ -281,13 +286,6 @@ async fn two_databases(url: &str) -> Result<()> {
         );
         server.abort();
         Ok(())
-    }
-    .await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
-    )))
-    .execute(&mut admin)
-    .await?;
-    admin.close().await?;
-    outcome
+    })
+    .await
 }

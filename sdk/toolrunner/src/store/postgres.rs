@@ -567,13 +567,18 @@ impl PgStore {
             .idle_timeout(std::time::Duration::from_secs(30))
             .connect_with(session(options.clone()).options([("search_path", schema)]))
             .await?;
-        Ok(PgStore {
+        Ok(Self::over(pool, options))
+    }
+
+    /// A store over `pool`, holding no identity yet.
+    fn over(pool: PgPool, options: PgConnectOptions) -> PgStore {
+        PgStore {
             pool,
             options,
             hold: None,
             writer: Arc::default(),
             counts: Arc::default(),
-        })
+        }
     }
 
     /// A small pool in `schema` (created if missing), not migrated.
@@ -594,13 +599,7 @@ impl PgStore {
             .connect_with(options.clone())
             .await?;
         migrate(&pool, &MIGRATOR).await?;
-        Ok(PgStore {
-            pool,
-            options,
-            hold: None,
-            writer: Arc::default(),
-            counts: Arc::default(),
-        })
+        Ok(Self::over(pool, options))
     }
 
     /// Applies `changes` in one transaction; the number of calls pruned.
