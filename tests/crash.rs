@@ -1117,7 +1117,7 @@ fn outstanding_claim_unknown_to_the_store_is_released() {
 /// `outstanding` lists a `running` call the (new, empty) store does not
 /// know → never executed, reported `reconciliation_required`.
 #[test]
-fn outstanding_running_call_unknown_to_the_store_needs_reconciliation() {
+fn outstanding_running_call_unknown_to_the_store_is_reported_and_never_filed() {
     with_failpoints(async {
         let mut row = Row::new(WRITE_TOOL, None).await;
         fail::cfg("after_accepted_confirmed", "return").unwrap();
@@ -1134,15 +1134,19 @@ fn outstanding_running_call_unknown_to_the_store_needs_reconciliation() {
         let call = row.wait_platform("reconciliation_required").await;
         assert_eq!(receipt_kinds(&call), ["accepted"]);
         let inspect_b = open_store(&store_b).await;
-        let known = eventually("B records reconciliation_required", LIMIT, || async {
+        // Reported, and kept as nothing this store ran or can act on (it
+        // holds no assignment of the call): never a call waiting for a
+        // person here.
+        let known = eventually("B records the call as not its own", LIMIT, || async {
             inspect_b
                 .call(&row.run_id, &row.call_id)
                 .await
                 .expect("readable")
-                .filter(|c| c.state == LocalState::ReconciliationRequired && c.report.is_none())
+                .filter(|c| c.state == LocalState::Abandoned && c.report.is_none())
         })
         .await;
         assert_eq!(known.reason.as_deref(), Some("unknown_to_executor"));
+        assert!(known.assignment.is_none());
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(log_b.len(), 0, "{:?}", log_b.all());
         assert_eq!(row.log.len(), 0);

@@ -395,6 +395,56 @@ mod suite {
                 },
             ),
             (
+                "replicas::unlike::a_release_carries_the_wait_owed_to_a_frozen_holder",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::unlike::a_release_carries_the_wait_owed_to_a_frozen_holder(
+                            &u,
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
+                "replicas::unlike::a_take_back_keeps_what_a_shorter_lease_owed",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::unlike::a_take_back_keeps_what_a_shorter_lease_owed(&u)
+                            .await
+                    })
+                },
+            ),
+            (
+                "replicas::unlike::a_step_of_the_database_clock_takes_no_live_identity",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::unlike::a_step_of_the_database_clock_takes_no_live_identity(&u).await
+                    })
+                },
+            ),
+            (
+                "replicas::unlike::twins_on_two_databases_leave_the_later_one_serving",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::unlike::twins_on_two_databases_leave_the_later_one_serving(
+                            &u,
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
+                "replicas::unlike::an_upgrade_refuses_to_run_beside_an_older_version",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::unlike::an_upgrade_refuses_to_run_beside_an_older_version(
+                            &u,
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
                 "replicas::takeover::an_adopter_superseded_by_a_process_without_the_lease_connects_again",
                 |u| {
                     Box::pin(async move {

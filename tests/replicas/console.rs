@@ -31,7 +31,7 @@ const IDENTITIES: [(&str, &[(&str, LocalState)]); 3] = [
 ];
 
 /// `url` with its database replaced by `db`.
-fn with_database(url: &str, db: &str) -> Result<String> {
+pub(super) fn with_database(url: &str, db: &str) -> Result<String> {
     let (head, tail) = url
         .rsplit_once('/')
         .context("the PostgreSQL URL has no database path")?;
@@ -58,7 +58,7 @@ pub(crate) async fn three_identities_show_each_their_calls(url: &str) -> Result<
 /// Runs `body` on a database `db` made for it beside the one at `url`
 /// (with the URL of `db` and a connection to `url` to drop it early),
 /// then drops it, whatever `body` did.
-async fn in_new_database(
+pub(super) async fn in_new_database(
     url: &str,
     db: &str,
     body: impl AsyncFnOnce(String, &mut sqlx::PgConnection) -> Result<()>,

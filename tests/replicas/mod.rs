@@ -14,6 +14,9 @@
 //!   readiness while the database does not answer;
 //! - `console`: the operator console over one database with three
 //!   identities;
+//! - `unlike`: replicas with unlike settings (lease lengths, graces,
+//!   `auto_reconcile`), a release followed by a restart, a step of the
+//!   database's clock, twins of one id on two databases;
 //! - here: the fencing token itself.
 
 pub(crate) mod chaos;
@@ -24,6 +27,7 @@ mod pause;
 mod proxy;
 pub(crate) mod rolling;
 pub(crate) mod takeover;
+pub(crate) mod unlike;
 
 use std::time::Duration;
 
@@ -138,6 +142,11 @@ pub(crate) async fn a_running_executor_whose_lease_moved_on_stops(url: &str) -> 
     // The identity moves on (as when a restart of it takes it back from
     // this process as from an adopter).
     let mut conn = sqlx::PgConnection::connect(url).await?;
+    // As a session of this version (the lease table refuses a lease write
+    // of an older one).
+    sqlx::query("SET toolrunner.lease_format = '2'")
+        .execute(&mut conn)
+        .await?;
     sqlx::query(
         "UPDATE toolrunner_leases.executor_leases SET token = token + 1, holder = 'ins_newer' WHERE executor_id = $1",
     )

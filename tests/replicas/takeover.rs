@@ -25,45 +25,55 @@ use super::pause::{Proxy, address_of};
 use super::{LeaseRow, clean_up, lease};
 
 /// Each lease of these tests lives this long after a renewal.
-const TTL: Duration = Duration::from_millis(500);
+pub(super) const TTL: Duration = Duration::from_millis(500);
 /// The platform's lease.
 const PLATFORM_LEASE_MS: u64 = 1_000;
 
 /// What a probe call does (its arguments).
 #[toolrunner::schema]
 #[derive(Debug, Deserialize)]
-struct Probe {
+pub(super) struct Probe {
     /// `ok`, `held` (waits for the test, then makes its effect), `unknown`
-    /// (fails with an unknown outcome, and its hook cannot tell) or
-    /// `long_tx` (holds its transaction for a while).
+    /// (fails with an unknown outcome, and its hook cannot tell),
+    /// `long_tx` (holds its transaction for a while) or `commit_held`
+    /// (waits for the test, passes its commit point, waits for the test
+    /// again, then makes its effect).
     mode: String,
 }
 
 /// A probe's result.
 #[toolrunner::schema]
 #[derive(Debug, Serialize)]
-struct Done {
+pub(super) struct Done {
     /// The number of effects made so far.
     effects: usize,
 }
 
 /// The business system these replicas share.
 #[derive(Default)]
-struct Business {
+pub(super) struct Business {
     /// Operation keys of the effects made.
     effects: Mutex<Vec<String>>,
     /// Handler starts: operation key and mode.
     starts: Mutex<Vec<(String, String)>>,
     /// Held handlers go on when notified.
-    gate: tokio::sync::Notify,
+    pub(super) gate: tokio::sync::Notify,
+    /// A `commit_held` handler passes its commit point when notified…
+    pub(super) commit: tokio::sync::Notify,
+    /// …says that it did (or why not)…
+    pub(super) committed: Mutex<Option<Result<Instant, String>>>,
+    /// …and makes its effect when notified again.
+    pub(super) effect: tokio::sync::Notify,
+    /// When the `reconcile` hook was asked, each time.
+    pub(super) hooks: Mutex<Vec<Instant>>,
 }
 
 impl Business {
-    fn effects(&self) -> Vec<String> {
+    pub(super) fn effects(&self) -> Vec<String> {
         self.effects.lock().expect("lock").clone()
     }
 
-    fn starts(&self) -> usize {
+    pub(super) fn starts(&self) -> usize {
         self.starts.lock().expect("lock").len()
     }
 
@@ -116,6 +126,18 @@ impl Tool for ProbeTool {
             .push((key.clone(), input.mode.clone()));
         match input.mode.as_str() {
             "held" => self.business.gate.notified().await,
+            "commit_held" => {
+                self.business.commit.notified().await;
+                let passed = ctx.commit_point().await;
+                *self.business.committed.lock().expect("lock") = Some(
+                    passed
+                        .as_ref()
+                        .map(|()| Instant::now())
+                        .map_err(ToString::to_string),
+                );
+                passed?;
+                self.business.effect.notified().await;
+            }
             "unknown" => return Err(ToolError::unknown("the downstream did not answer")),
             "long_tx" => {
                 ctx.transaction(async |tx| {
@@ -141,6 +163,11 @@ impl Tool for ProbeTool {
     /// Looks the operation key up; the hook of an `unknown` call cannot
     /// tell.
     async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Done> {
+        self.business
+            .hooks
+            .lock()
+            .expect("lock")
+            .push(Instant::now());
         if self.business.mode_of(ctx.operation_key()).as_deref() == Some("unknown") {
             return Reconciled::Unknown;
         }
@@ -156,14 +183,14 @@ impl Tool for ProbeTool {
 }
 
 /// One test's platform, binding, business system and database.
-struct World {
-    server: DevServer,
-    admin: Platform,
+pub(super) struct World {
+    pub(super) server: DevServer,
+    pub(super) admin: Platform,
     agent_id: String,
     binding_id: String,
     agent_version: String,
-    business: Arc<Business>,
-    url: String,
+    pub(super) business: Arc<Business>,
+    pub(super) url: String,
     ids: Mutex<Vec<String>>,
 }
 
@@ -200,7 +227,7 @@ impl World {
     }
 
     /// A fresh executor id of this test (dropped with its schema after).
-    fn id(&self, name: &str) -> String {
+    pub(super) fn id(&self, name: &str) -> String {
         let id = format!("tk-{name}-{:08x}", rand::random::<u32>());
         self.ids.lock().expect("lock").push(id.clone());
         id
@@ -208,13 +235,17 @@ impl World {
 
     /// An executor of `id` on the shared database, with a takeover grace
     /// if given.
-    fn executor(&self, id: &str, grace: Option<Duration>) -> toolrunner::ExecutorBuilder {
+    pub(super) fn executor(
+        &self,
+        id: &str,
+        grace: Option<Duration>,
+    ) -> toolrunner::ExecutorBuilder {
         self.executor_via(id, grace, &self.url, &self.server.base_url())
     }
 
     /// [`executor`](Self::executor) reaching the database and the platform
     /// at these URLs (proxies).
-    fn executor_via(
+    pub(super) fn executor_via(
         &self,
         id: &str,
         grace: Option<Duration>,
@@ -247,7 +278,7 @@ impl World {
         b
     }
 
-    async fn run(&self, tool: &str, modes: &[&str]) -> Result<String> {
+    pub(super) async fn run(&self, tool: &str, modes: &[&str]) -> Result<String> {
         let calls = modes
             .iter()
             .map(|m| NewToolCall::new(tool, json!({ "mode": m })))
@@ -314,7 +345,7 @@ impl World {
     }
 
     /// The connection the platform holds for an executor identity.
-    async fn connection_of(&self, id: &str) -> Result<Option<String>> {
+    pub(super) async fn connection_of(&self, id: &str) -> Result<Option<String>> {
         let d = self
             .admin
             .diagnostics(&self.agent_id, &self.binding_id)
@@ -350,7 +381,7 @@ async fn lease_row_locked(url: &str, id: &str) -> Result<bool> {
 }
 
 /// Waits until `running` stops, saying that it lost its lease.
-async fn stops_fenced(running: &RunningExecutor, who: &str) -> Result<()> {
+pub(super) async fn stops_fenced(running: &RunningExecutor, who: &str) -> Result<()> {
     let stopped = tokio::time::timeout(Duration::from_secs(10), running.wait())
         .await
         .with_context(|| format!("{who} did not stop"))?;
@@ -363,7 +394,7 @@ async fn stops_fenced(running: &RunningExecutor, who: &str) -> Result<()> {
 }
 
 /// Waits until the lease row of `id` satisfies `done`.
-async fn wait_lease(
+pub(super) async fn wait_lease(
     url: &str,
     id: &str,
     within: Duration,
@@ -385,7 +416,7 @@ async fn wait_lease(
 }
 
 /// Runs `body` with a world, cleaning up whether it passed or not.
-async fn with_world<F, Fut>(url: &str, body: F) -> Result<()>
+pub(super) async fn with_world<F, Fut>(url: &str, body: F) -> Result<()>
 where
     F: FnOnce(Arc<World>) -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
@@ -397,7 +428,7 @@ where
     outcome.and(cleaned)
 }
 
-async fn drain(running: RunningExecutor) {
+pub(super) async fn drain(running: RunningExecutor) {
     let _ = running
         .shutdown(Shutdown::Drain {
             deadline: Duration::from_secs(2),

@@ -196,14 +196,14 @@ pub(crate) const TABLE: &[Rule] = &[
     Rule {
         event: "outstanding_running",
         from: NEW,
-        to: To::State(ReconciliationRequired),
-        writes: "report `reconciliation_required`, reason `unknown_to_executor`",
+        to: To::State(Abandoned),
+        writes: "report `reconciliation_required`, reason `unknown_to_executor` (nothing ran from this store, and nothing here can act on it: no assignment)",
     },
     Rule {
         event: "outstanding_reconciling",
         from: NEW,
-        to: To::State(ReconciliationRequired),
-        writes: "reason `unknown_to_executor`",
+        to: To::State(Abandoned),
+        writes: "reason `unknown_to_executor` (nothing ran from this store, and nothing here can act on it: no assignment)",
     },
     Rule {
         event: "hook_happened",

@@ -185,14 +185,43 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
     match e.code() {
         Some("lease_expired") => {}
         Some("connection_superseded") => {
-            let own = matches!(e, ClientError::Api(api) if api.body.message.contains(&core.cfg.instance_id));
+            let message = match e {
+                ClientError::Api(api) => api.body.message.as_str(),
+                _ => "",
+            };
+            let own = message.contains(&core.cfg.instance_id);
             // On a database shared by replicas the identity's lease says who
             // holds it: a process that connected as this identity while this
             // one still holds its token is fenced (a replica that held it
             // before, a paused process) and stops at its next renewal, so
             // this one connects again; if the token moved on, this one is
-            // the fenced one, and stops saying so.
+            // the fenced one, and stops saying so. But only a process this
+            // database recorded as a holder of the identity is such a
+            // takeover: any other is a twin with the same executor id on
+            // another database, which no lease here can tell off, and the
+            // later connector serves (protocol §4).
             if !own && core.holds_a_lease() {
+                match core.superseded_by_a_holder(message).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        if !core.done.is_cancelled() {
+                            core.fail(Error::new(
+                                Kind::Superseded,
+                                format!(
+                                    "another process connected as executor {} ({e}), and it never held this identity on this process's database ({}): two processes with one executor id on two databases (a blue/green switch, a second region); the later one serves, and this one stops claiming: give each its own executor id, or stop one of them",
+                                    core.cfg.executor_id,
+                                    core.database().unwrap_or_default()
+                                ),
+                            ));
+                        }
+                        return false;
+                    }
+                    // Asked again at the next refusal (the next heartbeat).
+                    Err(why) => {
+                        tracing::warn!(executor_id = %core.cfg.executor_id, error = %e, %why, "superseded by another process, and this database could not say whether it ever held the identity: not connecting again before it can");
+                        return false;
+                    }
+                }
                 if core.confirm_lease().await.is_err() {
                     if !core.done.is_cancelled() {
                         core.fail(Error::new(

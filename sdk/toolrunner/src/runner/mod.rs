@@ -213,6 +213,33 @@ impl Core {
         false
     }
 
+    /// Whether the process that superseded this one's connection (the
+    /// platform's `message` names its instance) is one this process's
+    /// database recorded as a holder of the identity: a takeover on this
+    /// database, not a twin on another. Always `true` on a store of one
+    /// process.
+    ///
+    /// # Errors
+    /// The database could not tell (try again later).
+    pub(crate) async fn superseded_by_a_holder(&self, message: &str) -> Result<bool, String> {
+        #[cfg(feature = "postgres")]
+        if let Some(replica) = &self.replica {
+            return replica.holds_or_held(message).await;
+        }
+        let _ = message;
+        Ok(true)
+    }
+
+    /// Where this executor's database is (host, port and name; never a
+    /// password), on a store shared by replicas.
+    pub(crate) fn database(&self) -> Option<String> {
+        #[cfg(feature = "postgres")]
+        if let Some(replica) = &self.replica {
+            return Some(replica.store.database());
+        }
+        None
+    }
+
     /// Right before a connect: the identity's lease renewed now (nothing
     /// to do on a store of its own). A fenced process halts here.
     pub(crate) async fn confirm_lease(&self) -> Result<(), Error> {

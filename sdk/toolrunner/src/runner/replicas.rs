@@ -146,16 +146,45 @@ impl Replica {
     /// of whoever held the identity before is a lease old, plus the
     /// window. (A window too long to add is a year.)
     pub(crate) fn hooks_after(&self, commit_window: Duration) -> Option<Instant> {
-        self.store.predecessor_done().map(|t| {
-            t.checked_add(commit_window)
-                .unwrap_or_else(|| t + Duration::from_secs(365 * 24 * 3600))
-        })
+        self.store.hooks_after(commit_window)
+    }
+
+    /// Whether `message` (the platform's words on a superseded
+    /// connection, which name the new instance) names an instance this
+    /// database recorded as a holder of the identity, now or lately (an
+    /// adopter's executors connect as its instance id and a suffix).
+    ///
+    /// # Errors
+    /// The database could not tell.
+    pub(crate) async fn holds_or_held(&self, message: &str) -> Result<bool, String> {
+        let holders = self
+            .io(self.store.recorded_holders())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(names_one_of(message, &holders))
     }
 
     /// The adopted executors, taken out (to stop them with this one).
     pub(crate) fn take_adopted(&self) -> Vec<RunningExecutor> {
         std::mem::take(&mut *lock(&self.adopted))
     }
+}
+
+/// Whether `message` names one of `instances` as a word of its own (an
+/// instance id's characters: letters, digits, `_`, `.`, `:` and `-`),
+/// alone or followed by `:` and a suffix (an adopter's executor).
+fn names_one_of(message: &str, instances: &[String]) -> bool {
+    message
+        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-')))
+        .map(|word| word.trim_end_matches(['.', ':']))
+        .any(|word| {
+            instances.iter().any(|i| {
+                word == i
+                    || word
+                        .strip_prefix(i.as_str())
+                        .is_some_and(|rest| rest.starts_with(':'))
+            })
+        })
 }
 
 fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -274,6 +303,8 @@ pub(crate) async fn adoption_loop(core: Arc<Core>) {
         return;
     };
     let every = (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    // The leases of the binding as this replica watches them lapse.
+    let mut watch = crate::store::LapseWatch::default();
     loop {
         tokio::select! {
             _ = core.stop.cancelled() => return,
@@ -281,7 +312,7 @@ pub(crate) async fn adoption_loop(core: Arc<Core>) {
         }
         let_go(replica).await;
         if replica.live() {
-            adopt(&core, replica, template, grace).await;
+            adopt(&core, replica, template, grace, &mut watch).await;
         }
     }
 }
@@ -292,6 +323,7 @@ async fn adopt(
     replica: &Replica,
     template: &super::template::Template,
     grace: Duration,
+    watch: &mut crate::store::LapseWatch,
 ) {
     let skip: Vec<String> = {
         let mut skip = lock(&replica.skip);
@@ -306,7 +338,14 @@ async fn adopt(
     }
     let adopting = replica
         .store
-        .adopt_lapsed(&core.cfg.instance_id, grace, replica.ttl(), &skip)
+        .adopt_lapsed(
+            &core.cfg.instance_id,
+            grace,
+            replica.ttl(),
+            template.longest_commit_window(),
+            &skip,
+            watch,
+        )
         .await;
     gate::thawed(replica.gate.as_deref()).await;
     let adopted = match adopting {
@@ -392,5 +431,23 @@ async fn let_go(replica: &Replica) {
         {
             core.finished.cancel();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_one_of;
+
+    #[test]
+    fn a_superseder_is_told_by_its_instance_id_as_a_word() {
+        let held = vec!["ins_1".to_owned(), "ins_adopter".to_owned()];
+        assert!(names_one_of("superseded by instance ins_1", &held));
+        assert!(names_one_of(
+            "superseded by instance ins_adopter:1a2b3c4d.",
+            &held
+        ));
+        assert!(!names_one_of("superseded by instance ins_12", &held));
+        assert!(!names_one_of("superseded by instance other:ins_1", &held));
+        assert!(!names_one_of("superseded by instance ins_twin", &held));
     }
 }

@@ -95,6 +95,7 @@ impl Template {
             &self.cfg.binding_id,
             &self.cfg.instance_id,
             self.cfg.lease_ttl,
+            self.longest_commit_window(),
         )
         .await?;
         let template = self.takeover_grace.is_some().then(|| self.template());
@@ -112,6 +113,18 @@ impl Template {
     async fn start_replica(self) -> Result<RunningExecutor> {
         let store = crate::store::open(&self.store_url).await?;
         self.start_locked(store, None).await
+    }
+
+    /// The longest commit window of this executor's tools: how long after
+    /// a commit point (or a handler's start) any of its handlers may still
+    /// make its effect.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn longest_commit_window(&self) -> Duration {
+        self.tools
+            .values()
+            .map(|t| t.commit_window())
+            .max()
+            .unwrap_or(crate::api::handler::DEFAULT_COMMIT_WINDOW)
     }
 
     /// This executor's settings and tools, to start adopted identities

@@ -46,6 +46,8 @@ pub use model::{
 pub(crate) use model::{DEFAULT_LEASE_TTL, now, now_rfc3339, rfc3339};
 
 #[cfg(feature = "postgres")]
+pub(crate) use postgres::LapseWatch;
+#[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))] // the testing seam's (the bench)
 pub use sqlite::WriterStats;

@@ -25,6 +25,7 @@ mod writer;
 use super::write;
 
 use lease::Fence;
+pub(crate) use lease::LapseWatch;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
@@ -72,10 +73,12 @@ struct Hold {
     lease: Arc<tokio::sync::Mutex<Option<PgConnection>>>,
     /// When the lease was taken (sent), by this process's clock.
     taken_at: Instant,
-    /// From when on every commit point (or handler start) of whoever held
-    /// the identity before is a whole lease old: its last renewal plus two
-    /// leases, if someone held it.
-    predecessor_done: Option<Instant>,
+    /// What this holder owes the identity's earlier holders before any
+    /// `reconcile` hook may be asked (`None`: nothing).
+    owed: Option<lease::Owed>,
+    /// The longest commit window of this holder's tools (what a release
+    /// carries on is owed for tools of that window).
+    window: Duration,
 }
 
 /// Why an adoption failed, and of which identity (its store would not
@@ -185,16 +188,26 @@ impl PgStore {
         binding_id: &str,
         holder: &str,
     ) -> Result<PgStore, StoreError> {
-        Self::open_identity(url, executor_id, binding_id, holder, DEFAULT_LEASE_TTL).await
+        Self::open_identity(
+            url,
+            executor_id,
+            binding_id,
+            holder,
+            DEFAULT_LEASE_TTL,
+            crate::api::handler::DEFAULT_COMMIT_WINDOW,
+        )
+        .await
     }
 
-    /// [`connect_as`](Self::connect_as) with a lease of `ttl`.
+    /// [`connect_as`](Self::connect_as) with a lease of `ttl`, for tools
+    /// whose longest commit window is `window`.
     pub(crate) async fn open_identity(
         url: &str,
         executor_id: &str,
         binding_id: &str,
         holder: &str,
         ttl: Duration,
+        window: Duration,
     ) -> Result<PgStore, StoreError> {
         let options = PgConnectOptions::from_str(url)?;
         let leases = Self::in_schema_pool(options.clone(), lease::SCHEMA).await?;
@@ -217,6 +230,7 @@ impl PgStore {
             binding_id,
             store_schema: &schema,
             ttl,
+            window,
         };
         let taken = lease::take(&leases, &claimant).await;
         leases.close().await;
@@ -230,15 +244,17 @@ impl PgStore {
             },
             lease: Arc::default(),
             taken_at: taken.at,
-            predecessor_done: taken.predecessor_done,
+            owed: taken.owed,
+            window,
         });
         Ok(store)
     }
 
     /// Adopts, for this store's identity (a replica, process `holder`), one
-    /// identity whose lease lapsed more than `grace` ago and that is not in
-    /// `skip`, and opens its store, fenced by the adoption's token, with a
-    /// lease of `ttl`: `None` when no lease lapsed that long (or another
+    /// identity that `watch` saw lapsed for longer than `grace` and that
+    /// is not in `skip`, and opens its store, fenced by the adoption's
+    /// token, with a lease of `ttl`, for tools whose longest commit window
+    /// is `window`: `None` when no lease lapsed that long (or another
     /// replica adopted it first). Its store is opened before anything is
     /// locked, and the identity is then locked only for the bump: a slow
     /// opening holds nobody back, and a store that fails to open adopts
@@ -252,68 +268,102 @@ impl PgStore {
         holder: &str,
         grace: Duration,
         ttl: Duration,
+        window: Duration,
         skip: &[String],
+        watch: &mut LapseWatch,
     ) -> Result<Option<PgStore>, AdoptError> {
         let me = self.fence().ok_or_else(|| {
             StoreError::Unsupported("a store without an identity adopts none".into())
         })?;
-        // Picked under a lock, let go at once: one whose holder's
-        // transaction is still open is passed over.
-        let mut pick = self.pool.begin().await?;
-        let seen = lease::lapsed(
-            &mut *pick,
+        let due = lease::lapsed(
+            &self.pool,
             &me.executor_id,
             &me.binding_id,
             grace,
             skip,
-            None,
+            watch,
         )
         .await?;
-        pick.rollback().await?;
-        let Some(seen) = seen else {
-            return Ok(None);
+        for (seen, owed) in due {
+            // Picked under a lock, let go at once: one whose holder's
+            // transaction is still open is passed over.
+            let mut pick = self.pool.begin().await?;
+            let free = lease::lock_unchanged(&mut pick, &seen).await?;
+            pick.rollback().await?;
+            if !free {
+                continue;
+            }
+            let id = seen.executor_id.clone();
+            let named = |error: StoreError| AdoptError {
+                executor_id: Some(id.clone()),
+                error,
+            };
+            // The store its holder used (its own schema when none is
+            // recorded).
+            let schema = if seen.store_schema.is_empty() {
+                Self::identity_schema(&id)
+            } else {
+                seen.store_schema.clone()
+            };
+            let mut adopted = Self::in_schema(self.options.clone(), &schema)
+                .await
+                .map_err(named)?;
+            adopted.claim_schema(&id).await.map_err(named)?;
+            // Still as seen, and nobody else's: locked, bumped, committed.
+            let mut tx = self.pool.begin().await?;
+            if !lease::lock_unchanged(&mut tx, &seen).await? {
+                adopted.pool.close().await;
+                return Ok(None);
+            }
+            let taken_at = Instant::now();
+            let how = lease::Adoption {
+                binding_id: &me.binding_id,
+                by: &me.executor_id,
+                holder,
+                ttl,
+                window,
+            };
+            let fence = lease::adopt(&mut tx, &id, &how, &owed).await?;
+            tx.commit().await?;
+            adopted.hold = Some(Hold {
+                fence,
+                lease: Arc::default(),
+                taken_at,
+                owed: Some(owed),
+                window,
+            });
+            return Ok(Some(adopted));
+        }
+        Ok(None)
+    }
+
+    /// The instance ids this database records as holders of this store's
+    /// identity: the current holder and the latest ones before it. A
+    /// connection of the identity superseded by one of them is a takeover
+    /// on this database; by another, a twin with the same executor id on
+    /// another database.
+    ///
+    /// # Errors
+    /// The database failed, or did not answer in time.
+    pub(crate) async fn recorded_holders(&self) -> Result<Vec<String>, StoreError> {
+        let Some(h) = &self.hold else {
+            return Ok(Vec::new());
         };
-        let id = seen.executor_id.clone();
-        let named = |error: StoreError| AdoptError {
-            executor_id: Some(id.clone()),
-            error,
-        };
-        // The store its holder used (its own schema when none is recorded).
-        let schema = if seen.store_schema.is_empty() {
-            Self::identity_schema(&id)
-        } else {
-            seen.store_schema.clone()
-        };
-        let mut adopted = Self::in_schema(self.options.clone(), &schema)
-            .await
-            .map_err(named)?;
-        adopted.claim_schema(&id).await.map_err(named)?;
-        // Still lapsed, and nobody else's: locked, bumped, committed.
-        let mut tx = self.pool.begin().await?;
-        let Some(locked) = lease::lapsed(
-            &mut *tx,
-            &me.executor_id,
-            &me.binding_id,
-            grace,
-            skip,
-            Some(&id),
+        self.on_lease(h, h.fence.ttl.max(Duration::from_secs(1)), async |conn| {
+            lease::holders(conn, &h.fence.executor_id).await
+        })
+        .await
+    }
+
+    /// Where this store's database is, for an operator (host, port and
+    /// database name; never a password).
+    pub(crate) fn database(&self) -> String {
+        format!(
+            "postgres://{}:{}/{}",
+            self.options.get_host(),
+            self.options.get_port(),
+            self.options.get_database().unwrap_or("")
         )
-        .await?
-        else {
-            adopted.pool.close().await;
-            return Ok(None);
-        };
-        let taken_at = Instant::now();
-        let fence =
-            lease::adopt(&mut tx, &id, &me.binding_id, &me.executor_id, holder, ttl).await?;
-        tx.commit().await?;
-        adopted.hold = Some(Hold {
-            fence,
-            lease: Arc::default(),
-            taken_at,
-            predecessor_done: Some(locked.done),
-        });
-        Ok(Some(adopted))
     }
 
     fn fence(&self) -> Option<&Fence> {
@@ -357,11 +407,14 @@ impl PgStore {
         self.hold.as_ref().map(|h| h.taken_at)
     }
 
-    /// From when on every commit point (or handler start) of whoever held
-    /// the identity before this store took it is a whole lease old, if
-    /// someone held it.
-    pub(crate) fn predecessor_done(&self) -> Option<Instant> {
-        self.hold.as_ref().and_then(|h| h.predecessor_done)
+    /// Not before this may a `reconcile` hook be asked about a call of a
+    /// tool with this commit window: what this holder owes the identity's
+    /// earlier holders (`None`: nothing).
+    pub(crate) fn hooks_after(&self, window: Duration) -> Option<Instant> {
+        self.hold
+            .as_ref()
+            .and_then(|h| h.owed)
+            .map(|o| o.hooks_after(window))
     }
 
     /// Runs one request on the lease's own connection (opened if there is
@@ -427,8 +480,9 @@ impl PgStore {
         let Some(h) = &self.hold else {
             return Ok(false);
         };
+        let owed = || h.owed.map_or(0, |o| o.left_ms(h.window, Instant::now()));
         self.on_lease(h, Duration::from_secs(10), async |conn| {
-            lease::release(conn, &h.fence).await
+            lease::release(conn, &h.fence, owed).await
         })
         .await
     }
@@ -668,6 +722,9 @@ fn session(options: PgConnectOptions) -> PgConnectOptions {
         ("tcp_keepalives_interval", "5"),
         ("tcp_keepalives_count", "3"),
         ("idle_in_transaction_session_timeout", idle.as_str()),
+        // This version's lease rows (the lease table's trigger refuses a
+        // lease write of a session without it: an older version).
+        ("toolrunner.lease_format", lease::FORMAT),
     ])
 }
 
