@@ -203,12 +203,43 @@ enum Action {
     /// The platform forgets run `run` (its own retention): what executors
     /// still hold of it ends `orphaned`.
     ForgetRun { run: usize },
+    /// (PostgreSQL) Executor `slot` drains long enough to release its
+    /// identity if it left nothing, and a new process of it starts at once
+    /// (it takes a released identity at once, with the wait its releaser
+    /// still owed).
+    ReleaseRestart { slot: usize },
+    /// (PostgreSQL) The database server's clock steps an hour forward for
+    /// `ms`: every lease stamp taken before the step looks an hour old
+    /// (the seed's lease rows' `renewed_at` are moved an hour back as they
+    /// land, which reads the same). No lease decision may follow it.
+    ClockStep { ms: u64 },
+}
+
+/// An executor slot's own settings: on PostgreSQL, replicas of one binding
+/// that are not alike (drawn by [`add_unlike`]).
+#[derive(Debug, Clone, Copy)]
+struct SlotSettings {
+    lease_ttl: Duration,
+    grace: Duration,
+    auto_reconcile: bool,
+}
+
+impl Default for SlotSettings {
+    fn default() -> Self {
+        SlotSettings {
+            lease_ttl: PG_LEASE_TTL,
+            grace: PG_GRACE,
+            auto_reconcile: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 struct Schedule {
     executors: usize,
     actions: Vec<Action>,
+    /// Each slot's settings.
+    settings: Vec<SlotSettings>,
 }
 
 fn draw_calls(rng: &mut StdRng, pg: bool) -> Vec<SimCall> {
@@ -232,7 +263,42 @@ fn draw_calls(rng: &mut StdRng, pg: bool) -> Vec<SimCall> {
 fn draw(seed: u64, pg: bool) -> Schedule {
     let mut schedule = first_draw(seed, pg);
     add_new_paths(&mut schedule, seed);
+    if pg {
+        add_unlike(&mut schedule, seed);
+    }
     schedule
+}
+
+/// Replicas that are not alike (issue 29), from a generator of their own
+/// so that every earlier draw of a seed stays what it was: each slot may
+/// get a lease of its own (800 ms to 2 s: with the commit window, still
+/// above every pause plus every handler), a grace of its own, and
+/// automatic reconciliation off; and up to three actions are inserted:
+/// a release followed by a restart, or a step of the database's clock.
+fn add_unlike(schedule: &mut Schedule, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x756e_6c69_6b65);
+    for settings in &mut schedule.settings {
+        if rng.random_bool(0.5) {
+            *settings = SlotSettings {
+                lease_ttl: Duration::from_millis([800, 1_200, 2_000][rng.random_range(0..3)]),
+                grace: Duration::from_millis([500, 700, 1_200][rng.random_range(0..3)]),
+                auto_reconcile: rng.random_bool(0.7),
+            };
+        }
+    }
+    for _ in 0..rng.random_range(0..=3) {
+        let action = if rng.random_bool(0.6) {
+            Action::ReleaseRestart {
+                slot: rng.random_range(0..schedule.executors),
+            }
+        } else {
+            Action::ClockStep {
+                ms: rng.random_range(300..=2_000),
+            }
+        };
+        let at = rng.random_range(1..=schedule.actions.len());
+        schedule.actions.insert(at, action);
+    }
 }
 
 /// Transactional calls, runs cancelled while an executor is down,
@@ -338,7 +404,11 @@ fn first_draw(seed: u64, pg: bool) -> Schedule {
         };
         actions.push(action);
     }
-    Schedule { executors, actions }
+    Schedule {
+        executors,
+        actions,
+        settings: vec![SlotSettings::default(); executors],
+    }
 }
 
 // ------------------------------------------------------------- the product
@@ -787,6 +857,8 @@ struct Slot {
     faults: ProcessFaults,
     /// The instance id of its current process.
     instance: String,
+    /// Its own lease, grace and automatic reconciliation.
+    settings: SlotSettings,
 }
 
 /// A process that found, when it was thawed, that identities it held had
@@ -885,7 +957,8 @@ fn log(verbose: bool, line: impl FnOnce() -> String) {
 }
 
 impl Seed {
-    async fn new(seed: u64, executors: usize, verbose: bool) -> Result<Seed, String> {
+    async fn new(seed: u64, settings: &[SlotSettings], verbose: bool) -> Result<Seed, String> {
+        let executors = settings.len();
         let pg = pg_url();
         let server = DevServer::builder()
             .listen("127.0.0.1:0".parse().expect("addr"))
@@ -941,6 +1014,7 @@ impl Seed {
                 crashed: Arc::default(),
                 faults: ProcessFaults::new(),
                 instance: String::new(),
+                settings: settings[i],
             });
         }
         let mut s = Seed {
@@ -1034,7 +1108,8 @@ impl Seed {
         capacity: u32,
         stream: bool,
     ) -> toolrunner::ExecutorBuilder {
-        self.builder_with(slot, crash, capacity, stream, true)
+        let auto_reconcile = self.slots[slot].settings.auto_reconcile;
+        self.builder_with(slot, crash, capacity, stream, auto_reconcile)
     }
 
     fn builder_with(
@@ -1064,8 +1139,8 @@ impl Seed {
         let faults = self.pg.is_some().then(|| s.faults.clone());
         if let Some(f) = &faults {
             b = b
-                .lease_ttl(PG_LEASE_TTL)
-                .takeover_grace(PG_GRACE)
+                .lease_ttl(s.settings.lease_ttl)
+                .takeover_grace(s.settings.grace)
                 .process_faults(f);
         }
         let process_started = Instant::now();
@@ -1339,8 +1414,38 @@ impl Seed {
             Action::Pause { .. } | Action::CutStore { .. } | Action::CutPlatform { .. } => {
                 self.interfere(action).await
             }
+            Action::ReleaseRestart { slot } => {
+                if let Some(r) = self.slots[slot].running.take() {
+                    let how = Shutdown::Drain {
+                        deadline: Duration::from_secs(2),
+                    };
+                    bounded(Duration::from_secs(15), "drain", r.shutdown(how)).await?;
+                }
+                self.slots[slot].crashed.store(false, Ordering::SeqCst);
+                self.new_process(slot);
+                let exec = self
+                    .builder(slot, None, 4, true)
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                self.start_process(slot, exec).await?;
+            }
+            Action::ClockStep { ms } => self.step_the_clock(ms).await,
         }
         Ok(())
+    }
+
+    /// The database server's clock steps an hour forward for `ms` (see
+    /// [`Action::ClockStep`]); the schedule goes on.
+    async fn step_the_clock(&mut self, ms: u64) {
+        let Some(pg) = self.pg.clone() else {
+            return;
+        };
+        let ids: Vec<String> = self.slots.iter().map(|s| s.id.clone()).collect();
+        self.pending.push(tokio::spawn(async move {
+            if let Err(e) = move_stamps_back(&pg, &ids, Duration::from_millis(ms)).await {
+                eprintln!("simulation: the clock step could not be played: {e}");
+            }
+        }));
     }
 
     /// Restarts `slot`'s process so that it stops right after a call's
@@ -1378,7 +1483,9 @@ impl Seed {
     /// not take it for a second live process).
     async fn stop_for_a_restart(&mut self, slot: usize) {
         if self.slots[slot].running.take().is_some() && self.pg.is_some() {
-            tokio::time::sleep(PG_LEASE_TTL + PG_GRACE).await;
+            let grace = self.slots.iter().map(|s| s.settings.grace).max();
+            tokio::time::sleep(self.slots[slot].settings.lease_ttl + grace.unwrap_or(PG_GRACE))
+                .await;
         }
     }
 
@@ -1881,6 +1988,45 @@ async fn pg_leases_held(pg: &str, instance: &str) -> Result<Vec<(String, i64)>, 
     }
 }
 
+/// For `during`, moves the `renewed_at` of the lease rows of `ids` an
+/// hour back as they land (what a step of the server's clock an hour
+/// forward looks like to a reader of those stamps).
+async fn move_stamps_back(pg: &str, ids: &[String], during: Duration) -> Result<(), String> {
+    #[cfg(feature = "postgres")]
+    {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(pg)
+            .await
+            .map_err(|e| e.to_string())?;
+        // As a session of this version (the lease table refuses a lease
+        // write of an older one).
+        sqlx::query("SET toolrunner.lease_format = '2'")
+            .execute(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let end = Instant::now() + during;
+        while Instant::now() < end {
+            sqlx::query(
+                "UPDATE toolrunner_leases.executor_leases
+                    SET renewed_at = clock_timestamp() - interval '1 hour'
+                  WHERE executor_id = ANY($1)",
+            )
+            .bind(ids)
+            .execute(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = conn.close().await;
+        Ok(())
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = (pg, ids, during);
+        Ok(())
+    }
+}
+
 /// The PostgreSQL database the stores live in, if one is given.
 fn pg_url() -> Option<String> {
     std::env::var(PG_URL_VAR).ok().filter(|u| !u.is_empty())
@@ -2065,7 +2211,7 @@ async fn bounded<T>(
 async fn run_seed(seed: u64, verbose: bool) -> Result<Stats, String> {
     let schedule = draw(seed, pg_url().is_some());
     log(verbose, || format!("seed {seed}: {schedule:#?}"));
-    let mut s = Seed::new(seed, schedule.executors, verbose).await?;
+    let mut s = Seed::new(seed, &schedule.settings, verbose).await?;
     let mut result = Ok(());
     for action in &schedule.actions {
         if let Err(e) = s.play(action).await {
