@@ -385,7 +385,10 @@ impl ExecutorBuilder {
     /// # Errors
     /// A missing base URL, token, executor id, binding id or authorizer; an
     /// invalid executor id; capacity 0; no tools; duplicate tool names; a
-    /// tool whose schemas fail the protocol's tool-definition checks. A
+    /// tool whose schemas fail the protocol's tool-definition checks; a
+    /// [`sqlite_transaction_timeout`](Self::sqlite_transaction_timeout)
+    /// above 5 s (it could starve the store's writer) or below 10 ms, or
+    /// set for a `postgres://` store. A
     /// `postgres://` store URL without the `postgres` feature is
     /// [`is_missing_feature`](Error::is_missing_feature).
     pub fn build(self) -> Result<Executor> {

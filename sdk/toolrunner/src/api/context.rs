@@ -461,26 +461,45 @@ impl CallContext {
     /// begins the transaction; later calls of the same handler go on in
     /// it. Use it in a tool registered as
     /// [`Effect::Transactional`](crate::Effect::Transactional) (its outcome
-    /// is then never unknown); a write tool may use it too, but its other
-    /// effects keep their own rules.
+    /// is then known, unless a closure ends the transaction itself, below);
+    /// a write tool may use it too, but its other effects keep their own
+    /// rules.
+    ///
+    /// Each `writes` runs inside a savepoint of its own: when it returns
+    /// `Err`, none of its writes stay (on SQLite as on PostgreSQL), even if
+    /// the handler then goes on and returns `Ok`; when it returns `Ok`, its
+    /// writes stay in the transaction. Never end the transaction inside
+    /// `writes` (`COMMIT`, `ROLLBACK`, or sqlx's own on the connection):
+    /// the executor finds out when `writes` returns, settles nothing on
+    /// that connection, and since what `writes` wrote may then be stored,
+    /// the call's outcome is unknown (`reconciliation_required`, for its
+    /// `reconcile` hook or a person), whatever the handler returns.
     ///
     /// The transaction is reached only inside `writes`, which this call
     /// awaits: it ends with its call. A task that kept a clone of the
     /// context and calls this after the handler returned is refused (the
     /// call has ended); one still inside `writes` when the handler returns
-    /// holds the call's settlement back until it is done. A `writes` that
-    /// is interrupted half-way (dropped, or panicking) leaves the
-    /// transaction to be rolled back: the call then fails
-    /// (`transaction_rolled_back`) instead of committing part of it.
+    /// is cut off there, and so is a `writes` interrupted half-way
+    /// (dropped, or panicking): the transaction is rolled back, and the
+    /// call fails (`transaction_rolled_back`) instead of committing part of
+    /// it.
     ///
-    /// The business tables live in the store's database: on SQLite, the
-    /// executor's store file (the transaction holds its write lock until
-    /// the handler returns, and every other write of the executor waits
-    /// meanwhile: keep it short, and report progress before it); on
-    /// PostgreSQL, the store's database, where the connection's
-    /// `search_path` is the executor identity's own schema: name the schema
-    /// of shared business tables (`public.orders`), so every replica, and
-    /// one that adopts another's identity, writes the same table.
+    /// The business tables live in the store's database. On SQLite, the
+    /// executor's store file: the transaction holds its write lock from the
+    /// first `writes` until the call's settlement, and every other write of
+    /// the executor (and of an operator's tool) waits meanwhile, so it is
+    /// bounded: at [`ExecutorBuilder::sqlite_transaction_timeout`](crate::ExecutorBuilder::sqlite_transaction_timeout)
+    /// (1 s by default) it is rolled back, and the call fails
+    /// `transaction_rolled_back`. Keep it short, and report progress
+    /// before it. On PostgreSQL, the store's database, on a connection of
+    /// the handlers' own pool (never the store's), closed once the call
+    /// settled: what a handler sets on its session (`SET search_path`,
+    /// `SET session_replication_role`, `SET ROLE`) reaches neither the
+    /// store's own statements, which run on the store's settings, nor any
+    /// other call. The connection's `search_path` is the executor
+    /// identity's own schema: name the schema of shared business tables
+    /// (`public.orders`), so every replica, and one that adopts another's
+    /// identity, writes the same table.
     ///
     /// ```rust,no_run
     /// use toolrunner::{CallContext, ToolError, sqlx};
@@ -506,7 +525,9 @@ impl CallContext {
     /// [`ToolError::retry`] for a transactional tool (nothing happened),
     /// [`ToolError::unknown`] for another (it may have done something
     /// before); [`ToolError::unknown`] when the call has ended (its
-    /// transaction was committed or rolled back with it).
+    /// transaction was committed or rolled back with it), when the
+    /// transaction was rolled back at its bound (SQLite), when an earlier
+    /// `writes` ended it itself, and when `writes` ended it itself.
     pub async fn transaction<T>(
         &self,
         writes: impl AsyncFnOnce(&mut Transaction) -> Result<T, ToolError>,

@@ -322,8 +322,9 @@ pub(super) async fn commit_in(
 }
 
 /// The lifecycle event for a handler's outcome. A transactional tool's
-/// outcome is never unknown: whatever went wrong rolled its transaction
-/// back, so nothing was written, and the call fails.
+/// outcome is never unknown here (a closure that ended the transaction
+/// itself was settled unknown before): whatever went wrong rolled its
+/// transaction back, so nothing was written, and the call fails.
 pub(super) fn outcome_event(
     asg: &Assignment,
     outcome: Result<Value, ToolError>,
