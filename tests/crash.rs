@@ -1381,3 +1381,58 @@ fn transactional_executor_stopped_mid_transaction_holds_nothing() {
             .expect("nothing held");
     });
 }
+
+/// A closure that fails leaves none of its writes, even when the handler
+/// swallows its error and completes.
+#[test]
+fn transactional_closure_that_fails_leaves_none_of_its_writes() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let store = open_store(&url).await;
+        transactional::a_closure_that_fails_leaves_none_of_its_writes(&url, store)
+            .await
+            .expect("none of its writes");
+    });
+}
+
+/// A closure that commits or rolls back the call's transaction itself makes
+/// the call's outcome unknown; nothing is settled on its connection.
+#[test]
+fn transactional_closure_that_ends_the_transaction_is_an_unknown_outcome() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let store = open_store(&url).await;
+        transactional::a_closure_that_ends_the_transaction_is_an_unknown_outcome(&url, store)
+            .await
+            .expect("unknown outcome");
+    });
+}
+
+/// A transaction held open past the SQLite bound is rolled back and fails
+/// its call; the store takes writes all along.
+#[test]
+fn transactional_transaction_held_open_is_cut_off_and_the_store_stays_writable() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let store = open_store(&url).await;
+        transactional::a_transaction_held_open_is_cut_off_and_the_store_stays_writable(&url, store)
+            .await
+            .expect("cut off");
+    });
+}
+
+/// A paused transactional call whose run ended unseen is not run again.
+#[test]
+fn transactional_resumed_call_whose_run_ended_unseen_is_not_run_again() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let store = open_store(&url).await;
+        transactional::a_resumed_call_whose_run_ended_unseen_is_not_run_again(&url, store)
+            .await
+            .expect("not run again");
+    });
+}

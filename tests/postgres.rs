@@ -232,6 +232,53 @@ mod suite {
                 },
             ),
             (
+                "transactional::a_closure_that_fails_leaves_none_of_its_writes",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::a_closure_that_fails_leaves_none_of_its_writes(&u, s)
+                            .await
+                    })
+                },
+            ),
+            (
+                "transactional::a_closure_that_ends_the_transaction_is_an_unknown_outcome",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::a_closure_that_ends_the_transaction_is_an_unknown_outcome(&u, s)
+                            .await
+                    })
+                },
+            ),
+            (
+                "transactional::a_handler_cannot_change_the_store_s_session",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::a_handler_cannot_change_the_store_s_session(&u, s)
+                            .await
+                    })
+                },
+            ),
+            (
+                "transactional::slow_handlers_at_capacity_leave_the_store_writable",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::slow_handlers_at_capacity_leave_the_store_writable(
+                            &u, s,
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
+                "transactional::a_resumed_call_whose_run_ended_unseen_is_not_run_again",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::a_resumed_call_whose_run_ended_unseen_is_not_run_again(&u, s)
+                            .await
+                    })
+                },
+            ),
+            (
                 "transactional::an_error_rolls_the_business_write_back",
                 |s, u| {
                     Box::pin(async move {

@@ -136,6 +136,34 @@ async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
         ),
         (
             Row {
+                mistake: "a SQLite transaction bound that can starve the store's writer",
+                must_say: vec![
+                    "can starve the store's writer".into(),
+                    ".sqlite_transaction_timeout(..) to at most 5 s".into(),
+                ],
+                kind: toolrunner::Error::is_builder,
+            },
+            env.builder("exe-bound")
+                .store_url(env.other_store_url("bound.db"))
+                .sqlite_transaction_timeout(Duration::from_secs(30))
+                .tool(read()),
+        ),
+        (
+            Row {
+                mistake: "a SQLite transaction bound on a PostgreSQL store",
+                must_say: vec![
+                    "sqlite_transaction_timeout needs a sqlite:// store".into(),
+                    "leave it unset".into(),
+                ],
+                kind: toolrunner::Error::is_builder,
+            },
+            env.builder("exe-bound-pg")
+                .store_url("postgres://127.0.0.1:9/nowhere")
+                .sqlite_transaction_timeout(Duration::from_secs(1))
+                .tool(read()),
+        ),
+        (
+            Row {
                 mistake: "no base URL at all",
                 must_say: vec!["missing base_url".into(), "TOOLRUNNER_BASE_URL".into()],
                 kind: toolrunner::Error::is_builder,

@@ -71,6 +71,35 @@ pub(crate) struct Order {
     /// the order as usual.
     #[serde(default)]
     pub(crate) held_when_stopped: bool,
+    /// A closure that inserts the order, then fails (a refused second
+    /// row) and returns `Err`, which the handler swallows before it returns
+    /// `Ok`: the closure's writes must be rolled back, on every store.
+    #[serde(default)]
+    pub(crate) swallow_closure_error: bool,
+    /// After its insert, the closure runs this statement on the
+    /// transaction's connection itself (`COMMIT` or `ROLLBACK`).
+    #[serde(default)]
+    pub(crate) ends_transaction: Option<String>,
+    /// PostgreSQL: after its insert, the closure changes its session
+    /// (`decoy`: `SET search_path` to a schema with an application table
+    /// named `calls` first; `replica`: `SET session_replication_role =
+    /// replica`); `check`: the closure fails (`dirty_session`) when its
+    /// connection carries such a change.
+    #[serde(default)]
+    pub(crate) session: Option<String>,
+    /// After its closure, the handler waits this long (the transaction
+    /// stays open) before it returns `Ok`.
+    #[serde(default)]
+    pub(crate) hold_after_ms: u64,
+    /// Inside its closure, after its insert, the handler waits this long.
+    #[serde(default)]
+    pub(crate) hold_inside_ms: u64,
+    /// The first time: cut the process off from its store (the test's
+    /// `PAUSE_FAULTS`) and fail without opening the transaction, so that
+    /// the call's settlement cannot be stored and the call pauses in
+    /// `running`; afterwards, place the order as usual.
+    #[serde(default)]
+    pub(crate) pause_first: bool,
 }
 
 /// `orders.place` result.
@@ -91,6 +120,12 @@ static LATE_REFUSALS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec:
 
 /// The operation keys whose held task is inside its closure.
 static HELD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The faults of the executor whose handler pauses its call
+/// (`pause_first`), and the operation keys that paused.
+static PAUSE_FAULTS: std::sync::Mutex<Option<toolrunner::testing::ProcessFaults>> =
+    std::sync::Mutex::new(None);
+static PAUSED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 /// The operation key of every handler start (tests share the process).
 static STARTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
@@ -114,6 +149,14 @@ fn ensure_timed_out(timed_out: bool) -> Result<(), ToolError> {
     }
 }
 
+/// The swallowed closure must have failed.
+fn ensure_failed<T>(closure: Result<T, ToolError>) -> Result<(), ToolError> {
+    match closure {
+        Err(_) => Ok(()),
+        Ok(_) => Err(ToolError::failed("test", "the closure did not fail")),
+    }
+}
+
 /// Inserts the order in the call's transaction, whichever store it is.
 async fn insert(tx: &mut Transaction, key: &str, amount: i64) -> Result<(), ToolError> {
     let failed = |e: sqlx::Error| ToolError::failed("order_refused", e.to_string());
@@ -134,6 +177,81 @@ async fn insert(tx: &mut Transaction, key: &str, amount: i64) -> Result<(), Tool
         .await
         .map_err(failed)?;
     Ok(())
+}
+
+/// Runs one statement of the handler's own on the call's transaction,
+/// whichever store it is.
+async fn execute(tx: &mut Transaction, sql: String) -> Result<(), ToolError> {
+    let failed = |e: sqlx::Error| ToolError::failed("statement_failed", e.to_string());
+    #[cfg(feature = "postgres")]
+    if let Ok(conn) = tx.postgres() {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(conn)
+            .await
+            .map_err(failed)?;
+        return Ok(());
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(tx.sqlite()?)
+        .await
+        .map_err(failed)?;
+    Ok(())
+}
+
+/// PostgreSQL: changes the connection's session as `mode` says (see
+/// [`Order::session`]), or checks that it carries no such change.
+#[cfg(feature = "postgres")]
+async fn session(tx: &mut Transaction, mode: &str) -> Result<(), ToolError> {
+    let conn = tx.postgres()?;
+    let failed = |e: sqlx::Error| ToolError::failed("statement_failed", e.to_string());
+    match mode {
+        "decoy" => {
+            let schema: String = sqlx::query_scalar("SELECT current_schema()")
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(failed)?;
+            // Not `SET LOCAL`: the session's, for as long as it lives.
+            let set = format!("SET search_path TO \"{schema}_decoy\", \"{schema}\"");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+                .execute(&mut *conn)
+                .await
+                .map_err(failed)?;
+        }
+        "replica" => {
+            sqlx::raw_sql("SET session_replication_role = replica")
+                .execute(&mut *conn)
+                .await
+                .map_err(failed)?;
+        }
+        "check" => {
+            let (path, role): (String, String) = sqlx::query_as(
+                "SELECT current_setting('search_path'), current_setting('session_replication_role')",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failed)?;
+            if path.contains("_decoy") || role != "origin" {
+                return Err(ToolError::failed(
+                    "dirty_session",
+                    format!(
+                        "the transaction's connection carries search_path {path} and session_replication_role {role}"
+                    ),
+                ));
+            }
+        }
+        other => {
+            return Err(ToolError::failed(
+                "test",
+                format!("no session mode {other}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn session(_tx: &mut Transaction, _mode: &str) -> Result<(), ToolError> {
+    Err(ToolError::failed("test", "session modes are PostgreSQL's"))
 }
 
 /// Places an order: one row in `orders`, committed with the receipt.
@@ -185,6 +303,61 @@ async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
                 .await;
         });
         tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    if order.pause_first && starts_of(&key) == 1 {
+        if let Some(faults) = PAUSE_FAULTS.lock().expect("lock").as_ref() {
+            faults.cut_store(true);
+        }
+        PAUSED.lock().expect("lock").push(key.clone());
+        return Err(ToolError::failed(
+            "paused",
+            "the store was cut off before this outcome",
+        ));
+    }
+    if order.swallow_closure_error {
+        let closure = ctx
+            .transaction(async |tx| {
+                insert(tx, &key, order.amount).await?;
+                // Refused by the table's CHECK: the closure fails after its
+                // first insert.
+                insert(tx, &format!("{key}-refused"), 0).await
+            })
+            .await;
+        ensure_failed(closure)?;
+        return Ok(Placed { order: key });
+    }
+    if let Some(statement) = &order.ends_transaction {
+        ctx.transaction(async |tx| {
+            insert(tx, &key, order.amount).await?;
+            execute(tx, statement.clone()).await
+        })
+        .await?;
+        return Ok(Placed { order: key });
+    }
+    if let Some(mode) = &order.session {
+        ctx.transaction(async |tx| {
+            if mode != "check" {
+                insert(tx, &key, order.amount).await?;
+            }
+            session(tx, mode).await
+        })
+        .await?;
+        if mode == "check" {
+            ctx.transaction(async |tx| insert(tx, &key, order.amount).await)
+                .await?;
+        }
+        return Ok(Placed { order: key });
+    }
+    if order.hold_after_ms > 0 || order.hold_inside_ms > 0 {
+        let inside = Duration::from_millis(order.hold_inside_ms);
+        ctx.transaction(async |tx| {
+            insert(tx, &key, order.amount).await?;
+            tokio::time::sleep(inside).await;
+            Ok(())
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_millis(order.hold_after_ms)).await;
+        return Ok(Placed { order: key });
     }
     if order.kept_inside {
         let late = ctx.clone();
@@ -352,6 +525,15 @@ impl Bench {
     /// process) the first time a call reaches that step, and raises the
     /// flag.
     fn executor(&self, crash: Option<(&'static str, Arc<AtomicBool>)>) -> Result<Executor> {
+        self.executor_with(crash, |b| b)
+    }
+
+    /// [`executor`](Self::executor), with more settings.
+    fn executor_with(
+        &self,
+        crash: Option<(&'static str, Arc<AtomicBool>)>,
+        more: impl FnOnce(toolrunner::ExecutorBuilder) -> toolrunner::ExecutorBuilder,
+    ) -> Result<Executor> {
         let mut builder = Executor::builder()
             .base_url(self.server.base_url())
             .token("dev-executor")
@@ -367,7 +549,7 @@ impl Bench {
             builder =
                 builder.crash_plan(move |at| at == step && !crashed.swap(true, Ordering::SeqCst));
         }
-        Ok(builder.build()?)
+        Ok(more(builder).build()?)
     }
 
     async fn submit(&self, calls: Vec<NewToolCall>) -> Result<String> {
@@ -916,6 +1098,487 @@ pub(crate) async fn a_closure_still_running_when_the_handler_returns_is_cut_off(
     ensure!(
         took < Duration::from_millis(2_500),
         "the next call took {took:?}: the writer stalled"
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// A closure that fails after a write, and whose `Err` the handler
+/// swallows before it returns `Ok`, leaves nothing of its writes, on
+/// SQLite as on PostgreSQL (each closure runs inside a savepoint, rolled
+/// back on `Err`): the call completes, its order is not stored. (Before,
+/// SQLite kept the closure's first insert and committed it with the
+/// `completed`, while PostgreSQL's aborted transaction failed the call.)
+pub(crate) async fn a_closure_that_fails_leaves_none_of_its_writes(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    let bench = Bench::start(store_url).await?;
+    create_orders(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let run_id = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 4, "swallow_closure_error": true}),
+        )])
+        .await?;
+    let call = settled(&bench, &run_id).await?;
+    let next = bench
+        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 5}))])
+        .await?;
+    let next = settled(&bench, &next).await?;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    let text = serde_json::to_string(&call)?;
+    ensure!(
+        call.state.as_str() == "completed",
+        "the call whose failed closure was swallowed ended {}: {text}",
+        call.state.as_str()
+    );
+    let key = call_key(&bench, store.as_ref(), &run_id).await?;
+    let stored = orders(store_url, &key).await?;
+    ensure!(
+        stored == 0,
+        "{stored} order rows of a closure that returned Err were committed with the call"
+    );
+    ensure!(
+        next.state.as_str() == "completed",
+        "the next call ended {}",
+        next.state.as_str()
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// The operation key of a run's one call, as the executor stored it.
+async fn call_key(bench: &Bench, store: &dyn Store, run_id: &str) -> Result<String> {
+    let call = bench
+        .admin
+        .run(run_id)
+        .await?
+        .tool_calls
+        .into_iter()
+        .next()
+        .context("the run's call")?;
+    Ok(store
+        .call(run_id, &call.call_id)
+        .await?
+        .context("the call's row")?
+        .operation_key)
+}
+
+/// The platform's state of a run's one call, once it is no longer
+/// `running` (or after 20 s).
+async fn past_running(bench: &Bench, run_id: &str) -> Result<toolrunner::platform::RunCall> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let call = bench
+            .admin
+            .run(run_id)
+            .await?
+            .tool_calls
+            .into_iter()
+            .next()
+            .context("the run's call")?;
+        if !matches!(call.state.as_str(), "pending" | "claimed" | "running")
+            || tokio::time::Instant::now() > deadline
+        {
+            return Ok(call);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A closure that ends the call's transaction itself (its own `COMMIT` or
+/// `ROLLBACK` on the connection) is found out when it returns: nothing is
+/// settled on that connection (on PostgreSQL it no longer holds the fencing
+/// lock, and its statements would each commit alone), and since what it
+/// wrote may be stored, the call's outcome is unknown: it goes to
+/// `reconciliation_required`, never `completed` (nor `failed`, which would
+/// say that nothing happened).
+pub(crate) async fn a_closure_that_ends_the_transaction_is_an_unknown_outcome(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    for statement in ["COMMIT", "ROLLBACK"] {
+        let run_id = bench
+            .submit(vec![NewToolCall::new(
+                "orders.place",
+                json!({"amount": 3, "ends_transaction": statement}),
+            )])
+            .await?;
+        let call = past_running(&bench, &run_id).await?;
+        let text = serde_json::to_string(&call)?;
+        ensure!(
+            call.state.as_str() == "reconciliation_required",
+            "the call whose closure ran {statement} ended {} on the platform (expected reconciliation_required): {text}",
+            call.state.as_str()
+        );
+        let row = store
+            .call(&run_id, &call.call_id)
+            .await?
+            .context("the call's row")?;
+        ensure!(
+            row.state == LocalState::ReconciliationRequired,
+            "the call whose closure ran {statement} is {} here",
+            row.state
+        );
+        let finals = store
+            .receipts(&run_id, &call.call_id)
+            .await?
+            .into_iter()
+            .filter(|r| r.kind.is_final())
+            .count();
+        ensure!(
+            finals == 0,
+            "{finals} final receipts for the call whose closure ran {statement}"
+        );
+    }
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// PostgreSQL: a handler that changes its transaction's session (not `SET
+/// LOCAL`) changes nothing of the store's: with `search_path` naming first
+/// a schema whose application table is named `calls`, its call completes
+/// all the same (the settlement runs on the store's own settings); with
+/// `session_replication_role = replica` the store's count triggers still
+/// count its call; and no later handler's transaction finds either change
+/// on its connection.
+pub(crate) async fn a_handler_cannot_change_the_store_s_session(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    use sqlx::Connection;
+    create_orders(store_url).await?;
+    let mut conn = sqlx::PgConnection::connect(store_url).await?;
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(&mut conn)
+        .await?;
+    // The name is the test's own schema's (letters, digits, `_`).
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA \"{schema}_decoy\"; CREATE TABLE \"{schema}_decoy\".calls (id INT)"
+    )))
+    .execute(&mut conn)
+    .await?;
+    let outcome = session_calls(store_url, store).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}_decoy\" CASCADE"
+    )))
+    .execute(&mut conn)
+    .await?;
+    conn.close().await?;
+    outcome
+}
+
+async fn session_calls(store_url: &str, store: Arc<dyn Store>) -> Result<()> {
+    use sqlx::Connection;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let mut ran = Vec::new();
+    for mode in ["decoy", "replica"] {
+        let run_id = bench
+            .submit(vec![NewToolCall::new(
+                "orders.place",
+                json!({"amount": 2, "session": mode}),
+            )])
+            .await?;
+        ran.push((mode, run_id.clone(), settled(&bench, &run_id).await?));
+    }
+    let checks = bench
+        .submit(
+            (0..6)
+                .map(|_| NewToolCall::new("orders.place", json!({"amount": 1, "session": "check"})))
+                .collect(),
+        )
+        .await?;
+    let checks = bench
+        .admin
+        .wait_settled(&checks, Duration::from_secs(60))
+        .await?;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    for (mode, run_id, call) in &ran {
+        let text = serde_json::to_string(call)?;
+        ensure!(
+            call.state.as_str() == "completed",
+            "the call that changed its session ({mode}) ended {}: {text}",
+            call.state.as_str()
+        );
+        let key = call_key(&bench, store.as_ref(), run_id).await?;
+        ensure!(
+            orders(store_url, &key).await? == 1,
+            "the order of the call that changed its session ({mode}) is not stored once"
+        );
+    }
+    for call in &checks.tool_calls {
+        let text = serde_json::to_string(call)?;
+        ensure!(
+            call.state.as_str() == "completed",
+            "a later handler's transaction found a changed session: {text}"
+        );
+    }
+    let counted = store.count_by_state().await?;
+    let mut conn = sqlx::PgConnection::connect(store_url).await?;
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, COUNT(*) FROM calls GROUP BY state ORDER BY state")
+            .fetch_all(&mut conn)
+            .await?;
+    conn.close().await?;
+    let counted: Vec<(String, i64)> = counted
+        .into_iter()
+        .map(|(s, n)| (s.as_str().to_owned(), i64::try_from(n).unwrap_or(i64::MAX)))
+        .collect();
+    ensure!(
+        counted == rows,
+        "the store's counts {counted:?} are not its rows' {rows:?} (a handler's session turned its count triggers off)"
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// SQLite: a handler that keeps its transaction open (and so the store's
+/// write lock) longer than the bound is cut off: its transaction is rolled
+/// back at the bound, the call fails `transaction_rolled_back` with nothing
+/// stored, and the store takes writes all along (the health probe never
+/// finds it unwritable).
+pub(crate) async fn a_transaction_held_open_is_cut_off_and_the_store_stays_writable(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let executor = bench.executor(None)?;
+    let health = executor.health();
+    let running = executor.start().await?;
+    let run_id = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 2, "hold_after_ms": 4000}),
+        )])
+        .await?;
+    let mut unwritable = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let call = loop {
+        let report = health.report();
+        if !report.store_writable() && unwritable.is_none() {
+            unwritable = Some(format!("{:?}", report.reason()));
+        }
+        let call = bench
+            .admin
+            .run(&run_id)
+            .await?
+            .tool_calls
+            .into_iter()
+            .next()
+            .context("the run's call")?;
+        if call.state.is_terminal() {
+            break call;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the call did not settle"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    if let Some(why) = unwritable {
+        bail!("the store did not take writes while a handler held its transaction open: {why}");
+    }
+    let text = serde_json::to_string(&call)?;
+    ensure!(
+        call.state.as_str() == "failed" && text.contains("transaction_rolled_back"),
+        "the call that held its transaction open ended {}: {text}",
+        call.state.as_str()
+    );
+    let key = call_key(&bench, store.as_ref(), &run_id).await?;
+    ensure!(
+        orders(store_url, &key).await? == 0,
+        "the order of a transaction cut off at its bound is stored"
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// PostgreSQL: more slow transactional handlers at once than the store's
+/// own pool has connections (capacity 17, each handler holding its
+/// transaction 3 s) starve nothing: handlers' transactions come from a
+/// pool of their own, so the store takes writes all along, and every call
+/// completes with its order.
+pub(crate) async fn slow_handlers_at_capacity_leave_the_store_writable(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    const CALLS: i64 = 17;
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let executor = bench.executor_with(None, |b| b.capacity(17))?;
+    let health = executor.health();
+    let running = executor.start().await?;
+    let run_id = bench
+        .submit(
+            (0..CALLS)
+                .map(|n| {
+                    NewToolCall::new(
+                        "orders.place",
+                        json!({"amount": n + 1, "hold_inside_ms": 3000}),
+                    )
+                })
+                .collect(),
+        )
+        .await?;
+    let mut unwritable = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        let report = health.report();
+        if !report.store_writable() && unwritable.is_none() {
+            unwritable = Some(format!("{:?}", report.reason()));
+        }
+        let run = bench.admin.run(&run_id).await?;
+        if run.tool_calls.iter().all(|c| c.state.is_terminal()) {
+            break run;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the calls did not settle within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    if let Some(why) = unwritable {
+        bail!(
+            "the store did not take writes while {CALLS} handlers held their transactions: {why}"
+        );
+    }
+    for call in &run.tool_calls {
+        let text = serde_json::to_string(call)?;
+        ensure!(
+            call.state.as_str() == "completed",
+            "a slow transactional call ended {}: {text}",
+            call.state.as_str()
+        );
+        let row = store
+            .call(&run_id, &call.call_id)
+            .await?
+            .context("the call's row")?;
+        ensure!(
+            orders(store_url, &row.operation_key).await? == 1,
+            "a slow call's order is not stored once"
+        );
+    }
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// A transactional call that paused in `running` (its settlement could not
+/// be stored) while its run was cancelled, and whose cancel notice was lost
+/// (the heartbeat answers that carried it never arrived, and no stream
+/// runs), is not run again when the executor resumes it: the platform is
+/// asked first, and answers that the call ended (choice 68). The handler
+/// started once, no order is stored, and the call ends `abandoned` here.
+pub(crate) async fn a_resumed_call_whose_run_ended_unseen_is_not_run_again(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let faults = toolrunner::testing::ProcessFaults::new();
+    *PAUSE_FAULTS.lock().expect("lock") = Some(faults.clone());
+    let executor = bench.executor_with(None, |b| b.stream(false).process_faults(&faults))?;
+    let running = executor.start().await?;
+    let run_id = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 3, "pause_first": true}),
+        )])
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let key = loop {
+        if let Some(k) = PAUSED.lock().expect("lock").last().cloned() {
+            break k;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the handler never paused its call"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The settlement fails against the cut store; the call pauses.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lose = |rate: f64| toolrunner::platform::FaultSettings {
+        error_rate: 0.0,
+        drop_response_rate: rate,
+        latency_ms: 0,
+        seed: 7,
+    };
+    bench.admin.set_faults(&lose(1.0)).await?;
+    bench.admin.cancel_run(&run_id).await?;
+    // Two heartbeats or more carry the notice, and their answers are lost
+    // (well within the platform's 3 s lease).
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    bench.admin.set_faults(&lose(0.0)).await?;
+    faults.cut_store(false);
+    // The claim loop resumes the paused call.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let call_id = bench
+        .admin
+        .run(&run_id)
+        .await?
+        .tool_calls
+        .first()
+        .context("the run's call")?
+        .call_id
+        .clone();
+    let row = loop {
+        let row = store
+            .call(&run_id, &call_id)
+            .await?
+            .context("the call's row")?;
+        if row.state != LocalState::Running || tokio::time::Instant::now() > deadline {
+            break row;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    let starts = starts_of(&key);
+    let stored = orders(store_url, &key).await?;
+    ensure!(
+        starts == 1,
+        "the handler ran again after its run was cancelled unseen ({starts} starts); the call is {} here with {stored} order rows",
+        row.state
+    );
+    ensure!(stored == 0, "{stored} order rows were stored");
+    ensure!(
+        row.state == LocalState::Abandoned,
+        "the call is {} here (expected abandoned: nothing ran)",
+        row.state
     );
     bench.server.shutdown().await;
     Ok(())

@@ -16,6 +16,42 @@ use crate::runner::template::Template;
 use crate::runner::{Config, CrashPlan, RunningExecutor};
 use crate::store::DEFAULT_LEASE_TTL;
 
+/// How long a handler's transaction may stay open on a SQLite store by
+/// default ([`ExecutorBuilder::sqlite_transaction_timeout`]).
+const DEFAULT_SQLITE_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The longest bound of a handler's transaction on a SQLite store: the
+/// store's writer waits for one such transaction at most, and gives up on
+/// the write lock after 10 s; half of that is left for the settlement and
+/// the writer's own transaction (`docs/protocol.md`, choice 70).
+const MAX_SQLITE_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Refuses a bound of handlers' transactions that would starve the SQLite
+/// store's writer, or that is set for another store.
+fn check_sqlite_transaction_timeout(bound: Duration, store_url: &str) -> Result<()> {
+    if crate::store::is_postgres(store_url) {
+        return Err(Error::new(
+            Kind::Builder,
+            "sqlite_transaction_timeout needs a sqlite:// store: a PostgreSQL store's handler transactions hold no lock of the store's writer (leave it unset)",
+        ));
+    }
+    if bound > MAX_SQLITE_TRANSACTION_TIMEOUT {
+        return Err(Error::new(
+            Kind::Builder,
+            format!(
+                "sqlite_transaction_timeout of {bound:?} can starve the store's writer, which gives up on the SQLite write lock after 10 s: set .sqlite_transaction_timeout(..) to at most 5 s (the default is 1 s), or use a postgres:// store for handlers that need longer transactions"
+            ),
+        ));
+    }
+    if bound < Duration::from_millis(10) {
+        return Err(Error::new(
+            Kind::Builder,
+            "sqlite_transaction_timeout must be at least 10 ms: set .sqlite_transaction_timeout(..) between 10 ms and 5 s (the default is 1 s)",
+        ));
+    }
+    Ok(())
+}
+
 /// Builds an [`Executor`]. Settings are checked at [`build`](Self::build).
 #[must_use]
 pub struct ExecutorBuilder {
@@ -28,6 +64,7 @@ pub struct ExecutorBuilder {
     poll_interval: Duration,
     request_timeout: Duration,
     handler_timeout: Duration,
+    sqlite_transaction_timeout: Option<Duration>,
     retry_attempts: u32,
     backoff: Backoff,
     use_stream: bool,
@@ -69,6 +106,7 @@ impl Default for ExecutorBuilder {
             poll_interval: Duration::from_secs(1),
             request_timeout: Duration::from_secs(10),
             handler_timeout: Duration::from_secs(300),
+            sqlite_transaction_timeout: None,
             retry_attempts: 3,
             backoff: Backoff {
                 initial: Duration::from_millis(100),
@@ -225,6 +263,25 @@ impl ExecutorBuilder {
         self
     }
 
+    /// How long a handler's transaction
+    /// ([`CallContext::transaction`](crate::CallContext::transaction)) may
+    /// stay open on a SQLite store, from its first closure to the call's
+    /// settlement (default 1 s, at most 5 s). It holds the store's write
+    /// lock meanwhile, so every write of the executor, and of an
+    /// operator's tool, waits for it: at the bound it is rolled back, and
+    /// the call fails `transaction_rolled_back` (a write tool's goes to
+    /// reconciliation: its other effects may have happened). The
+    /// executor's writer waits for one handler's transaction at most; it
+    /// gives up on the lock after 10 s, hence the 5 s ceiling. Above 2 s
+    /// the health probe (a write that must come back within 2 s) may find
+    /// the store not writable while such a transaction is open. Refused
+    /// at [`build`](Self::build) without a SQLite store (a PostgreSQL
+    /// store's handler transactions hold no lock of the store's writer).
+    pub fn sqlite_transaction_timeout(mut self, d: Duration) -> Self {
+        self.sqlite_transaction_timeout = Some(d);
+        self
+    }
+
     /// Handler attempts for [`ToolError::Retry`](crate::ToolError::Retry)
     /// (default 3).
     pub fn retry_attempts(mut self, n: u32) -> Self {
@@ -328,7 +385,10 @@ impl ExecutorBuilder {
     /// # Errors
     /// A missing base URL, token, executor id, binding id or authorizer; an
     /// invalid executor id; capacity 0; no tools; duplicate tool names; a
-    /// tool whose schemas fail the protocol's tool-definition checks. A
+    /// tool whose schemas fail the protocol's tool-definition checks; a
+    /// [`sqlite_transaction_timeout`](Self::sqlite_transaction_timeout)
+    /// above 5 s (it could starve the store's writer) or below 10 ms, or
+    /// set for a `postgres://` store. A
     /// `postgres://` store URL without the `postgres` feature is
     /// [`is_missing_feature`](Error::is_missing_feature).
     pub fn build(self) -> Result<Executor> {
@@ -406,6 +466,9 @@ impl ExecutorBuilder {
                 "lease_ttl must be at least 100 ms (it is renewed four times within it)",
             ));
         }
+        if let Some(bound) = self.sqlite_transaction_timeout {
+            check_sqlite_transaction_timeout(bound, &self.store_url)?;
+        }
         if self.tools.is_empty() {
             return Err(Error::new(
                 Kind::Builder,
@@ -464,6 +527,9 @@ impl ExecutorBuilder {
                     instance_id: format!("ins_{}", uuid::Uuid::new_v4().simple()),
                     poll_interval: self.poll_interval,
                     handler_timeout: self.handler_timeout,
+                    sqlite_transaction_timeout: self
+                        .sqlite_transaction_timeout
+                        .unwrap_or(DEFAULT_SQLITE_TRANSACTION_TIMEOUT),
                     retry_attempts: self.retry_attempts.max(1),
                     use_stream: self.use_stream,
                     auto_reconcile: self.auto_reconcile,

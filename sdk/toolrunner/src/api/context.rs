@@ -5,8 +5,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::handler::ToolError;
-use crate::api::transaction::{Transaction, TransactionSlot};
-use crate::store::{LocalCall, StoreError, StoreTransaction};
+use crate::api::transaction::{Ended, Transaction, TransactionSlot};
+use crate::store::{Closed, LocalCall, StoreError, StoreTransaction};
 
 /// Whether this build carries the planted bug `zombie` (a commit point that
 /// skips the lease check; `docs/simulation.md`).
@@ -54,6 +54,9 @@ pub(crate) trait CallHost: Send + Sync {
     fn fencing_token(&self) -> Option<u64>;
     /// Begins a transaction of the store's own database.
     async fn begin(&self) -> Result<StoreTransaction, StoreError>;
+    /// How long a handler's transaction may stay open on a SQLite store
+    /// (it holds the store's write lock meanwhile).
+    fn sqlite_transaction_timeout(&self) -> std::time::Duration;
 }
 
 /// Why [`CallContext::commit_point`] said no. (It converts into the right
@@ -323,27 +326,41 @@ impl CallContext {
     /// Ends the handler attempt running now: a transaction closure still
     /// running for it (in a task that kept a clone of this context) is cut
     /// off, and the transaction taken for the executor, which commits it
-    /// with the final receipt or rolls it back. `Err` (the transaction, to
-    /// roll back) when a closure was interrupted half-way: what it wrote
-    /// must not commit.
-    pub(crate) async fn end_attempt(&self) -> Result<Option<StoreTransaction>, StoreTransaction> {
+    /// with the final receipt or rolls it back (see [`Ended`]: a closure
+    /// interrupted half-way, or a transaction past its bound, must not
+    /// commit; one a closure ended itself leaves the outcome unknown).
+    pub(crate) async fn end_attempt(&self) -> Ended {
         self.attempts.lock().expect("not poisoned").over.cancel();
         let mut slot = self.transaction.lock().await;
         self.sqlite_open
             .store(false, std::sync::atomic::Ordering::SeqCst);
+        slot.stop_watchdog();
         let interrupted = std::mem::take(&mut slot.interrupted);
-        match slot.tx.take().map(|t| t.inner) {
-            Some(tx) if interrupted => Err(tx),
-            tx => Ok(tx),
+        let expired = slot.expired.take();
+        let tx = slot.tx.take().map(|t| t.inner);
+        if let Some(why) = &slot.broken {
+            // Sticky: no later attempt runs on a call whose effect may be
+            // stored.
+            return Ended::Broken {
+                tx,
+                why: why.clone(),
+            };
+        }
+        match (tx, expired) {
+            (tx, Some(why)) => Ended::RolledBack { tx, why },
+            (Some(tx), None) if interrupted => Ended::RolledBack {
+                tx: Some(tx),
+                why: "the call's transaction was interrupted half-way (a dropped or panicking ctx.transaction)".into(),
+            },
+            (Some(tx), None) => Ended::Open(tx),
+            (None, None) => Ended::None,
         }
     }
 
     /// Ends the call's last handler attempt (see
     /// [`end_attempt`](Self::end_attempt)); from then on every
     /// `transaction` of this call is refused.
-    pub(crate) async fn end_transaction(
-        &self,
-    ) -> Result<Option<StoreTransaction>, StoreTransaction> {
+    pub(crate) async fn end_transaction(&self) -> Ended {
         let ended = self.end_attempt().await;
         self.transaction.lock().await.ended = true;
         ended
@@ -444,26 +461,45 @@ impl CallContext {
     /// begins the transaction; later calls of the same handler go on in
     /// it. Use it in a tool registered as
     /// [`Effect::Transactional`](crate::Effect::Transactional) (its outcome
-    /// is then never unknown); a write tool may use it too, but its other
-    /// effects keep their own rules.
+    /// is then known, unless a closure ends the transaction itself, below);
+    /// a write tool may use it too, but its other effects keep their own
+    /// rules.
+    ///
+    /// Each `writes` runs inside a savepoint of its own: when it returns
+    /// `Err`, none of its writes stay (on SQLite as on PostgreSQL), even if
+    /// the handler then goes on and returns `Ok`; when it returns `Ok`, its
+    /// writes stay in the transaction. Never end the transaction inside
+    /// `writes` (`COMMIT`, `ROLLBACK`, or sqlx's own on the connection):
+    /// the executor finds out when `writes` returns, settles nothing on
+    /// that connection, and since what `writes` wrote may then be stored,
+    /// the call's outcome is unknown (`reconciliation_required`, for its
+    /// `reconcile` hook or a person), whatever the handler returns.
     ///
     /// The transaction is reached only inside `writes`, which this call
     /// awaits: it ends with its call. A task that kept a clone of the
     /// context and calls this after the handler returned is refused (the
     /// call has ended); one still inside `writes` when the handler returns
-    /// holds the call's settlement back until it is done. A `writes` that
-    /// is interrupted half-way (dropped, or panicking) leaves the
-    /// transaction to be rolled back: the call then fails
-    /// (`transaction_rolled_back`) instead of committing part of it.
+    /// is cut off there, and so is a `writes` interrupted half-way
+    /// (dropped, or panicking): the transaction is rolled back, and the
+    /// call fails (`transaction_rolled_back`) instead of committing part of
+    /// it.
     ///
-    /// The business tables live in the store's database: on SQLite, the
-    /// executor's store file (the transaction holds its write lock until
-    /// the handler returns, and every other write of the executor waits
-    /// meanwhile: keep it short, and report progress before it); on
-    /// PostgreSQL, the store's database, where the connection's
-    /// `search_path` is the executor identity's own schema: name the schema
-    /// of shared business tables (`public.orders`), so every replica, and
-    /// one that adopts another's identity, writes the same table.
+    /// The business tables live in the store's database. On SQLite, the
+    /// executor's store file: the transaction holds its write lock from the
+    /// first `writes` until the call's settlement, and every other write of
+    /// the executor (and of an operator's tool) waits meanwhile, so it is
+    /// bounded: at [`ExecutorBuilder::sqlite_transaction_timeout`](crate::ExecutorBuilder::sqlite_transaction_timeout)
+    /// (1 s by default) it is rolled back, and the call fails
+    /// `transaction_rolled_back`. Keep it short, and report progress
+    /// before it. On PostgreSQL, the store's database, on a connection of
+    /// the handlers' own pool (never the store's), closed once the call
+    /// settled: what a handler sets on its session (`SET search_path`,
+    /// `SET session_replication_role`, `SET ROLE`) reaches neither the
+    /// store's own statements, which run on the store's settings, nor any
+    /// other call. The connection's `search_path` is the executor
+    /// identity's own schema: name the schema of shared business tables
+    /// (`public.orders`), so every replica, and one that adopts another's
+    /// identity, writes the same table.
     ///
     /// ```rust,no_run
     /// use toolrunner::{CallContext, ToolError, sqlx};
@@ -489,7 +525,9 @@ impl CallContext {
     /// [`ToolError::retry`] for a transactional tool (nothing happened),
     /// [`ToolError::unknown`] for another (it may have done something
     /// before); [`ToolError::unknown`] when the call has ended (its
-    /// transaction was committed or rolled back with it).
+    /// transaction was committed or rolled back with it), when the
+    /// transaction was rolled back at its bound (SQLite), when an earlier
+    /// `writes` ended it itself, and when `writes` ended it itself.
     pub async fn transaction<T>(
         &self,
         writes: impl AsyncFnOnce(&mut Transaction) -> Result<T, ToolError>,
@@ -525,6 +563,9 @@ impl CallContext {
             }
             return Err(ended());
         }
+        if let Some(why) = slot.broken.as_ref().or(slot.expired.as_ref()) {
+            return Err(ToolError::unknown(why.clone()));
+        }
         if slot.interrupted {
             return Err(ToolError::unknown(
                 "the call's transaction was interrupted half-way (a dropped or panicking ctx.transaction): it is rolled back when the handler returns",
@@ -545,20 +586,51 @@ impl CallContext {
             if begun.backend() == "SQLite" {
                 self.sqlite_open
                     .store(true, std::sync::atomic::Ordering::SeqCst);
+                // It holds the store's write lock: it ends at its bound,
+                // whatever the handler does meanwhile.
+                let deadline = tokio::time::Instant::now() + self.host.sqlite_transaction_timeout();
+                slot.deadline = Some(deadline);
+                let expiring = expire(self.transaction.clone(), deadline, self.expired_why());
+                slot.watchdog = Some(tokio::spawn(expiring).abort_handle());
             }
             slot.tx = Some(Transaction { inner: begun });
         }
         // Cleared only when `writes` comes back: dropped or unwound
         // half-way, the transaction is left marked.
         slot.interrupted = true;
+        let deadline = slot.deadline;
         let tx = slot.tx.as_mut().expect("begun above");
+        // Each closure in a savepoint of its own: released on `Ok`, rolled
+        // back to on `Err`.
+        if let Err(e) = tx.inner.open_closure().await {
+            slot.interrupted = false;
+            return Err(ToolError::unknown(format!(
+                "the call's transaction cannot go on (an earlier closure's statement failed, and that closure returned Ok all the same): {e}"
+            )));
+        }
         let marker = (self.key.run_id.clone(), self.key.call_id.clone());
         let outcome = tokio::select! {
             // The end of the attempt first: a closure that finishes in the
             // same poll as the executor lets go is cut off all the same.
             biased;
             () = over.cancelled() => None,
-            outcome = INSIDE.scope(marker, writes(tx)) => Some(outcome),
+            () = until(deadline) => Some(None),
+            outcome = INSIDE.scope(marker, writes(tx)) => Some(Some(outcome)),
+        };
+        let outcome = match outcome {
+            Some(Some(outcome)) => Some(outcome),
+            None => None,
+            Some(None) => {
+                // Past its bound: rolled back now, the write lock freed.
+                let why = self.expired_why();
+                slot.interrupted = false;
+                slot.stop_watchdog();
+                if let Some(tx) = slot.tx.take() {
+                    tx.inner.rollback().await;
+                }
+                slot.expired = Some(why.clone());
+                return Err(ToolError::unknown(why));
+            }
         };
         // The handler returned (or timed out, or the executor let go) while
         // a task that kept this context was still inside, or as it came
@@ -572,8 +644,23 @@ impl CallContext {
                 "the call's handler ended while this transaction closure ran: the transaction is rolled back",
             ));
         };
+        let tx = slot.tx.as_mut().expect("begun above");
+        if let Closed::Broken(why) = tx.inner.close_closure(outcome.is_ok()).await {
+            tracing::error!(run_id = %self.key.run_id, call_id = %self.key.call_id, error = %why, "a transaction closure ended the call's transaction itself: the outcome is unknown");
+            slot.interrupted = false;
+            slot.broken = Some(why.clone());
+            return Err(ToolError::unknown(why));
+        }
         slot.interrupted = false;
         outcome
+    }
+
+    /// Why a SQLite transaction past its bound was rolled back.
+    fn expired_why(&self) -> String {
+        let bound = self.host.sqlite_transaction_timeout();
+        format!(
+            "the call's transaction stayed open longer than {bound:?}, the bound of a handler's transaction on a SQLite store (it holds the store's write lock): it was rolled back; keep the transaction short, or raise ExecutorBuilder::sqlite_transaction_timeout"
+        )
     }
 
     /// Checks, right now and unthrottled, that the run is not cancelled and
@@ -620,5 +707,35 @@ impl CallContext {
     /// than its lease and the tool's commit window.
     pub fn fencing_token(&self) -> Option<u64> {
         self.host.fencing_token()
+    }
+}
+
+/// Completes at `deadline`, or never without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Rolls the call's transaction back at `deadline` (its bound, on SQLite)
+/// if it is still open then and no closure ended it first: the write lock
+/// is freed whatever the handler does, and the call cannot commit.
+async fn expire(
+    slot: Arc<tokio::sync::Mutex<TransactionSlot>>,
+    deadline: tokio::time::Instant,
+    why: String,
+) {
+    tokio::time::sleep_until(deadline).await;
+    let mut slot = slot.lock().await;
+    if slot.deadline != Some(deadline) {
+        return;
+    }
+    slot.deadline = None;
+    slot.watchdog = None;
+    if let Some(tx) = slot.tx.take() {
+        tracing::warn!(error = %why, "a handler's transaction was rolled back at its bound");
+        slot.expired = Some(why);
+        tx.inner.rollback().await;
     }
 }

@@ -23,7 +23,9 @@ pub enum Effect {
     /// the call's `completed` receipt, or not at all. So a crash or an
     /// error never leaves its outcome unknown: after a crash nothing of it
     /// was written and the handler runs again; an error rolls the
-    /// transaction back and the call fails.
+    /// transaction back and the call fails. (A closure that ends the
+    /// transaction itself, with its own `COMMIT` or `ROLLBACK`, makes the
+    /// outcome unknown: see [`CallContext::transaction`].)
     Transactional,
 }
 

@@ -25,6 +25,17 @@ pub(crate) struct TransactionSlot {
     pub(crate) ended: bool,
     /// A closure was interrupted half-way: it must not commit.
     pub(crate) interrupted: bool,
+    /// The transaction stayed open past its bound (SQLite): rolled back
+    /// (or to roll back, while `tx` still holds it), and why.
+    pub(crate) expired: Option<String>,
+    /// A closure ended the transaction itself (its own `COMMIT` or
+    /// `ROLLBACK`), and why: the call's outcome is unknown, for every
+    /// attempt from then on.
+    pub(crate) broken: Option<String>,
+    /// When the transaction must end (SQLite), and the task that ends it
+    /// then if nothing else did.
+    pub(crate) deadline: Option<tokio::time::Instant>,
+    pub(crate) watchdog: Option<tokio::task::AbortHandle>,
 }
 
 impl TransactionSlot {
@@ -33,7 +44,50 @@ impl TransactionSlot {
     pub(crate) fn abandon(&mut self) {
         self.ended = true;
         self.interrupted = false;
+        self.stop_watchdog();
         drop(self.tx.take());
+    }
+
+    /// The transaction's bound no longer applies (it ended).
+    pub(crate) fn stop_watchdog(&mut self) {
+        self.deadline = None;
+        if let Some(w) = self.watchdog.take() {
+            w.abort();
+        }
+    }
+}
+
+/// How a call's transaction ended with a handler attempt
+/// ([`CallContext::end_attempt`](crate::CallContext)).
+pub(crate) enum Ended {
+    /// The handler opened none.
+    None,
+    /// Open and whole: committed with the final receipt, or rolled back.
+    Open(StoreTransaction),
+    /// It must not commit (a closure was cut off half-way, or it stayed
+    /// open past its bound): rolled back already, or `tx` to roll back.
+    RolledBack {
+        tx: Option<StoreTransaction>,
+        why: String,
+    },
+    /// A closure ended it itself: what it wrote may be stored, so the
+    /// call's outcome is unknown; nothing more is written on `tx`.
+    Broken {
+        tx: Option<StoreTransaction>,
+        why: String,
+    },
+}
+
+impl Ended {
+    /// Rolls back what is left of an attempt that will not commit (and
+    /// waits for it: its locks go now).
+    pub(crate) async fn discard(self) {
+        match self {
+            Ended::Open(tx)
+            | Ended::RolledBack { tx: Some(tx), .. }
+            | Ended::Broken { tx: Some(tx), .. } => tx.rollback().await,
+            _ => {}
+        }
     }
 }
 

@@ -216,23 +216,34 @@ pub(crate) async fn advance_in(
     decide: impl FnOnce(&Snapshot) -> Option<Event>,
     halted: impl Fn() -> bool,
 ) -> InTransaction {
+    // Every way out before the commit rolls the transaction back and
+    // waits for it (its locks go now, not when its connection is next
+    // used).
     let call = match tx.locked_call(key.0, key.1).await {
         Ok(c) => c,
-        Err(e) => return InTransaction::NotWritten(e),
+        Err(e) => {
+            tx.rollback().await;
+            return InTransaction::NotWritten(e);
+        }
     };
     let snapshot = Snapshot {
         call,
         receipts: None,
     };
     let Some(event) = decide(&snapshot) else {
+        tx.rollback().await;
         return InTransaction::Done(Advanced::Stayed(snapshot.call));
     };
     let name = event.name();
     let plan = match plan(&snapshot, key, event, executor_id) {
         Ok(p) => p,
-        Err(e) => return InTransaction::Refused(e.to_string()),
+        Err(e) => {
+            tx.rollback().await;
+            return InTransaction::Refused(e.to_string());
+        }
     };
     if halted() {
+        tx.rollback().await;
         return InTransaction::Halted;
     }
     let started = std::time::Instant::now();

@@ -41,6 +41,10 @@ impl CallHost for Arc<Core> {
     async fn begin(&self) -> Result<StoreTransaction, StoreError> {
         self.store.begin().await
     }
+
+    fn sqlite_transaction_timeout(&self) -> std::time::Duration {
+        self.cfg.sqlite_transaction_timeout
+    }
 }
 
 /// The context of a call that `core` runs.

@@ -46,6 +46,8 @@ pub(crate) struct Config {
     pub(crate) instance_id: String,
     pub(crate) poll_interval: Duration,
     pub(crate) handler_timeout: Duration,
+    /// How long a handler's transaction may stay open on a SQLite store.
+    pub(crate) sqlite_transaction_timeout: Duration,
     pub(crate) retry_attempts: u32,
     pub(crate) use_stream: bool,
     pub(crate) auto_reconcile: bool,

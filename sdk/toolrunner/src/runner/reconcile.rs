@@ -96,9 +96,7 @@ async fn check_now(
     let found = super::unwind::catch(tool.reconcile(&ctx)).await;
     // A transaction the hook opened ends with its check, before anything
     // is stored for the call.
-    if let Ok(Some(tx)) | Err(tx) = ctx.end_transaction().await {
-        tx.rollback().await;
-    }
+    ctx.end_transaction().await.discard().await;
     let found = match found {
         Ok(found) => found,
         Err(panic) => {

@@ -181,6 +181,9 @@ impl Template {
         #[cfg(feature = "postgres")] replica: Option<super::replicas::Replica>,
     ) -> Result<RunningExecutor> {
         let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
+        // Handlers' transactions for this capacity (on PostgreSQL, a pool
+        // of their own).
+        store.size_handler_transactions(self.cfg.capacity);
         let fence = CancellationToken::new();
         let slots = Arc::new(Semaphore::new(capacity));
         self.health

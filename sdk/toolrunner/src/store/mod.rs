@@ -53,7 +53,7 @@ pub use postgres::PgStore;
 pub use sqlite::WriterStats;
 pub use sqlite::{SqliteStore, StoreLock};
 pub use transaction::StoreTransaction;
-pub(crate) use transaction::TxError;
+pub(crate) use transaction::{Closed, TxError};
 
 /// The executor's durable store.
 #[async_trait::async_trait]
@@ -96,6 +96,11 @@ pub trait Store: Send + Sync + 'static {
             "this store cannot share a transaction with a handler".into(),
         ))
     }
+
+    /// Sizes what handlers' transactions ([`begin`](Self::begin)) use for
+    /// an executor of `capacity` (on PostgreSQL, their own pool), before
+    /// the first one begins. The default does nothing.
+    fn size_handler_transactions(&self, _capacity: u32) {}
 
     /// Deletes up to `limit` calls settled for good before
     /// `settled_before` (see [`Change::Prune`]) and says how many went.

@@ -19,8 +19,11 @@ use super::{
 };
 
 use super::rows::{call_row, receipt_row};
+mod handlers;
 mod lease;
 mod writer;
+
+pub(super) use handlers::HandlerTx;
 
 use super::write;
 
@@ -59,6 +62,8 @@ pub struct PgStore {
     writer: Arc<std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<writer::Job>>>>,
     /// What the writer did.
     counts: Arc<writer::Counts>,
+    /// Handlers' transactions: a pool of their own (never the store's).
+    handlers: Arc<handlers::Handlers>,
 }
 
 /// An identity this store holds.
@@ -632,6 +637,7 @@ impl PgStore {
             hold: None,
             writer: Arc::default(),
             counts: Arc::default(),
+            handlers: Arc::default(),
         }
     }
 
@@ -847,19 +853,16 @@ impl Store for PgStore {
     }
 
     async fn begin(&self) -> Result<super::StoreTransaction, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        // A handler's transaction may wait on other work than the
-        // database's for as long as the handler runs.
-        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
-            .execute(&mut *tx)
-            .await?;
-        // Checked at once, and held (a shared row lock) until the commit.
-        if let Some(fence) = self.fence() {
-            lease::check(&mut tx, fence).await?;
-        }
-        Ok(super::StoreTransaction {
-            inner: super::transaction::Inner::Postgres(tx),
-        })
+        // On the handlers' own pool, with the store's connection options.
+        let options = self.pool.connect_options();
+        let tx = self.handlers.begin(&options, self.fence()).await?;
+        Ok(super::StoreTransaction::new(
+            super::transaction::Inner::Postgres(tx),
+        ))
+    }
+
+    fn size_handler_transactions(&self, capacity: u32) {
+        self.handlers.size_for(capacity);
     }
 
     async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {

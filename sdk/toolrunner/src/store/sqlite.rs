@@ -25,12 +25,21 @@ use writer::{Counters, Job};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
+/// How long a handler's `ctx.transaction` waits for its turn (the other
+/// handlers' transactions before it) before it gives up (a transactional
+/// tool's handler is then asked to retry: nothing happened).
+const HANDLER_TURN_WITHIN: Duration = Duration::from_secs(10);
+
 /// The SQLite store. Cheap to clone.
 #[derive(Clone)]
 pub struct SqliteStore {
     readers: SqlitePool,
-    /// Connections for handlers' transactions (opened when first used).
+    /// Connections for handlers' transactions (opened when first used,
+    /// closed once a handler used them).
     business: SqlitePool,
+    /// One handler's transaction at a time holds (or waits for) the write
+    /// lock; the others wait here, in turn.
+    turns: Arc<tokio::sync::Semaphore>,
     writer: mpsc::Sender<Job>,
     #[cfg_attr(not(feature = "testing"), allow(dead_code))] // read by the testing seam (the bench)
     counters: Arc<Counters>,
@@ -84,6 +93,9 @@ impl SqliteStore {
         let business = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(0)
+            // Never handed to another handler: closed, and whatever the
+            // handler set on its connection (a PRAGMA) goes with it.
+            .after_release(|_, _| Box::pin(async { Ok(false) }))
             .connect_lazy_with(options.clone());
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
@@ -95,6 +107,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             readers,
             business,
+            turns: Arc::new(tokio::sync::Semaphore::new(1)),
             writer: tx,
             counters,
         })
@@ -198,12 +211,34 @@ impl Store for SqliteStore {
     }
 
     async fn begin(&self) -> Result<super::StoreTransaction, StoreError> {
+        // Handlers' transactions in turn (fairly: the first to ask goes
+        // first), each after the writer when the writer waits for the
+        // lock, so the writer waits for one handler's transaction at most
+        // (which the executor bounds: `sqlite_transaction_timeout`).
+        let turn = tokio::time::timeout(HANDLER_TURN_WITHIN, self.turns.clone().acquire_owned())
+            .await
+            .map_err(|_| {
+                StoreError::Database(super::DatabaseError::said(format!(
+                    "no turn for a handler's transaction within {} s: other handlers' transactions hold the SQLite store's write lock (keep them short)",
+                    HANDLER_TURN_WITHIN.as_secs()
+                )))
+            })?
+            .map_err(|_| StoreError::Closed)?;
+        let writer_first = tokio::time::Instant::now() + HANDLER_TURN_WITHIN;
+        while self
+            .counters
+            .wants_lock
+            .load(std::sync::atomic::Ordering::SeqCst)
+            && tokio::time::Instant::now() < writer_first
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         // The write lock at once: a transaction that read first and wrote
         // later could find the database changed under it, and fail.
         let tx = self.business.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(super::StoreTransaction {
-            inner: super::transaction::Inner::Sqlite(tx),
-        })
+        let mut begun = super::StoreTransaction::new(super::transaction::Inner::Sqlite(tx));
+        begun.turn = Some(turn);
+        Ok(begun)
     }
 
     async fn call(&self, run_id: &str, call_id: &str) -> Result<Option<LocalCall>, StoreError> {

@@ -3,6 +3,13 @@
 //! ([`CallContext::transaction`](crate::CallContext::transaction)): the
 //! executor adds the final receipt to it and commits once, so the
 //! business rows and the receipt are both stored or both absent.
+//!
+//! Each handler closure runs inside a savepoint of its own, released when
+//! it returns `Ok` and rolled back when it returns `Err` (the same on both
+//! stores); a savepoint that is gone when the closure returns means that
+//! the closure ended the transaction itself (its own `COMMIT` or
+//! `ROLLBACK`), and nothing more is written on it (`docs/protocol.md`,
+//! choice 70).
 use super::write::{self, Conn};
 use super::{Change, LocalCall, StoreError};
 
@@ -11,13 +18,31 @@ use super::{Change, LocalCall, StoreError};
 /// committed, it rolls back.
 pub struct StoreTransaction {
     pub(super) inner: Inner,
+    /// SQLite: this transaction's turn among handlers' transactions, held
+    /// until it ends (see `SqliteStore::begin`).
+    pub(super) turn: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// The backend's transaction.
 pub(super) enum Inner {
     Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
     #[cfg(feature = "postgres")]
-    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    Postgres(super::postgres::HandlerTx),
+}
+
+/// The savepoint each handler closure runs in.
+const CLOSURE: &str = "toolrunner_closure";
+
+/// How a handler closure's savepoint ended
+/// ([`StoreTransaction::close_closure`]).
+#[derive(Debug)]
+pub(crate) enum Closed {
+    /// Released (the closure returned `Ok`) or rolled back to (`Err`): the
+    /// transaction goes on.
+    Kept,
+    /// The savepoint is gone: the closure ended the transaction itself
+    /// (its own `COMMIT` or `ROLLBACK`), and what it wrote may be stored.
+    Broken(String),
 }
 
 impl std::fmt::Debug for StoreTransaction {
@@ -34,7 +59,78 @@ impl std::fmt::Debug for StoreTransaction {
 }
 
 impl StoreTransaction {
-    /// The connection, if the store is SQLite.
+    /// A transaction of the backend's.
+    pub(super) fn new(inner: Inner) -> StoreTransaction {
+        StoreTransaction { inner, turn: None }
+    }
+
+    /// Runs one statement of the store's own (a savepoint's).
+    async fn statement(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+        match &mut self.inner {
+            Inner::Sqlite(tx) => {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            #[cfg(feature = "postgres")]
+            Inner::Postgres(tx) => {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(tx.conn())
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens the savepoint a handler closure runs in.
+    ///
+    /// # Errors
+    /// The database failed: on PostgreSQL, an earlier closure's failed
+    /// statement (which that closure returned `Ok` after) aborted the
+    /// transaction.
+    pub(crate) async fn open_closure(&mut self) -> Result<(), StoreError> {
+        self.statement(&format!("SAVEPOINT {CLOSURE}"))
+            .await
+            .map_err(StoreError::from)
+    }
+
+    /// Ends the savepoint of a closure that returned (`ok`: released;
+    /// otherwise rolled back to, so none of its writes stay, on either
+    /// store). A PostgreSQL transaction that a failed statement aborted,
+    /// whose closure returned `Ok` all the same, stays aborted (it cannot
+    /// commit). Any other failure means that the savepoint is gone: the
+    /// closure ended the transaction itself.
+    pub(crate) async fn close_closure(&mut self, ok: bool) -> Closed {
+        let ended = if ok {
+            match self
+                .statement(&format!("RELEASE SAVEPOINT {CLOSURE}"))
+                .await
+            {
+                // 25P02: in a failed transaction (a statement of the
+                // closure failed): it stays aborted, and fails to commit.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => Ok(()),
+                other => other,
+            }
+        } else {
+            match self
+                .statement(&format!("ROLLBACK TO SAVEPOINT {CLOSURE}"))
+                .await
+            {
+                Ok(()) => {
+                    self.statement(&format!("RELEASE SAVEPOINT {CLOSURE}"))
+                        .await
+                }
+                Err(e) => Err(e),
+            }
+        };
+        match ended {
+            Ok(()) => Closed::Kept,
+            Err(e) => Closed::Broken(format!(
+                "the handler's closure ended the call's transaction itself (a COMMIT or ROLLBACK of its own on the transaction's connection; its savepoint is gone: {e}): what it wrote may be stored, so the outcome is unknown; never end the transaction inside ctx.transaction"
+            )),
+        }
+    }
+
     pub(crate) fn sqlite(&mut self) -> Option<&mut sqlx::SqliteConnection> {
         match &mut self.inner {
             Inner::Sqlite(tx) => Some(&mut **tx),
@@ -47,7 +143,7 @@ impl StoreTransaction {
     #[cfg(feature = "postgres")]
     pub(crate) fn postgres(&mut self) -> Option<&mut sqlx::PgConnection> {
         match &mut self.inner {
-            Inner::Postgres(tx) => Some(&mut **tx),
+            Inner::Postgres(tx) => Some(tx.conn()),
             Inner::Sqlite(_) => None,
         }
     }
@@ -59,7 +155,7 @@ impl StoreTransaction {
         let rolled = match self.inner {
             Inner::Sqlite(tx) => tx.rollback().await,
             #[cfg(feature = "postgres")]
-            Inner::Postgres(tx) => tx.rollback().await,
+            Inner::Postgres(tx) => tx.tx.rollback().await,
         };
         if let Err(e) = rolled {
             tracing::warn!(error = %e, "the call's transaction did not roll back cleanly");
@@ -78,11 +174,15 @@ impl StoreTransaction {
     /// The call's row as this transaction sees it, locked until the
     /// transaction ends (on SQLite the transaction holds the database's
     /// write lock; on PostgreSQL the row is read `FOR UPDATE`): a decision
-    /// taken on it cannot be overtaken before the commit.
+    /// taken on it cannot be overtaken before the commit. The first
+    /// statement of a settlement: on PostgreSQL the store's own session
+    /// settings are asserted again first (`SET LOCAL`: a handler's `SET
+    /// search_path` or `SET session_replication_role` changes nothing of
+    /// the settlement), and the fencing token is checked again.
     ///
     /// # Errors
     /// The database failed (the handler's own statements may have aborted
-    /// the transaction).
+    /// the transaction), or the identity is fenced.
     pub(crate) async fn locked_call(
         &mut self,
         run_id: &str,
@@ -99,12 +199,13 @@ impl StoreTransaction {
             }
             #[cfg(feature = "postgres")]
             Inner::Postgres(tx) => {
+                tx.restore().await?;
                 let row = sqlx::query(
                     "SELECT * FROM calls WHERE run_id = $1 AND call_id = $2 FOR UPDATE",
                 )
                 .bind(run_id)
                 .bind(call_id)
-                .fetch_optional(&mut **tx)
+                .fetch_optional(tx.conn())
                 .await?;
                 row.as_ref().map(super::rows::call_row).transpose()
             }
@@ -119,24 +220,25 @@ impl StoreTransaction {
     /// (nothing of the transaction is stored: a lost compare-and-set, a
     /// transaction the handler's own failed statement aborted);
     /// [`TxError::Unknown`] when the `COMMIT` itself failed (re-read).
-    pub(crate) async fn commit_with(self, changes: &[Change]) -> Result<(), TxError> {
+    pub(crate) async fn commit_with(mut self, changes: &[Change]) -> Result<(), TxError> {
         let changes = &*super::columns::storable_changes(changes);
-        match self.inner {
-            Inner::Sqlite(mut tx) => {
-                apply_all(&mut super::sqlx_conn::SqliteTx(&mut tx), changes)
-                    .await
-                    .map_err(TxError::NotWritten)?;
-                tx.commit().await.map_err(|e| TxError::Unknown(e.into()))?;
-            }
+        let applied = match &mut self.inner {
+            Inner::Sqlite(tx) => apply_all(&mut super::sqlx_conn::SqliteTx(tx), changes).await,
             #[cfg(feature = "postgres")]
-            Inner::Postgres(mut tx) => {
-                apply_all(&mut super::sqlx_conn::Pg(&mut tx), changes)
-                    .await
-                    .map_err(TxError::NotWritten)?;
-                tx.commit().await.map_err(|e| TxError::Unknown(e.into()))?;
-            }
+            Inner::Postgres(tx) => apply_all(&mut super::sqlx_conn::Pg(tx.conn()), changes).await,
+        };
+        if let Err(e) = applied {
+            // Rolled back now, not when the connection is next used: its
+            // locks (SQLite's write lock, the call's row) go at once.
+            self.rollback().await;
+            return Err(TxError::NotWritten(e));
         }
-        Ok(())
+        let committed = match self.inner {
+            Inner::Sqlite(tx) => tx.commit().await,
+            #[cfg(feature = "postgres")]
+            Inner::Postgres(tx) => tx.tx.commit().await,
+        };
+        committed.map_err(|e| TxError::Unknown(e.into()))
     }
 }
 

@@ -2,6 +2,7 @@
 //! the handler's own transaction for a transactional tool).
 
 use super::*;
+use crate::api::transaction::Ended;
 
 /// Whether this build re-runs a write tool after a crash: a deliberate
 /// bug, compiled only with `RUSTFLAGS='--cfg toolrunner_planted="rerun"'`,
@@ -35,13 +36,30 @@ pub(super) async fn run(
         // A transactional tool runs again by the rule of a re-run: after a
         // live heartbeat (which also brings any cancellation of its run),
         // with no cancellation seen.
+        // The cancel notice comes once and may have been lost (choice 68):
+        // the platform is asked too, right before the handler runs again.
         Some(t) if resumed && t.effect() == Effect::Transactional => {
             if super::super::connection::lease_check(core).await.is_err() {
                 return Err("a transactional call to run again waits for a live lease".into());
             }
             let cancelled = cancel.is_cancelled() || core.was_cancelled(&key);
-            (cancelled && !super::super::recovery::PLANTED_RESUME)
-                .then_some(Event::TransactionalEnded)
+            if super::super::recovery::PLANTED_RESUME {
+                None
+            } else if cancelled {
+                Some(Event::TransactionalEnded)
+            } else {
+                match still_runs(core, &call, asg).await {
+                    Some(true) => None,
+                    Some(false) => {
+                        tracing::info!(run_id = %key.run_id, call_id = %key.call_id, "the platform ended the transactional call: not run again");
+                        core.remember_ended(&key);
+                        Some(Event::TransactionalEnded)
+                    }
+                    None => {
+                        return Err("a transactional call to run again waits until the platform says that it still runs".into());
+                    }
+                }
+            }
         }
         Some(_) => None,
     };
@@ -68,25 +86,42 @@ pub(super) async fn run(
     // The transaction the handler opened, if it did: committed below with
     // a `completed` receipt, rolled back otherwise (before the call's
     // settlement is stored).
-    let (outcome, transaction) = match ctx.end_transaction().await {
-        Ok(t) => (outcome, t),
-        Err(interrupted) => {
-            interrupted.rollback().await;
+    let (outcome, transaction, broken) = match ctx.end_transaction().await {
+        Ended::None => (outcome, None, None),
+        Ended::Open(t) => (outcome, Some(t), None),
+        Ended::RolledBack { tx, why } => {
+            if let Some(tx) = tx {
+                tx.rollback().await;
+            }
             // Rolled back: the handler's own definite failure stands;
             // anything else is unknown (a transactional tool's: nothing
             // was written).
             let outcome = match outcome {
                 Err(e @ (ToolError::Failed { .. } | ToolError::Cancelled { .. })) => Err(e),
-                _ => Err(ToolError::unknown(
-                    "the call's transaction was interrupted half-way (a dropped or panicking ctx.transaction)",
-                )),
+                _ => Err(ToolError::unknown(why)),
             };
-            (outcome, None)
+            (outcome, None, None)
+        }
+        // A closure ended the transaction itself: nothing is settled on its
+        // connection, and since what it wrote may be stored, the outcome
+        // is unknown whatever the handler said (a transactional tool's
+        // too), settled through the store's own fenced writes.
+        Ended::Broken { tx, why } => {
+            if let Some(tx) = tx {
+                tx.rollback().await;
+            }
+            (outcome, None, Some(why))
         }
     };
     core.crash_point("after_handler")?;
     let transactional = tool.effect() == Effect::Transactional;
-    let event = outcome_event(asg, outcome, transactional);
+    let event = match broken {
+        Some(why) => Event::OutcomeUnknown {
+            why,
+            evidence: None,
+        },
+        None => outcome_event(asg, outcome, transactional),
+    };
     let completed = matches!(&event, Event::HandlerFinished { outcome } if outcome.kind == ReceiptKind::Completed);
     // What the handler said, if its outcome is not the one stored.
     let said = match &event {
@@ -148,6 +183,89 @@ pub(super) async fn run(
     }
 }
 
+/// Whether the platform still has the call running under this assignment,
+/// asked right now with a replay of its claim (the same operation key:
+/// idempotent, it changes nothing, and it answers the call's current state
+/// even after its run ended, §10). `Some(false)`: the call ended there
+/// (its run cancelled or expired, or settled) or is no longer this
+/// assignment's; `None`: it cannot tell now (asked again when the call is
+/// resumed next).
+async fn still_runs(core: &Arc<Core>, call: &LocalCall, asg: &Assignment) -> Option<bool> {
+    // Once more after a reconnect (a lapsed lease, a superseded connection).
+    for _ in 0..2 {
+        let connection_id = connection::connection_id(core).await.ok()?;
+        let body = Claim {
+            executor_id: core.cfg.executor_id.clone(),
+            connection_id: connection_id.clone(),
+            operation_key: call.operation_key.clone(),
+        };
+        let live = || lease_live(core);
+        match core
+            .client
+            .claim(&call.run_id, &call.call_id, &body, &live)
+            .await
+        {
+            Ok(c) if c.replayed && c.assignment.assignment_id == asg.assignment_id => {
+                return match c.call_state {
+                    CallState::Running | CallState::ReconciliationRequired => Some(true),
+                    s if s.is_terminal() => Some(false),
+                    other => {
+                        tracing::warn!(run_id = %call.run_id, call_id = %call.call_id, state = other.as_str(), "the platform's answer does not say whether the transactional call still runs; it waits");
+                        None
+                    }
+                };
+            }
+            Ok(c) => {
+                // Not this assignment any more: never run it again. A new
+                // claim (the platform had given the call back, which it
+                // never does to a running call) is given back at once.
+                tracing::error!(run_id = %call.run_id, call_id = %call.call_id, replayed = c.replayed, "the platform no longer holds the transactional call under its assignment: not run again");
+                if !c.replayed {
+                    give_back(core, &connection_id, call).await;
+                }
+                return Some(false);
+            }
+            Err(ClientError::Api(e))
+                if e.status == 404
+                    || matches!(
+                        e.code(),
+                        "unknown_call"
+                            | "already_claimed"
+                            | "call_not_claimable"
+                            | "run_terminated"
+                    ) =>
+            {
+                return Some(false);
+            }
+            Err(e) => {
+                if !connection::handle_refusal(core, &connection_id, &e).await {
+                    tracing::warn!(run_id = %call.run_id, call_id = %call.call_id, error = %e, "cannot ask the platform whether the transactional call still runs; it waits");
+                    return None;
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Gives back a claim this executor will not run (a `released` report),
+/// as far as the platform answers.
+async fn give_back(core: &Arc<Core>, connection_id: &str, call: &LocalCall) {
+    let body = toolrunner_protocol::wire::Report {
+        connection_id: connection_id.to_owned(),
+        calls: vec![toolrunner_protocol::wire::CallReport {
+            run_id: call.run_id.clone(),
+            call_id: call.call_id.clone(),
+            state: toolrunner_protocol::wire::ReportState::Released,
+            reason: None,
+            receipt_id: None,
+        }],
+    };
+    if let Err(e) = core.client.report(&core.cfg.executor_id, &body).await {
+        tracing::warn!(run_id = %call.run_id, call_id = %call.call_id, error = %e, "could not give back a claim this executor will not run");
+    }
+}
+
 /// Saves the call's `completed` (`event`) in the handler's own
 /// transaction, after its business writes, and commits once: both are
 /// stored or neither is. The decision is taken on the row as the
@@ -204,8 +322,9 @@ pub(super) async fn commit_in(
 }
 
 /// The lifecycle event for a handler's outcome. A transactional tool's
-/// outcome is never unknown: whatever went wrong rolled its transaction
-/// back, so nothing was written, and the call fails.
+/// outcome is never unknown here (a closure that ended the transaction
+/// itself was settled unknown before): whatever went wrong rolled its
+/// transaction back, so nothing was written, and the call fails.
 pub(super) fn outcome_event(
     asg: &Assignment,
     outcome: Result<Value, ToolError>,
@@ -293,8 +412,16 @@ pub(super) async fn attempt_handler(
                 // Its transaction, if it opened one, is rolled back; the
                 // next attempt begins another, and clones kept from this
                 // one reach it no more.
-                if let Ok(Some(tx)) | Err(tx) = current.end_attempt().await {
-                    tx.rollback().await;
+                match current.end_attempt().await {
+                    // A closure ended the transaction itself: its effect
+                    // may be stored, so nothing runs again.
+                    Ended::Broken { tx, why } => {
+                        if let Some(tx) = tx {
+                            tx.rollback().await;
+                        }
+                        return Err(ToolError::unknown(why));
+                    }
+                    ended => ended.discard().await,
                 }
                 current = current.next_attempt();
                 tokio::time::sleep(super::super::pause(core, attempt)).await;

@@ -18,7 +18,7 @@
 //! copies pages (the WAL, then the database file).
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
@@ -50,6 +50,10 @@ pub(super) struct Counters {
     jobs: AtomicU64,
     transactions: AtomicU64,
     checkpoints: AtomicU64,
+    /// The writer waits for the write lock: a handler's transaction does
+    /// not begin meanwhile (the writer goes first, see
+    /// `SqliteStore::begin`), so it waits for one at most.
+    pub(super) wants_lock: AtomicBool,
 }
 
 /// What a [`SqliteStore`](super::SqliteStore)'s writer has done since the
@@ -150,7 +154,7 @@ fn write_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, counters: Arc<Count
             .jobs
             .fetch_add((batch.len() - probes) as u64, Ordering::Relaxed);
         let only_probes = probes == batch.len();
-        if commit_batch(&conn, &mut batch) {
+        if commit_batch(&conn, &mut batch, &counters.wants_lock) {
             if !only_probes {
                 counters.transactions.fetch_add(1, Ordering::Relaxed);
             }
@@ -208,10 +212,13 @@ fn checkpoint(conn: &Connection) -> bool {
 /// something fails too, and the transaction is rolled back and done again
 /// without it: the others' outcomes are those of the transaction that
 /// commits.
-fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) -> bool {
+fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, wants_lock: &AtomicBool) -> bool {
     let mut failed: Vec<Option<StoreError>> = batch.iter().map(|_| None).collect();
     let committed = loop {
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        wants_lock.store(true, Ordering::SeqCst);
+        let begun = conn.execute_batch("BEGIN IMMEDIATE");
+        wants_lock.store(false, Ordering::SeqCst);
+        if let Err(e) = begun {
             break Err(db(e));
         }
         let mut notes = Vec::new();
