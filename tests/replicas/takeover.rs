@@ -959,16 +959,19 @@ pub(crate) async fn a_second_live_process_of_one_id_fails_fast(url: &str) -> Res
     .await
 }
 
-/// A process that does not hold the identity's lease (a fenced one, or one
-/// beside the lease) connects as an adopted identity: the adopter's
-/// executor of it still holds the token, so it connects again instead of
-/// stopping, and the identity stays served.
+/// A process that no longer holds the identity's lease (its fenced former
+/// holder, which this database recorded as a holder) connects as an
+/// adopted identity: the adopter's executor of it still holds the token,
+/// so it connects again instead of stopping, and the identity stays
+/// served. (One superseded by an instance this database never recorded is
+/// a twin on another database, and stops: `unlike.rs`.)
 pub(crate) async fn an_adopter_superseded_by_a_process_without_the_lease_connects_again(
     url: &str,
 ) -> Result<()> {
     with_world(url, |w| async move {
         let (a, b) = (w.id("a"), w.id("b"));
         w.leave_work(&a).await?;
+        let (_, former_instance, ..) = lease(&w.url, &a).await?.context("a's lease")?;
         let adopter = w
             .executor(&b, Some(Duration::from_millis(300)))
             .build()?
@@ -979,7 +982,7 @@ pub(crate) async fn an_adopter_superseded_by_a_process_without_the_lease_connect
             .admin
             .with_token("dev-executor")
             .request(toolrunner::platform::Method::POST, "/executors/connect")
-            .json(&json!({"executor_id": a, "instance_id": "ins_rogue", "binding_id": w.binding_id,
+            .json(&json!({"executor_id": a, "instance_id": former_instance, "binding_id": w.binding_id,
                           "tools": ["probe.write"], "capacity": 1}))
             .send()
             .await?;
