@@ -321,7 +321,7 @@ pub trait Tool: Send + Sync + 'static {
 }
 
 /// A tool's [`commit_window`](Tool::commit_window) unless it sets another.
-pub const DEFAULT_COMMIT_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+pub const DEFAULT_COMMIT_WINDOW: std::time::Duration = crate::store::DEFAULT_COMMIT_WINDOW;
 
 /// A tool with its types erased, as the runner holds it.
 #[async_trait]

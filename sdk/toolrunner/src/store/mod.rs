@@ -43,7 +43,7 @@ pub use model::{
     ALL_STATES, Attempt, CallFilter, Change, Event, LocalCall, LocalState, OutboxReceipt,
     PendingReport, ReceiptStatus, Timestamp, UnknownName,
 };
-pub(crate) use model::{DEFAULT_LEASE_TTL, now, now_rfc3339, rfc3339};
+pub(crate) use model::{DEFAULT_COMMIT_WINDOW, DEFAULT_LEASE_TTL, now, now_rfc3339, rfc3339};
 
 #[cfg(feature = "postgres")]
 pub(crate) use postgres::LapseWatch;

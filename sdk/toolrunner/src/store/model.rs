@@ -11,6 +11,11 @@ use super::Store;
 /// lasts after each renewal, unless the builder sets another.
 pub(crate) const DEFAULT_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// A tool's commit window unless it sets another (the handler API's
+/// `DEFAULT_COMMIT_WINDOW` is this one): what a lease row records for a
+/// holder whose tools are not known to the store.
+pub(crate) const DEFAULT_COMMIT_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A point in time: UTC, to the millisecond (stored as RFC 3339).
 pub type Timestamp = chrono::DateTime<chrono::Utc>;
 

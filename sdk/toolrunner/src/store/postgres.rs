@@ -199,7 +199,7 @@ impl PgStore {
             binding_id,
             holder,
             DEFAULT_LEASE_TTL,
-            crate::api::handler::DEFAULT_COMMIT_WINDOW,
+            super::DEFAULT_COMMIT_WINDOW,
         )
         .await
     }
