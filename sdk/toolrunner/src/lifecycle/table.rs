@@ -230,6 +230,12 @@ pub(crate) const TABLE: &[Rule] = &[
         writes: "report cleared: it did not happen and the run was cancelled, nothing to send",
     },
     Rule {
+        event: "hook_run_forgotten",
+        from: &[ReconciliationRequired],
+        to: To::State(Orphaned),
+        writes: "report cleared; pending receipts orphaned: it did not happen, and the platform no longer knows the run (`400 unknown_call` before a re-run); the outcome is known (nothing ran), so no person is needed",
+    },
+    Rule {
         event: "transactional_ended",
         from: &[Running],
         to: To::State(Abandoned),
