@@ -402,6 +402,10 @@ mod suite {
                     })
                 },
             ),
+            (
+                "store_contract::retention_keeps_the_unknown_outcome_orphans_an_older_version_wrote",
+                |u| Box::pin(async move { older_orphans_are_kept_after_the_migration(&u).await }),
+            ),
         ];
         for (name, body) in shared {
             let url = url.to_owned();
@@ -489,7 +493,43 @@ mod suite {
         Ok(())
     }
 
-    /// A number to echo.
+    /// A schema an older version migrated and wrote orphaned calls into
+    /// (`store_contract::older_orphans`), opened by this version: the
+    /// migration marks the unknown-outcome ones, and retention keeps them.
+    async fn older_orphans_are_kept_after_the_migration(url: &str) -> Result<()> {
+        use sqlx::Connection;
+        let schema = schema_name("older_orphans");
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        let outcome = async {
+            let older = store_contract::older_migrations("postgres")?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&schema_url(url, &schema))
+                .await?;
+            sqlx::migrate::Migrator::new(older.path())
+                .await?
+                .run(&pool)
+                .await?;
+            for sql in store_contract::older_orphans() {
+                sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await?;
+            }
+            pool.close().await;
+            let store = PgStore::connect_in_schema(url, &schema).await?;
+            store_contract::retention_keeps_the_unknown_outcome_orphans_an_older_version_wrote(
+                &store,
+            )
+            .await
+        }
+        .await;
+        let dropped = drop_schema(url, &schema).await;
+        outcome.and(dropped)
+    }
+
+    /// A number to echo.    /// A number to echo.
     #[toolrunner::schema]
     #[derive(Deserialize)]
     struct In {
