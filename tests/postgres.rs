@@ -140,6 +140,10 @@ mod suite {
                 },
             ),
             (
+                "store_contract::prune_deletes_a_batch_in_a_few_round_trips",
+                |s, u| Box::pin(prune_deletes_a_batch_in_a_few_round_trips(s, u)),
+            ),
+            (
                 "executor::calls_run_once_and_are_delivered_with_a_postgres_store_url",
                 |s, u| Box::pin(calls_run_once_and_are_delivered(s, u)),
             ),
@@ -490,6 +494,85 @@ mod suite {
             .execute(&mut conn)
             .await?;
         conn.close().await?;
+        Ok(())
+    }
+
+    /// Retention deletes a batch of 200 settled calls (each with its
+    /// receipts, attempt and timeline) in a few round trips to the server,
+    /// not four or more per call: counted as the chunks the store's
+    /// connections send through a proxy while it prunes.
+    async fn prune_deletes_a_batch_in_a_few_round_trips(
+        seed: Arc<dyn Store>,
+        url: String,
+    ) -> Result<()> {
+        use toolrunner::protocol::wire::ReceiptKind;
+        use toolrunner::testing::store::{
+            Attempt, Change, LocalCall, OutboxReceipt, ReceiptStatus, Timestamp,
+        };
+        const CALLS: usize = 200;
+        let long_ago: Timestamp = "2026-01-01T00:00:00.000Z".parse()?;
+        let mut changes = Vec::new();
+        for i in 0..CALLS {
+            let id = format!("call_{i}");
+            changes.push(Change::InsertCall(LocalCall {
+                next_sequence: 2,
+                created_at: long_ago,
+                updated_at: long_ago,
+                ..store_contract::rows::call(&id, LocalState::Delivered, 0)
+            }));
+            for (sequence, kind) in [(0, ReceiptKind::Accepted), (1, ReceiptKind::Completed)] {
+                changes.push(Change::AddReceipt(OutboxReceipt {
+                    receipt_id: format!("rcp_{i}_{sequence}"),
+                    run_id: "run_1".into(),
+                    call_id: id.clone(),
+                    assignment_id: format!("asg_{i}"),
+                    kind,
+                    sequence,
+                    body: "{}".into(),
+                    status: ReceiptStatus::Delivered,
+                    attempts: 1,
+                    last_error: None,
+                    created_at: long_ago,
+                    delivered_at: Some(long_ago),
+                }));
+            }
+            changes.push(Change::AddAttempt(Attempt::seed(
+                "run_1",
+                &id,
+                &format!("op_{i}"),
+                Some("exe"),
+                Some(&format!("asg_{i}")),
+                long_ago,
+            )));
+        }
+        seed.commit(changes).await?;
+        let proxy =
+            super::replicas::pause::Proxy::start(super::replicas::pause::address_of(&url)).await?;
+        let store = PgStore::connect(&proxy.url(&url)).await?;
+        // Its pool's connections are open and its statements known.
+        store.count_by_state().await?;
+        let before = proxy.client_chunks();
+        let cut: Timestamp = "2026-06-01T00:00:00.000Z".parse()?;
+        let pruned = store.prune(cut, CALLS as u32).await?;
+        let round_trips = proxy.client_chunks() - before;
+        if pruned != CALLS as u64 {
+            bail!("pruned {pruned} calls of {CALLS}");
+        }
+        for i in [0, CALLS - 1] {
+            let id = format!("call_{i}");
+            if seed.call("run_1", &id).await?.is_some()
+                || !seed.receipts("run_1", &id).await?.is_empty()
+                || !seed.attempts("run_1", &id).await?.is_empty()
+                || !seed.events("run_1", &id).await?.is_empty()
+            {
+                bail!("{id} left rows behind");
+            }
+        }
+        if round_trips > 20 {
+            bail!(
+                "pruning a batch of {CALLS} calls took {round_trips} round trips to the server (at most 20 wanted: a few statements a batch)"
+            );
+        }
         Ok(())
     }
 
