@@ -261,6 +261,18 @@ pub(crate) const TABLE: &[Rule] = &[
     },
 ];
 
+/// Every `(event, state the call is left in)` the table allows: the
+/// series of the transitions counter, registered at start.
+pub(crate) fn transitions() -> impl Iterator<Item = (&'static str, LocalState)> {
+    TABLE.iter().flat_map(|r| {
+        let states: &'static [LocalState] = match &r.to {
+            To::State(s) => std::slice::from_ref(s),
+            To::Same => r.from,
+        };
+        states.iter().map(move |s| (r.event, *s))
+    })
+}
+
 /// The table's row for an event.
 pub(crate) fn rule(event: &str) -> Option<&'static Rule> {
     TABLE.iter().find(|r| r.event == event)

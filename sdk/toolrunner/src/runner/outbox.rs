@@ -144,7 +144,7 @@ pub(crate) async fn deliver(
         Err(ClientError::Api(e)) if e.status == 404 => "not_found",
         Err(ClientError::Api(_)) => "refused",
     };
-    metrics::counter!("toolrunner_receipt_deliveries_total", "executor_id" => executor_id.to_owned(), "kind" => r.kind.as_str(), "outcome" => outcome).increment(1);
+    metrics::counter!(super::telemetry::metric::DELIVERIES, "executor_id" => executor_id.to_owned(), "kind" => r.kind.as_str(), "outcome" => outcome).increment(1);
     let is_final = r.kind.is_final();
     let error = answer.as_ref().err().map(ToString::to_string);
     let event = match answer {
