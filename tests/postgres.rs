@@ -144,6 +144,30 @@ mod suite {
                 |s, u| Box::pin(prune_deletes_a_batch_in_a_few_round_trips(s, u)),
             ),
             (
+                "writer::a_job_whose_caller_is_gone_is_not_written",
+                |_, u| {
+                    Box::pin(
+                        async move { writer::a_job_whose_caller_is_gone_is_not_written(&u).await },
+                    )
+                },
+            ),
+            (
+                "writer::a_failed_group_commit_is_heard_by_every_job_of_the_group",
+                |_, u| {
+                    Box::pin(async move {
+                        writer::a_failed_group_commit_is_heard_by_every_job_of_the_group(&u).await
+                    })
+                },
+            ),
+            (
+                "writer::a_writer_task_that_died_is_started_again",
+                |_, u| {
+                    Box::pin(
+                        async move { writer::a_writer_task_that_died_is_started_again(&u).await },
+                    )
+                },
+            ),
+            (
                 "executor::calls_run_once_and_are_delivered_with_a_postgres_store_url",
                 |s, u| Box::pin(calls_run_once_and_are_delivered(s, u)),
             ),
@@ -610,6 +634,149 @@ mod suite {
         .await;
         let dropped = drop_schema(url, &schema).await;
         outcome.and(dropped)
+    }
+
+    /// The fault paths of the store's group-commit writer
+    /// (`store/postgres/writer.rs`), each driven by the store's own
+    /// `WriterFaults` (the suite's tests run side by side: a process-wide
+    /// fail point would reach the others' writers).
+    mod writer {
+        use std::time::Duration;
+
+        use anyhow::{Result, bail, ensure};
+        use toolrunner::testing::store::{
+            Change, LocalState, PgStore, Store, StoreError, WriterFaults,
+        };
+
+        use super::store_contract::rows;
+
+        /// A new call `id`.
+        fn insert(id: &str) -> Vec<Change> {
+            vec![Change::InsertCall(rows::call(id, LocalState::Claiming, 0))]
+        }
+
+        /// Waits (up to 10 s) until the writer, held, has `behind` jobs
+        /// waiting behind the one it holds.
+        async fn until_held_with(faults: &WriterFaults, behind: usize) -> Result<()> {
+            for _ in 0..2000 {
+                if faults.held_behind() == Some(behind) {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            bail!(
+                "the writer is not held with {behind} jobs behind it: {:?}",
+                faults.held_behind()
+            )
+        }
+
+        /// Commits `id` on a task of its own.
+        fn commit_aside(
+            store: &PgStore,
+            id: &str,
+        ) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+            let store = store.clone();
+            let changes = insert(id);
+            tokio::spawn(async move { store.commit(changes).await })
+        }
+
+        async fn stored(store: &PgStore, id: &str) -> Result<bool> {
+            Ok(store.call("run_1", id).await?.is_some())
+        }
+
+        /// A commit whose caller stopped waiting (its task dropped, as an
+        /// executor stopped or lost) before the writer took it into a
+        /// group is not written: nothing lands after the one who asked is
+        /// gone, as its own transaction would not have. The writer goes on.
+        pub(crate) async fn a_job_whose_caller_is_gone_is_not_written(url: &str) -> Result<()> {
+            let store = PgStore::connect(url).await?;
+            let faults = store.writer_faults();
+            faults.hold();
+            let gone = commit_aside(&store, "call_gone");
+            until_held_with(&faults, 0).await?;
+            gone.abort();
+            ensure!(
+                gone.await.is_err_and(|e| e.is_cancelled()),
+                "the caller's task was not dropped"
+            );
+            faults.release();
+            store.commit(insert("call_after")).await?;
+            ensure!(
+                !stored(&store, "call_gone").await?,
+                "the commit of a caller that was gone landed"
+            );
+            ensure!(stored(&store, "call_after").await?, "the writer stopped");
+            Ok(())
+        }
+
+        /// When the `COMMIT` of a group fails, every job of the group hears
+        /// that it failed and may have happened (carried out or not), but
+        /// a job whose own change failed, which hears its own error (it
+        /// wrote nothing either way). A `COMMIT` that did not happen
+        /// stored none of them; one whose answer was lost stored them all.
+        /// The writer goes on.
+        pub(crate) async fn a_failed_group_commit_is_heard_by_every_job_of_the_group(
+            url: &str,
+        ) -> Result<()> {
+            let store = PgStore::connect(url).await?;
+            store.commit(insert("call_taken")).await?;
+            let faults = store.writer_faults();
+            for happened in [false, true] {
+                let (a, c) = (format!("call_a_{happened}"), format!("call_c_{happened}"));
+                faults.hold();
+                let first = commit_aside(&store, &a);
+                until_held_with(&faults, 0).await?;
+                let taken = commit_aside(&store, "call_taken");
+                until_held_with(&faults, 1).await?;
+                let third = commit_aside(&store, &c);
+                until_held_with(&faults, 2).await?;
+                faults.fail_next_group_commit(happened);
+                faults.release();
+                for (id, outcome) in [(&a, first.await?), (&c, third.await?)] {
+                    match outcome {
+                        Err(e) if e.to_string().contains("may have happened") => {}
+                        other => bail!(
+                            "{id} (happened: {happened}) heard {other:?}, not that the group's COMMIT failed"
+                        ),
+                    }
+                    ensure!(
+                        stored(&store, id).await? == happened,
+                        "{id}: stored is not {happened}"
+                    );
+                }
+                match taken.await? {
+                    Err(StoreError::Conflict(..)) => {}
+                    other => bail!("the job whose own change failed heard {other:?}"),
+                }
+            }
+            store.commit(insert("call_after")).await?;
+            ensure!(stored(&store, "call_after").await?, "the writer stopped");
+            Ok(())
+        }
+
+        /// A writer task that died (it panicked) takes the job it held with
+        /// it: its caller hears that the store's writer stopped, and
+        /// nothing of it is written. The next commit starts a new writer.
+        pub(crate) async fn a_writer_task_that_died_is_started_again(url: &str) -> Result<()> {
+            let store = PgStore::connect(url).await?;
+            store.commit(insert("call_before")).await?;
+            let faults = store.writer_faults();
+            faults.kill_writer();
+            match store.commit(insert("call_lost")).await {
+                Err(StoreError::Closed) => {}
+                other => bail!("the job of a writer that died heard {other:?}"),
+            }
+            ensure!(
+                !stored(&store, "call_lost").await?,
+                "the job of a writer that died was written"
+            );
+            store.commit(insert("call_after")).await?;
+            ensure!(
+                stored(&store, "call_after").await?,
+                "no new writer after the old one died"
+            );
+            Ok(())
+        }
     }
 
     /// A number to echo.    /// A number to echo.

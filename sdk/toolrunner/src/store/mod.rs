@@ -47,6 +47,8 @@ pub(crate) use model::{DEFAULT_LEASE_TTL, now, now_rfc3339, rfc3339};
 
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+#[cfg(all(feature = "postgres", feature = "failpoints", feature = "testing"))]
+pub use postgres::WriterFaults;
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))] // the testing seam's (the bench)
 pub use sqlite::WriterStats;
 pub use sqlite::{SqliteStore, StoreLock};
