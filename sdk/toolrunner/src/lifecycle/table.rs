@@ -22,7 +22,7 @@ pub(crate) struct Rule {
     /// Where it leads.
     pub(crate) to: To,
     /// What it writes besides the row: receipts, reports, timeline.
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // rendered into the docs (the testing seam)
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the docs' table (testing seam)
     pub(crate) writes: &'static str,
 }
 
