@@ -906,6 +906,54 @@ fn finding_b_no_rerun_when_the_cancel_notice_was_lost() {
     });
 }
 
+/// 3b and choice 54: before a re-run after `DidNotHappen` the executor
+/// asks the platform with a report of `reconciliation_required`; a
+/// platform that no longer knows the run (its own retention deleted it)
+/// answers `400 unknown_call`. The call is then `orphaned`, as after a
+/// `404` on a final receipt (the platform no longer knows the run), not
+/// `abandoned`: the handler does not start again, and since the hook found
+/// the operation not performed, its outcome is known and it waits for no
+/// person (no `orphaned_outcome_unknown` in its timeline).
+#[test]
+fn no_rerun_for_a_call_the_platform_forgot_and_it_is_orphaned() {
+    with_failpoints(async {
+        let world = World::new(30_000, 10_000, false).await;
+        let (a, run_id, call_id, store) = awaiting_reconciliation(&world).await;
+        world
+            .server
+            .forget_run(&run_id)
+            .await
+            .expect("forgets the run");
+        world.shared.with(|b| b.default_hook = Some(Hook::Truthful));
+        let row = wait_local(
+            &store,
+            &run_id,
+            &call_id,
+            &[
+                LocalState::Abandoned,
+                LocalState::Orphaned,
+                LocalState::Running,
+            ],
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            world.shared.starts_of(&call_id),
+            1,
+            "the handler ran again for a run the platform forgot: {row:?}"
+        );
+        assert_eq!(row.state, LocalState::Orphaned, "{row:?}");
+        let timeline = store.events(&run_id, &call_id).await.expect("readable");
+        assert!(
+            !timeline
+                .iter()
+                .any(|e| e.what() == "orphaned_outcome_unknown"),
+            "the hook knew the outcome, yet the call waits for a person: {timeline:?}"
+        );
+        drop(a);
+    });
+}
+
 /// Loses the claim's answer at the fail point `after_claim_answer`, then,
 /// as the same executor id from outside, replays the claim and sends
 /// `accepted` itself: the platform holds the call `running` under an

@@ -140,6 +140,34 @@ mod suite {
                 },
             ),
             (
+                "store_contract::prune_deletes_a_batch_in_a_few_round_trips",
+                |s, u| Box::pin(prune_deletes_a_batch_in_a_few_round_trips(s, u)),
+            ),
+            (
+                "writer::a_job_whose_caller_is_gone_is_not_written",
+                |_, u| {
+                    Box::pin(
+                        async move { writer::a_job_whose_caller_is_gone_is_not_written(&u).await },
+                    )
+                },
+            ),
+            (
+                "writer::a_failed_group_commit_is_heard_by_every_job_of_the_group",
+                |_, u| {
+                    Box::pin(async move {
+                        writer::a_failed_group_commit_is_heard_by_every_job_of_the_group(&u).await
+                    })
+                },
+            ),
+            (
+                "writer::a_writer_task_that_died_is_started_again",
+                |_, u| {
+                    Box::pin(
+                        async move { writer::a_writer_task_that_died_is_started_again(&u).await },
+                    )
+                },
+            ),
+            (
                 "executor::calls_run_once_and_are_delivered_with_a_postgres_store_url",
                 |s, u| Box::pin(calls_run_once_and_are_delivered(s, u)),
             ),
@@ -499,6 +527,10 @@ mod suite {
                     })
                 },
             ),
+            (
+                "store_contract::retention_keeps_the_unknown_outcome_orphans_an_older_version_wrote",
+                |u| Box::pin(async move { older_orphans_are_kept_after_the_migration(&u).await }),
+            ),
         ];
         for (name, body) in shared {
             let url = url.to_owned();
@@ -586,7 +618,265 @@ mod suite {
         Ok(())
     }
 
-    /// A number to echo.
+    /// Retention deletes a batch of 200 settled calls (each with its
+    /// receipts, attempt and timeline) in a few round trips to the server,
+    /// not four or more per call: counted as the chunks the store's
+    /// connections send through a proxy while it prunes.
+    async fn prune_deletes_a_batch_in_a_few_round_trips(
+        seed: Arc<dyn Store>,
+        url: String,
+    ) -> Result<()> {
+        use toolrunner::protocol::wire::ReceiptKind;
+        use toolrunner::testing::store::{
+            Attempt, Change, LocalCall, OutboxReceipt, ReceiptStatus, Timestamp,
+        };
+        const CALLS: usize = 200;
+        let long_ago: Timestamp = "2026-01-01T00:00:00.000Z".parse()?;
+        let mut changes = Vec::new();
+        for i in 0..CALLS {
+            let id = format!("call_{i}");
+            changes.push(Change::InsertCall(LocalCall {
+                next_sequence: 2,
+                created_at: long_ago,
+                updated_at: long_ago,
+                ..store_contract::rows::call(&id, LocalState::Delivered, 0)
+            }));
+            for (sequence, kind) in [(0, ReceiptKind::Accepted), (1, ReceiptKind::Completed)] {
+                changes.push(Change::AddReceipt(OutboxReceipt {
+                    receipt_id: format!("rcp_{i}_{sequence}"),
+                    run_id: "run_1".into(),
+                    call_id: id.clone(),
+                    assignment_id: format!("asg_{i}"),
+                    kind,
+                    sequence,
+                    body: "{}".into(),
+                    status: ReceiptStatus::Delivered,
+                    attempts: 1,
+                    last_error: None,
+                    created_at: long_ago,
+                    delivered_at: Some(long_ago),
+                }));
+            }
+            changes.push(Change::AddAttempt(Attempt::seed(
+                "run_1",
+                &id,
+                &format!("op_{i}"),
+                Some("exe"),
+                Some(&format!("asg_{i}")),
+                long_ago,
+            )));
+        }
+        seed.commit(changes).await?;
+        let proxy =
+            super::replicas::pause::Proxy::start(super::replicas::pause::address_of(&url)).await?;
+        let store = PgStore::connect(&proxy.url(&url)).await?;
+        // Its pool's connections are open and its statements known.
+        store.count_by_state().await?;
+        let before = proxy.client_chunks();
+        let cut: Timestamp = "2026-06-01T00:00:00.000Z".parse()?;
+        let pruned = store.prune(cut, CALLS as u32).await?;
+        let round_trips = proxy.client_chunks() - before;
+        if pruned != CALLS as u64 {
+            bail!("pruned {pruned} calls of {CALLS}");
+        }
+        for i in [0, CALLS - 1] {
+            let id = format!("call_{i}");
+            if seed.call("run_1", &id).await?.is_some()
+                || !seed.receipts("run_1", &id).await?.is_empty()
+                || !seed.attempts("run_1", &id).await?.is_empty()
+                || !seed.events("run_1", &id).await?.is_empty()
+            {
+                bail!("{id} left rows behind");
+            }
+        }
+        if round_trips > 20 {
+            bail!(
+                "pruning a batch of {CALLS} calls took {round_trips} round trips to the server (at most 20 wanted: a few statements a batch)"
+            );
+        }
+        Ok(())
+    }
+
+    /// A schema an older version migrated and wrote orphaned calls into
+    /// (`store_contract::older_orphans`), opened by this version: the
+    /// migration marks the unknown-outcome ones, and retention keeps them.
+    async fn older_orphans_are_kept_after_the_migration(url: &str) -> Result<()> {
+        use sqlx::Connection;
+        let schema = schema_name("older_orphans");
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        let outcome = async {
+            let older = store_contract::older_migrations("postgres")?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&schema_url(url, &schema))
+                .await?;
+            sqlx::migrate::Migrator::new(older.path())
+                .await?
+                .run(&pool)
+                .await?;
+            for sql in store_contract::older_orphans() {
+                sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await?;
+            }
+            pool.close().await;
+            let store = PgStore::connect_in_schema(url, &schema).await?;
+            store_contract::retention_keeps_the_unknown_outcome_orphans_an_older_version_wrote(
+                &store,
+            )
+            .await
+        }
+        .await;
+        let dropped = drop_schema(url, &schema).await;
+        outcome.and(dropped)
+    }
+
+    /// The fault paths of the store's group-commit writer
+    /// (`store/postgres/writer.rs`), each driven by the store's own
+    /// `WriterFaults` (the suite's tests run side by side: a process-wide
+    /// fail point would reach the others' writers).
+    mod writer {
+        use std::time::Duration;
+
+        use anyhow::{Result, bail, ensure};
+        use toolrunner::testing::store::{
+            Change, LocalState, PgStore, Store, StoreError, WriterFaults,
+        };
+
+        use super::store_contract::rows;
+
+        /// A new call `id`.
+        fn insert(id: &str) -> Vec<Change> {
+            vec![Change::InsertCall(rows::call(id, LocalState::Claiming, 0))]
+        }
+
+        /// Waits (up to 10 s) until the writer, held, has `behind` jobs
+        /// waiting behind the one it holds.
+        async fn until_held_with(faults: &WriterFaults, behind: usize) -> Result<()> {
+            for _ in 0..2000 {
+                if faults.held_behind() == Some(behind) {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            bail!(
+                "the writer is not held with {behind} jobs behind it: {:?}",
+                faults.held_behind()
+            )
+        }
+
+        /// Commits `id` on a task of its own.
+        fn commit_aside(
+            store: &PgStore,
+            id: &str,
+        ) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+            let store = store.clone();
+            let changes = insert(id);
+            tokio::spawn(async move { store.commit(changes).await })
+        }
+
+        async fn stored(store: &PgStore, id: &str) -> Result<bool> {
+            Ok(store.call("run_1", id).await?.is_some())
+        }
+
+        /// A commit whose caller stopped waiting (its task dropped, as an
+        /// executor stopped or lost) before the writer took it into a
+        /// group is not written: nothing lands after the one who asked is
+        /// gone, as its own transaction would not have. The writer goes on.
+        pub(crate) async fn a_job_whose_caller_is_gone_is_not_written(url: &str) -> Result<()> {
+            let store = PgStore::connect(url).await?;
+            let faults = store.writer_faults();
+            faults.hold();
+            let gone = commit_aside(&store, "call_gone");
+            until_held_with(&faults, 0).await?;
+            gone.abort();
+            ensure!(
+                gone.await.is_err_and(|e| e.is_cancelled()),
+                "the caller's task was not dropped"
+            );
+            faults.release();
+            store.commit(insert("call_after")).await?;
+            ensure!(
+                !stored(&store, "call_gone").await?,
+                "the commit of a caller that was gone landed"
+            );
+            ensure!(stored(&store, "call_after").await?, "the writer stopped");
+            Ok(())
+        }
+
+        /// When the `COMMIT` of a group fails, every job of the group hears
+        /// that it failed and may have happened (carried out or not), but
+        /// a job whose own change failed, which hears its own error (it
+        /// wrote nothing either way). A `COMMIT` that did not happen
+        /// stored none of them; one whose answer was lost stored them all.
+        /// The writer goes on.
+        pub(crate) async fn a_failed_group_commit_is_heard_by_every_job_of_the_group(
+            url: &str,
+        ) -> Result<()> {
+            let store = PgStore::connect(url).await?;
+            store.commit(insert("call_taken")).await?;
+            let faults = store.writer_faults();
+            for happened in [false, true] {
+                let (a, c) = (format!("call_a_{happened}"), format!("call_c_{happened}"));
+                faults.hold();
+                let first = commit_aside(&store, &a);
+                until_held_with(&faults, 0).await?;
+                let taken = commit_aside(&store, "call_taken");
+                until_held_with(&faults, 1).await?;
+                let third = commit_aside(&store, &c);
+                until_held_with(&faults, 2).await?;
+                faults.fail_next_group_commit(happened);
+                faults.release();
+                for (id, outcome) in [(&a, first.await?), (&c, third.await?)] {
+                    match outcome {
+                        Err(e) if e.to_string().contains("may have happened") => {}
+                        other => bail!(
+                            "{id} (happened: {happened}) heard {other:?}, not that the group's COMMIT failed"
+                        ),
+                    }
+                    ensure!(
+                        stored(&store, id).await? == happened,
+                        "{id}: stored is not {happened}"
+                    );
+                }
+                match taken.await? {
+                    Err(StoreError::Conflict(..)) => {}
+                    other => bail!("the job whose own change failed heard {other:?}"),
+                }
+            }
+            store.commit(insert("call_after")).await?;
+            ensure!(stored(&store, "call_after").await?, "the writer stopped");
+            Ok(())
+        }
+
+        /// A writer task that died (it panicked) takes the job it held with
+        /// it: its caller hears that the store's writer stopped, and
+        /// nothing of it is written. The next commit starts a new writer.
+        pub(crate) async fn a_writer_task_that_died_is_started_again(url: &str) -> Result<()> {
+            let store = PgStore::connect(url).await?;
+            store.commit(insert("call_before")).await?;
+            let faults = store.writer_faults();
+            faults.kill_writer();
+            match store.commit(insert("call_lost")).await {
+                Err(StoreError::Closed) => {}
+                other => bail!("the job of a writer that died heard {other:?}"),
+            }
+            ensure!(
+                !stored(&store, "call_lost").await?,
+                "the job of a writer that died was written"
+            );
+            store.commit(insert("call_after")).await?;
+            ensure!(
+                stored(&store, "call_after").await?,
+                "no new writer after the old one died"
+            );
+            Ok(())
+        }
+    }
+
+    /// A number to echo.    /// A number to echo.
     #[toolrunner::schema]
     #[derive(Deserialize)]
     struct In {

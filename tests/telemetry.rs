@@ -829,3 +829,207 @@ async fn until_ready(health: &toolrunner::Health, ready: bool) -> Result<()> {
     }
     bail!("the verdict stayed {:?}", health.report())
 }
+
+/// A platform with an agent version serving `t.ok`, for an executor of an
+/// id of its own (the recorder is the whole binary's: each test reads its
+/// own `executor_id`'s series).
+struct Solo {
+    server: toolrunner_devserver::DevServer,
+    platform: toolrunner::platform::Platform,
+    binding_id: String,
+    agent_version: String,
+    dir: tempfile::TempDir,
+}
+
+impl Solo {
+    async fn start() -> Result<Solo> {
+        let server = toolrunner_devserver::DevServer::builder()
+            .listen(([127, 0, 0, 1], 0).into())
+            .heartbeat_interval_ms(200)
+            .start()
+            .await?;
+        let platform = toolrunner::platform::Platform::new(&server.base_url(), "dev-admin")?;
+        let agent = platform.create_agent("solo").await?;
+        let binding = platform
+            .create_binding(&agent.agent_id, "solo", &["t.ok", "t.fail"])
+            .await?;
+        let mut solo = Solo {
+            server,
+            platform,
+            binding_id: binding.binding_id,
+            agent_version: String::new(),
+            dir: tempfile::tempdir()?,
+        };
+        let definitions = solo
+            .executor("definitions")
+            .build()?
+            .tool_definitions()
+            .to_vec();
+        solo.agent_version = solo
+            .platform
+            .publish(&agent.agent_id, &definitions)
+            .await?
+            .agent_version;
+        Ok(solo)
+    }
+
+    /// An executor `executor_id` with `t.ok` and `t.fail`, capacity 4.
+    fn executor(&self, executor_id: &str) -> toolrunner::ExecutorBuilder {
+        toolrunner::Executor::builder()
+            .base_url(self.server.base_url())
+            .allow_insecure_http()
+            .token("dev-executor")
+            .executor_id(executor_id)
+            .binding_id(&self.binding_id)
+            .store_url(format!(
+                "sqlite://{}",
+                self.dir.path().join(format!("{executor_id}.db")).display()
+            ))
+            .capacity(4)
+            .poll_interval(Duration::from_millis(25))
+            .allow_all()
+            .tool(ok)
+            .tool(fail)
+    }
+}
+
+/// Waits (up to 10 s) until the scrape holds `line`.
+async fn until_scraped(line: &str) -> Result<()> {
+    for _ in 0..500 {
+        if prometheus().render().contains(line) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("no {line} in\n{}", prometheus().render())
+}
+
+/// An executor that stops as a lost process would sets its gauges to zero
+/// too, not only one shut down: one halted (here at a fail point; one
+/// fenced by a takeover halts the same way) while its handle lives, and
+/// one dropped (as a replica drops an adopted identity's executor it
+/// started just as it began to stop itself, and every adopted one when it
+/// halts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_halted_or_dropped_executor_sets_its_gauges_to_zero() -> Result<()> {
+    callsites_stay_live();
+    let _ = prometheus();
+    let solo = Solo::start().await?;
+    let mut kept = Vec::new();
+    for how in ["halted", "dropped"] {
+        let id = format!("gauges-{how}");
+        let running = solo
+            .executor(&id)
+            .crash_plan(|step| step == "after_handler")
+            .build()?
+            .start()
+            .await?;
+        until_scraped(&format!(
+            "toolrunner_capacity_available{{executor_id=\"{id}\"}} 4"
+        ))
+        .await?;
+        if how == "halted" {
+            solo.platform
+                .create_run(
+                    &solo.agent_version,
+                    "user_42",
+                    vec![toolrunner::platform::NewToolCall::new(
+                        "t.ok",
+                        json!({"note": "n"}),
+                    )],
+                )
+                .await?;
+            tokio::time::timeout(Duration::from_secs(10), running.wait())
+                .await
+                .context("the executor did not halt at its fail point")??;
+        } else {
+            // Dropped: its tasks are gone, nothing publishes any more.
+            drop(running);
+        }
+        let scrape = prometheus().render();
+        for gauge in [
+            format!("toolrunner_capacity_available{{executor_id=\"{id}\"}} 0"),
+            format!("toolrunner_capacity_in_use{{executor_id=\"{id}\"}} 0"),
+            format!("toolrunner_undelivered_receipts{{executor_id=\"{id}\"}} 0"),
+        ] {
+            if !scrape.contains(&gauge) {
+                kept.push(format!("{how}: no {gauge}"));
+            }
+        }
+    }
+    ensure!(
+        kept.is_empty(),
+        "the last counts stay for good: {kept:?}\n{}",
+        prometheus().render()
+    );
+    solo.server.shutdown().await;
+    Ok(())
+}
+
+/// Every metric family the table of `docs/operations.md` lists is in the
+/// scrape of an executor just started, before any call: counters at zero
+/// for each tool (and each outcome, reason, event, kind), histograms
+/// empty, gauges at their values, so that an alert or a `rate()` has a
+/// series from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_family_of_the_table_is_scraped_from_the_start() -> Result<()> {
+    callsites_stay_live();
+    let prometheus = prometheus();
+    let solo = Solo::start().await?;
+    let executor = solo.executor("fresh-01").build()?;
+    let health = executor.health();
+    let running = executor.start().await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let router = toolrunner::admin::router_with_metrics(health, move || prometheus.render());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let scrape = reqwest::get(format!("{base}/metrics"))
+        .await?
+        .text()
+        .await?;
+    let mut missing = Vec::new();
+    for (name, row) in table()? {
+        if row.postgres_only {
+            continue;
+        }
+        // A sample of this executor's (or, for the one family without
+        // labels, any sample of it).
+        let own = |line: &&str| {
+            let sample = [name.clone(), format!("{name}_count")]
+                .iter()
+                .any(|n| line.starts_with(&format!("{n}{{")) || line.starts_with(&format!("{n} ")));
+            sample
+                && (!row.labels.contains("executor_id")
+                    || line.contains("executor_id=\"fresh-01\""))
+        };
+        if !scrape.lines().any(|l| own(&l)) {
+            missing.push(name);
+        }
+    }
+    for line in [
+        "toolrunner_tool_calls_total{executor_id=\"fresh-01\",tool=\"t.ok\",outcome=\"completed\"} 0",
+        "toolrunner_tool_calls_total{executor_id=\"fresh-01\",tool=\"t.fail\",outcome=\"failed\"} 0",
+        "toolrunner_tool_execution_duration_seconds_count{executor_id=\"fresh-01\",tool=\"t.ok\",outcome=\"completed\"} 0",
+        "toolrunner_claim_duration_seconds_count{executor_id=\"fresh-01\",tool=\"t.fail\"} 0",
+        "toolrunner_claims_refused_total{executor_id=\"fresh-01\",reason=\"unreachable\"} 0",
+        "toolrunner_receipt_deliveries_total{executor_id=\"fresh-01\",kind=\"completed\",outcome=\"unreachable\"} 0",
+        "toolrunner_call_transitions_total{executor_id=\"fresh-01\",event=\"outcome_unknown\",state=\"reconciliation_required\"} 0",
+    ] {
+        if !scrape.contains(line) {
+            missing.push(line.to_owned());
+        }
+    }
+    ensure!(
+        missing.is_empty(),
+        "a freshly started executor's scrape lacks {} of the table's families or series: {missing:?}\n\nscrape:\n{scrape}",
+        missing.len()
+    );
+    running
+        .shutdown(toolrunner::Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    solo.server.shutdown().await;
+    Ok(())
+}

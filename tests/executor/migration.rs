@@ -353,3 +353,36 @@ async fn the_migration_mends_rows_the_new_schema_refuses() -> Result<()> {
     }
     Ok(())
 }
+
+/// Orphaned calls whose outcome an older version left unknown, without
+/// the timeline entry retention keeps them by: the migration
+/// `…_unknown_outcome_orphans` marks them, so retention keeps them until an
+/// operator closes them (the store contract's
+/// `retention_keeps_the_unknown_outcome_orphans_an_older_version_wrote`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unknown_outcome_orphans_an_older_version_wrote_are_kept_after_the_migration()
+-> Result<()> {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("older.db");
+    let older = crate::store_contract::older_migrations("sqlite")?;
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true);
+    let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+    sqlx::migrate::Migrator::new(older.path())
+        .await?
+        .run(&mut conn)
+        .await?;
+    for sql in crate::store_contract::older_orphans() {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await?;
+    }
+    conn.close().await?;
+    let store = SqliteStore::open_path(&path).await?;
+    crate::store_contract::retention_keeps_the_unknown_outcome_orphans_an_older_version_wrote(
+        &store,
+    )
+    .await
+}

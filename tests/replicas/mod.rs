@@ -22,7 +22,7 @@
 pub(crate) mod chaos;
 pub(crate) mod console;
 pub(crate) mod health;
-mod pause;
+pub(crate) mod pause;
 #[path = "../../examples/support/proxy.rs"]
 mod proxy;
 pub(crate) mod rolling;

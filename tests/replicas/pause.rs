@@ -14,6 +14,9 @@ use tokio::sync::watch;
 /// A pausable proxy in front of one upstream address.
 pub(crate) struct Proxy {
     addr: SocketAddr,
+    /// Chunks read from the clients (each request a client sends and then
+    /// waits on is one or more: a count of round trips, give or take).
+    chunks: Arc<std::sync::atomic::AtomicU64>,
     paused: Arc<watch::Sender<bool>>,
     trigger: Trigger,
     task: tokio::task::JoinHandle<()>,
@@ -65,11 +68,14 @@ impl Proxy {
         let paused = Arc::new(paused);
         let trigger = Trigger::default();
         let (pauser, armed) = (paused.clone(), trigger.clone());
+        let chunks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = chunks.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let _ = client.set_nodelay(true);
                 let watch = watch.clone();
                 let (pauser, armed) = (pauser.clone(), armed.clone());
+                let counted = counted.clone();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
@@ -77,13 +83,20 @@ impl Proxy {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pump(cr, sw, watch.clone(), Some((armed, pauser))));
-                    tokio::spawn(pump(sr, cw, watch, None));
+                    tokio::spawn(pump(
+                        cr,
+                        sw,
+                        watch.clone(),
+                        Some((armed, pauser)),
+                        Some(counted),
+                    ));
+                    tokio::spawn(pump(sr, cw, watch, None, None));
                 });
             }
         });
         Ok(Proxy {
             addr,
+            chunks,
             paused,
             trigger,
             task,
@@ -100,6 +113,11 @@ impl Proxy {
         };
         let path = hostpath.find('/').map_or("", |i| &hostpath[i..]);
         format!("{scheme}://{user}{}{path}", self.addr)
+    }
+
+    /// How many chunks the clients have sent through so far.
+    pub(crate) fn client_chunks(&self) -> u64 {
+        self.chunks.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Nothing passes from now on, either way.
@@ -170,6 +188,7 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut watch: watch::Receiver<bool>,
     trigger: Option<(Trigger, Arc<watch::Sender<bool>>)>,
+    counted: Option<Arc<std::sync::atomic::AtomicU64>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     let mut seen = false;
@@ -188,6 +207,9 @@ async fn pump(
             // Paused while waiting: stop reading at once.
             () = until_paused(watch.clone()) => continue,
         };
+        if let Some(counted) = &counted {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         // Read just before a pause: held until the resume.
         if !wait_running(&mut watch).await || to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -300,3 +300,159 @@ pub(crate) async fn an_operator_closes_an_unknown_outcome_orphaned_call(
     );
     Ok(())
 }
+
+/// The version of the migration that marks the unknown-outcome orphans an
+/// older version wrote (`…_unknown_outcome_orphans.sql`, on both stores).
+pub(crate) const ORPHANS_MIGRATION: i64 = 20261204000029;
+
+/// A directory holding the migrations of `backend` (`sqlite` or
+/// `postgres`) that came before [`ORPHANS_MIGRATION`]: a store migrated
+/// with them is a store an older version left.
+pub(crate) fn older_migrations(backend: &str) -> Result<tempfile::TempDir> {
+    let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("sdk/toolrunner/migrations")
+        .join(backend);
+    let dir = tempfile::tempdir()?;
+    let mut copied = 0;
+    for entry in std::fs::read_dir(&from)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let version: Option<i64> = name.split('_').next().and_then(|v| v.parse().ok());
+        if version.is_some_and(|v| v < ORPHANS_MIGRATION) {
+            std::fs::copy(&path, dir.path().join(name))?;
+            copied += 1;
+        }
+    }
+    anyhow::ensure!(copied > 0, "no migrations in {}", from.display());
+    Ok(dir)
+}
+
+/// The rows an older version wrote, as SQL on its schema (the same text
+/// for SQLite and PostgreSQL): calls that went `orphaned` from various
+/// states, with the timeline entries it wrote on the way (one named
+/// after each new state). Versions before 0.1.0 wrote no
+/// `orphaned_outcome_unknown` when a call went `orphaned` from
+/// `reconciliation_required`.
+pub(crate) fn older_orphans() -> Vec<String> {
+    let call = |id: &str, state: &str| {
+        format!(
+            "INSERT INTO calls (run_id, call_id, tool_name, operation_key, state, assignment, next_sequence, reason, report, version, created_at, updated_at)
+             VALUES ('run_1', '{id}', 't', 'op_{id}', '{state}', NULL, 1, 'the platform does not know the call', NULL, 5, '{LONG_AGO}', '{LONG_AGO}')"
+        )
+    };
+    let timeline = |id: &str, entries: &[&str]| {
+        entries
+            .iter()
+            .map(|what| {
+                format!(
+                    "INSERT INTO events (run_id, call_id, at, what, detail) VALUES ('run_1', '{id}', '{LONG_AGO}', '{what}', 'the platform does not know the call (400 unknown_call)')"
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut sql = Vec::new();
+    // Orphaned while its outcome was unknown, by a version that did not
+    // say so: kept until an operator closes it.
+    sql.push(call("unknown", "orphaned"));
+    sql.extend(timeline(
+        "unknown",
+        &[
+            "claiming",
+            "assigned",
+            "running",
+            "reconciliation_required",
+            "reported",
+            "orphaned",
+        ],
+    ));
+    // Orphaned with a final receipt saved (its outcome known): pruned.
+    sql.push(call("settled_first", "orphaned"));
+    sql.extend(timeline(
+        "settled_first",
+        &[
+            "claiming",
+            "assigned",
+            "running",
+            "settled",
+            "receipt completed orphaned",
+            "orphaned",
+        ],
+    ));
+    // Orphaned after its claim was given back (nothing ran): pruned.
+    sql.push(call("released_first", "orphaned"));
+    sql.extend(timeline(
+        "released_first",
+        &["claiming", "released", "orphaned"],
+    ));
+    // Orphaned from `reconciliation_required` by 0.1.0, which said so:
+    // kept, and marked once.
+    sql.push(call("marked", "orphaned"));
+    sql.extend(timeline(
+        "marked",
+        &[
+            "claiming",
+            "reconciliation_required",
+            "orphaned_outcome_unknown",
+            "orphaned",
+        ],
+    ));
+    // The same, closed by an operator: pruned.
+    sql.push(call("closed", "orphaned"));
+    sql.extend(timeline(
+        "closed",
+        &[
+            "claiming",
+            "reconciliation_required",
+            "orphaned_outcome_unknown",
+            "orphaned",
+            "operator_closed",
+        ],
+    ));
+    // Orphaned with no timeline to tell from where: the outcome is not
+    // guessed, it is kept.
+    sql.push(call("untold", "orphaned"));
+    // Settled for good: pruned.
+    sql.push(call("done", "delivered"));
+    sql.extend(timeline("done", &["claiming", "settled", "delivered"]));
+    sql
+}
+
+/// After the migration, retention keeps every orphaned call whose outcome
+/// an older version left unknown (and one whose timeline cannot tell),
+/// marked as the current version marks them (`orphaned_outcome_unknown`,
+/// once), and prunes the orphaned calls whose outcome was known, as
+/// before.
+pub(crate) async fn retention_keeps_the_unknown_outcome_orphans_an_older_version_wrote(
+    store: &dyn Store,
+) -> Result<()> {
+    let cut = at("2026-06-01T00:00:00.000Z");
+    store.prune(cut, 100).await?;
+    let mut kept = Vec::new();
+    for id in [
+        "unknown",
+        "settled_first",
+        "released_first",
+        "marked",
+        "closed",
+        "untold",
+        "done",
+    ] {
+        if store.call("run_1", id).await?.is_some() {
+            kept.push(id);
+        }
+    }
+    anyhow::ensure!(
+        kept == ["unknown", "marked", "untold"],
+        "retention kept {kept:?}, not the orphans whose outcome is unknown (unknown, marked, untold)"
+    );
+    for id in kept {
+        let marks = store
+            .events("run_1", id)
+            .await?
+            .into_iter()
+            .filter(|e| e.what() == "orphaned_outcome_unknown")
+            .count();
+        anyhow::ensure!(marks == 1, "{id} is marked {marks} times");
+    }
+    Ok(())
+}

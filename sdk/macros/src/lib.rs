@@ -218,19 +218,21 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
         .as_ref()
         .map(|w| quote!(.commit_window(#w)));
     let doc = format!("The tool `{}`: {description}", args.name.value());
+    // The function becomes a value of the SDK's own type (`Declared`) that
+    // `.tool(..)` takes: the expansion implements no trait of the SDK but
+    // the open `Declaration`, for a marker of its own, so `IntoTool` stays
+    // sealed.
+    let marker = format_ident!("__toolrunner_declared_{}", ident);
     Ok(quote! {
         #[allow(non_snake_case)]
         #func
 
-        #[doc = #doc]
+        #[doc(hidden)]
         #[allow(non_camel_case_types)]
-        #[derive(Debug, Clone, Copy)]
-        #vis struct #ident;
+        #vis enum #marker {}
 
-        impl ::toolrunner::__private::Sealed for #ident {}
-
-        impl ::toolrunner::IntoTool for #ident {
-            fn into_tool(self) -> ::toolrunner::__private::Registered {
+        impl ::toolrunner::__private::Declaration for #marker {
+            fn declare() -> ::toolrunner::__private::Registered {
                 ::toolrunner::IntoTool::into_tool(
                     #constructor(#name, #inner)
                         .describe(#description)
@@ -240,6 +242,11 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
                 )
             }
         }
+
+        #[doc = #doc]
+        #[allow(non_upper_case_globals)]
+        #vis const #ident: ::toolrunner::__private::Declared<#marker> =
+            ::toolrunner::__private::Declared::new();
     })
 }
 

@@ -75,5 +75,5 @@ pub use toolrunner_protocol as protocol;
 /// without notice.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::api::function::{Registered, Sealed, StateNeed, States};
+    pub use crate::api::function::{Declaration, Declared, Registered, StateNeed, States};
 }

@@ -390,13 +390,13 @@ impl<O: Serialize + Send + 'static> FnTool<O> {
 
 /// Something [`ExecutorBuilder::tool`](crate::ExecutorBuilder::tool)
 /// takes: a [`Tool`] implementation, a [`FnTool`], or a function marked
-/// `#[toolrunner::tool]`.
+/// `#[toolrunner::tool]`. Sealed: only the SDK implements it.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a tool",
     label = "not a tool",
     note = "give `.tool(..)` a function marked #[toolrunner::tool(name = \"…\", effect = write)], a `toolrunner::tool::write(\"name\", handler)`, or a type that implements `toolrunner::Tool`"
 )]
-pub trait IntoTool: Sealed {
+pub trait IntoTool: sealed::SealedTool {
     /// Registers it (the executor's business).
     #[doc(hidden)]
     fn into_tool(self) -> Registered;
@@ -406,19 +406,63 @@ pub trait IntoTool: Sealed {
 /// by the `#[toolrunner::tool]` expansion, through `__private`).
 pub struct Registered(pub(crate) Kind);
 
-/// What may be an [`IntoTool`]: a [`Tool`](crate::Tool), an [`FnTool`],
-/// or the type `#[toolrunner::tool]` makes (its expansion implements this
-/// through `toolrunner::__private`; nothing else should).
-pub trait Sealed {}
+/// What a `#[toolrunner::tool]` expansion declares: how to make its
+/// tool. The expansion implements it for a marker type of its own and
+/// hands [`ExecutorBuilder::tool`](crate::ExecutorBuilder::tool) a
+/// [`Declared`] of that marker (through `toolrunner::__private`). It grants
+/// nothing that [`tool::write`](crate::tool::write) does not: a
+/// [`Registered`] comes only from a real [`IntoTool`].
+pub trait Declaration {
+    /// The tool, registered.
+    fn declare() -> Registered;
+}
 
-impl<T: Tool> Sealed for T {}
-impl<O> Sealed for FnTool<O> {}
+/// The value a `#[toolrunner::tool]` function becomes: the tool its
+/// marker `D` declares.
+pub struct Declared<D>(PhantomData<fn() -> D>);
+
+impl<D> Declared<D> {
+    /// The tool `D` declares.
+    #[allow(clippy::new_without_default)] // built in a `const` by the expansion
+    pub const fn new() -> Declared<D> {
+        Declared(PhantomData)
+    }
+}
+
+impl<D> Clone for Declared<D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D> Copy for Declared<D> {}
+
+impl<D> std::fmt::Debug for Declared<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Declared")
+    }
+}
+
+impl<D: Declaration> IntoTool for Declared<D> {
+    fn into_tool(self) -> Registered {
+        D::declare()
+    }
+}
 
 /// The seals of the handler traits: implemented here for the function
 /// shapes, and nameable nowhere else.
 mod sealed {
-    use super::{CallContext, Reconciled, State, ToolError};
+    use super::{CallContext, Declared, FnTool, Reconciled, State, Tool, ToolError};
     use std::future::Future;
+
+    /// The seal of [`IntoTool`](super::IntoTool): a [`Tool`], an
+    /// [`FnTool`], or what `#[toolrunner::tool]` declares, and nothing
+    /// else.
+    #[allow(unreachable_pub)]
+    pub trait SealedTool {}
+    impl<T: Tool> SealedTool for T {}
+    impl<O> SealedTool for FnTool<O> {}
+    impl<D> SealedTool for Declared<D> {}
 
     #[allow(unreachable_pub)]
     pub trait SealedHandler<Args, I, O> {}

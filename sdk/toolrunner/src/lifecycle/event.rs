@@ -113,6 +113,12 @@ pub(crate) enum Event {
     HookDidNotHappen,
     HookRerun,
     HookRunCancelled,
+    /// The hook found the operation not performed, and the platform no
+    /// longer knows the run (`400 unknown_call` on the check before a
+    /// re-run).
+    HookRunForgotten {
+        why: String,
+    },
     /// A transactional call found `running` (none of its writes committed)
     /// that the platform ended meanwhile: it is not run again.
     TransactionalEnded,
@@ -178,6 +184,7 @@ impl Event {
             Event::HookDidNotHappen => "hook_did_not_happen",
             Event::HookRerun => "hook_rerun",
             Event::HookRunCancelled => "hook_run_cancelled",
+            Event::HookRunForgotten { .. } => "hook_run_forgotten",
             Event::TransactionalEnded => "transactional_ended",
             Event::OperatorResolved { .. } => "operator_resolved",
             Event::OperatorCompensated { .. } => "operator_compensated",

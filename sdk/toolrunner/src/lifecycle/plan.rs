@@ -545,6 +545,22 @@ pub(super) fn apply_event(
                 "automatic check: the operation did not happen, and the run was cancelled".into(),
             );
         }
+        Event::HookRunForgotten { why } => {
+            // Orphaned as after a `404` on a final receipt, with the
+            // outcome known: nothing ran, so no `orphaned_outcome_unknown`.
+            d.call.report = None;
+            d.call.reason = Some(
+                "automatic check: the operation did not happen, and the platform no longer knows the run".into(),
+            );
+            d.changes.push(Change::SettlePending {
+                run_id: d.call.run_id.clone(),
+                call_id: d.call.call_id.clone(),
+                keep: None,
+                only_kind: None,
+                status: ReceiptStatus::Orphaned,
+                error: why,
+            });
+        }
         Event::OperatorResolved {
             outcome,
             reason,

@@ -22,7 +22,7 @@ pub(crate) struct Rule {
     /// Where it leads.
     pub(crate) to: To,
     /// What it writes besides the row: receipts, reports, timeline.
-    #[cfg_attr(not(test), allow(dead_code))] // rendered into the docs by a test
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the docs' table (testing seam)
     pub(crate) writes: &'static str,
 }
 
@@ -230,6 +230,12 @@ pub(crate) const TABLE: &[Rule] = &[
         writes: "report cleared: it did not happen and the run was cancelled, nothing to send",
     },
     Rule {
+        event: "hook_run_forgotten",
+        from: &[ReconciliationRequired],
+        to: To::State(Orphaned),
+        writes: "report cleared; pending receipts orphaned: it did not happen, and the platform no longer knows the run (`400 unknown_call` before a re-run); the outcome is known (nothing ran), so no person is needed",
+    },
+    Rule {
         event: "transactional_ended",
         from: &[Running],
         to: To::State(Abandoned),
@@ -254,6 +260,18 @@ pub(crate) const TABLE: &[Rule] = &[
         writes: "the operator's evidence in the timeline",
     },
 ];
+
+/// Every `(event, state the call is left in)` the table allows: the
+/// series of the transitions counter, registered at start.
+pub(crate) fn transitions() -> impl Iterator<Item = (&'static str, LocalState)> {
+    TABLE.iter().flat_map(|r| {
+        let states: &'static [LocalState] = match &r.to {
+            To::State(s) => std::slice::from_ref(s),
+            To::Same => r.from,
+        };
+        states.iter().map(move |s| (r.event, *s))
+    })
+}
 
 /// The table's row for an event.
 pub(crate) fn rule(event: &str) -> Option<&'static Rule> {

@@ -98,6 +98,7 @@ fn one_of_each() -> Vec<Event> {
         Event::HookDidNotHappen,
         Event::HookRerun,
         Event::HookRunCancelled,
+        Event::HookRunForgotten { why: "x".into() },
         Event::TransactionalEnded,
         Event::OperatorResolved {
             outcome: f,

@@ -20,19 +20,52 @@ fn age(t: &Timestamp) -> Duration {
     (chrono::Utc::now() - *t).to_std().unwrap_or_default()
 }
 
-/// Probes and publishes until the executor ends (a drain included).
+/// Probes and publishes until the executor ends (a drain included); the
+/// start published once already.
 pub(crate) async fn health_loop(core: Arc<Core>) {
     loop {
-        publish(&core).await;
         tokio::select! {
             _ = core.done.cancelled() => return,
             _ = tokio::time::sleep(EVERY) => {}
         }
+        publish(&core).await;
     }
 }
 
-/// Sets this executor's gauges to zero: it stopped, and holds nothing.
+/// Whether this executor's gauges are still published: set for good by
+/// [`clear`] when it stops (shut down, halted, dropped). The gauges are
+/// set under its lock, so a publication that was under way when the
+/// executor stopped cannot set them again after they were cleared.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    cleared: std::sync::Mutex<bool>,
+}
+
+impl Published {
+    /// Runs `set` unless the gauges were cleared.
+    fn set(&self, set: impl FnOnce()) {
+        let cleared = self
+            .cleared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !*cleared {
+            set();
+        }
+    }
+}
+
+/// Sets this executor's gauges to zero, for good: it stopped (shut down,
+/// or halted as a lost process: fenced, crashed at a fail point, dropped),
+/// and holds nothing. Called from [`Core::halt`](super::Core::halt), which
+/// every exit passes: an adopted identity let go or dropped by its adopter
+/// included.
 pub(crate) fn clear(core: &Core) {
+    let mut cleared = core
+        .gauges
+        .cleared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *cleared = true;
     let id = core.cfg.executor_id.clone();
     for name in [
         metric::CAPACITY_IN_USE,
@@ -74,20 +107,28 @@ pub(crate) async fn publish(core: &Core) {
     }
     let free = u32::try_from(core.slots.available_permits()).unwrap_or(u32::MAX);
     let in_use = core.cfg.capacity.saturating_sub(free);
-    metrics::gauge!(metric::CAPACITY_IN_USE, "executor_id" => id.clone()).set(f64::from(in_use));
-    metrics::gauge!(metric::CAPACITY_AVAILABLE, "executor_id" => id.clone()).set(f64::from(free));
+    core.gauges.set(|| {
+        metrics::gauge!(metric::CAPACITY_IN_USE, "executor_id" => id.clone())
+            .set(f64::from(in_use));
+        metrics::gauge!(metric::CAPACITY_AVAILABLE, "executor_id" => id.clone())
+            .set(f64::from(free));
+    });
     if let Some(renewed) = core.lease_renewed_at() {
         core.health
             .lease(renewed, core.lease_live(), core.cfg.lease_ttl);
-        metrics::gauge!(metric::LEASE_AGE, "executor_id" => id.clone())
-            .set(renewed.elapsed().as_secs_f64());
+        core.gauges.set(|| {
+            metrics::gauge!(metric::LEASE_AGE, "executor_id" => id.clone())
+                .set(renewed.elapsed().as_secs_f64());
+        });
     }
     if let Ok(counts) = core.store.count_by_state().await {
-        for state in crate::store::ALL_STATES {
-            let n = counts.get(&state).copied().unwrap_or(0) as f64;
-            metrics::gauge!(metric::CALLS, "executor_id" => id.clone(), "state" => state.as_str())
-                .set(n);
-        }
+        core.gauges.set(|| {
+            for state in crate::store::ALL_STATES {
+                let n = counts.get(&state).copied().unwrap_or(0) as f64;
+                metrics::gauge!(metric::CALLS, "executor_id" => id.clone(), "state" => state.as_str())
+                    .set(n);
+            }
+        });
     }
     let waiting = CallFilter {
         states: vec![LocalState::ReconciliationRequired],
@@ -106,19 +147,23 @@ pub(crate) async fn publish(core: &Core) {
             entry.0 += 1;
             entry.1 = entry.1.max(age(&c.updated_at));
         }
-        for (tool, (n, oldest)) in by_tool {
-            let labels = [("executor_id", id.clone()), ("tool", tool.to_owned())];
-            metrics::gauge!(metric::RECONCILIATION, &labels).set(n as f64);
-            metrics::gauge!(metric::OLDEST_RECONCILIATION, &labels).set(oldest.as_secs_f64());
-        }
+        core.gauges.set(|| {
+            for (tool, (n, oldest)) in by_tool {
+                let labels = [("executor_id", id.clone()), ("tool", tool.to_owned())];
+                metrics::gauge!(metric::RECONCILIATION, &labels).set(n as f64);
+                metrics::gauge!(metric::OLDEST_RECONCILIATION, &labels).set(oldest.as_secs_f64());
+            }
+        });
         core.health.reconciliation_required(calls.len() as u64);
     }
     if let Ok(outbox) = core.store.outbox_summary().await {
         let oldest = outbox.oldest.as_ref().map(age);
-        metrics::gauge!(metric::UNDELIVERED, "executor_id" => id.clone())
-            .set(outbox.pending as f64);
-        metrics::gauge!(metric::OLDEST_UNDELIVERED, "executor_id" => id)
-            .set(oldest.unwrap_or_default().as_secs_f64());
+        core.gauges.set(|| {
+            metrics::gauge!(metric::UNDELIVERED, "executor_id" => id.clone())
+                .set(outbox.pending as f64);
+            metrics::gauge!(metric::OLDEST_UNDELIVERED, "executor_id" => id)
+                .set(oldest.unwrap_or_default().as_secs_f64());
+        });
         core.health.outbox(outbox.pending, oldest);
     }
 }

@@ -117,6 +117,8 @@ pub(crate) struct Core {
     pub(crate) lock: StdMutex<Option<crate::store::StoreLock>>,
     /// Per-instance fail points (tests and the simulation).
     pub(crate) crash_plan: Option<CrashPlan>,
+    /// Whether its gauges are still published (until it stops).
+    pub(crate) gauges: gauges::Published,
     /// The executor identity on a database shared by replicas.
     #[cfg(feature = "postgres")]
     pub(crate) replica: Option<replicas::Replica>,
@@ -333,12 +335,17 @@ impl Core {
     /// written or sent, every task ends, the store file is free again.
     pub(crate) fn halt(&self) {
         self.health.stopped();
+        // It holds nothing any more, whichever way it stopped: its gauges
+        // say so before anyone hears it stopped, and are not published
+        // again.
+        gauges::clear(self);
         self.fence.cancel();
         self.client.fence();
         self.stop.cancel();
         self.done.cancel();
         self.lock.lock().expect("not poisoned").take();
-        // The identities this process adopted are lost with it.
+        // The identities this process adopted are lost with it (each
+        // dropped executor halts, and clears its own gauges).
         #[cfg(feature = "postgres")]
         if let Some(replica) = &self.replica {
             drop(replica.take_adopted());
@@ -420,7 +427,11 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     // recovering may take longer than a peer's takeover grace.
     #[cfg(feature = "postgres")]
     tasks.spawn(replicas::lease_loop(core.clone()));
-    telemetry::zero(&core.cfg.executor_id, core.holds_a_lease());
+    telemetry::zero(
+        &core.cfg.executor_id,
+        core.tools.keys().map(String::as_str),
+        core.holds_a_lease(),
+    );
     if let Err(e) = connection::connect(&core, connection::Patience::Once).await {
         core.health.platform(Err(e.to_string()));
         core.health.stopped();
@@ -440,6 +451,8 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     tasks.spawn(outbox::outbox_loop(core.clone()));
     tasks.spawn(reconcile::reconcile_loop(core.clone()));
     tasks.spawn(retention::retention_loop(core.clone()));
+    // The gauges are in the scrape before the start returns.
+    gauges::publish(&core).await;
     tasks.spawn(gauges::health_loop(core.clone()));
     #[cfg(feature = "postgres")]
     tasks.spawn(replicas::adoption_loop(core.clone()));
@@ -537,12 +550,11 @@ impl RunningExecutor {
             }
             None => result,
         };
+        // Halted, its gauges say nothing is in flight any more (an adopted
+        // identity let go while its adopter lives would otherwise show its
+        // last counts for good).
         self.core.halt();
         while self.tasks.join_next().await.is_some() {}
-        // Its gauges say nothing is in flight any more (an adopted identity
-        // let go while its adopter lives would otherwise show its last
-        // counts for good).
-        gauges::clear(&self.core);
         // Nothing more is written: a drain that left nothing lets the
         // identity go, so that no replica adopts it.
         #[cfg(feature = "postgres")]

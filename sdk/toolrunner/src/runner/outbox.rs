@@ -144,7 +144,7 @@ pub(crate) async fn deliver(
         Err(ClientError::Api(e)) if e.status == 404 => "not_found",
         Err(ClientError::Api(_)) => "refused",
     };
-    metrics::counter!("toolrunner_receipt_deliveries_total", "executor_id" => executor_id.to_owned(), "kind" => r.kind.as_str(), "outcome" => outcome).increment(1);
+    metrics::counter!(super::telemetry::metric::DELIVERIES, "executor_id" => executor_id.to_owned(), "kind" => r.kind.as_str(), "outcome" => outcome).increment(1);
     let is_final = r.kind.is_final();
     let error = answer.as_ref().err().map(ToString::to_string);
     let event = match answer {
@@ -364,16 +364,27 @@ async fn flush_reports_once(core: &Arc<Core>, size: usize) -> Pass {
     Pass::Done
 }
 
+/// What the platform says of a call asked about before it runs again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Bound {
+    /// Still this executor's, bound and not ended (`updated`, `unchanged`).
+    Yes,
+    /// Ended, or no longer this executor's (`terminal`, `run_terminated`,
+    /// `not_bound`).
+    Ended,
+    /// The platform no longer knows the run (`400 unknown_call`), with its
+    /// answer: the call is orphaned, as after a `404` on a final receipt.
+    Forgotten(String),
+}
+
 /// Whether the platform still holds `c` for this executor, bound and not
 /// ended, asked right now with an idempotent report of
-/// `reconciliation_required` (`updated` or `unchanged`: yes; `terminal`,
-/// `run_terminated`, `not_bound`, or a run it no longer knows: no). `None`
-/// when it cannot tell now (no connection, no answer, `not_applicable`, an
-/// outcome this version does not know): logged, asked again at the next
-/// check. Asked before
-/// anything runs again: a cancel notice comes only once, in a heartbeat
-/// answer that may be lost.
-pub(crate) async fn still_bound(core: &Arc<Core>, c: &LocalCall) -> Option<bool> {
+/// `reconciliation_required` (see [`Bound`]). `None` when it cannot tell
+/// now (no connection, no answer, `not_applicable`, an outcome this
+/// version does not know): logged, asked again at the next check. Asked
+/// before anything runs again: a cancel notice comes only once, in a
+/// heartbeat answer that may be lost.
+pub(crate) async fn still_bound(core: &Arc<Core>, c: &LocalCall) -> Option<Bound> {
     // Once more after a reconnect (a lapsed lease, a superseded connection).
     for _ in 0..2 {
         let connection_id = connection::connection_id(core).await.ok()?;
@@ -390,12 +401,12 @@ pub(crate) async fn still_bound(core: &Arc<Core>, c: &LocalCall) -> Option<bool>
         match core.client.report(&core.cfg.executor_id, &body).await {
             Ok(answer) => {
                 return match answer.results.first().map(|r| r.outcome) {
-                    Some(ReportOutcome::Updated | ReportOutcome::Unchanged) => Some(true),
+                    Some(ReportOutcome::Updated | ReportOutcome::Unchanged) => Some(Bound::Yes),
                     Some(
                         ReportOutcome::RunTerminated
                         | ReportOutcome::Terminal
                         | ReportOutcome::NotBound,
-                    ) => Some(false),
+                    ) => Some(Bound::Ended),
                     // Still bound, live, yet not as this executor holds it
                     // (`not_applicable`), or an outcome this version does
                     // not know: not a leave to run, nor an end.
@@ -405,7 +416,11 @@ pub(crate) async fn still_bound(core: &Arc<Core>, c: &LocalCall) -> Option<bool>
                     }
                 };
             }
-            Err(ClientError::Api(e)) if e.code() == "unknown_call" => return Some(false),
+            Err(ClientError::Api(e)) if e.code() == "unknown_call" => {
+                return Some(Bound::Forgotten(format!(
+                    "the platform does not know the call ({e})"
+                )));
+            }
             Err(e) => {
                 if !connection::handle_refusal(core, &connection_id, &e).await {
                     tracing::warn!(run_id = %c.run_id, call_id = %c.call_id, error = %e, "cannot ask the platform whether the call may run again; it waits for the next check");

@@ -158,11 +158,16 @@ async fn check_now(
                             .await;
                             return Ok(Checked::Stays);
                         }
-                        Some(true) => Event::HookRerun,
-                        Some(false) => {
+                        Some(outbox::Bound::Yes) => Event::HookRerun,
+                        Some(outbox::Bound::Ended) => {
                             tracing::info!(run_id = %call.run_id, call_id = %call.call_id, "the platform ended the call: not run again");
                             core.remember_ended(&key);
                             Event::HookRunCancelled
+                        }
+                        Some(outbox::Bound::Forgotten(why)) => {
+                            tracing::warn!(run_id = %call.run_id, call_id = %call.call_id, "the platform does not know this call: orphaned, not run again");
+                            core.remember_ended(&key);
+                            Event::HookRunForgotten { why }
                         }
                     }
                 }

@@ -140,6 +140,14 @@ pub(crate) mod metric {
     pub(crate) const RECONNECTS: &str = "toolrunner_reconnects_total";
     /// Gauge: calls by local state.
     pub(crate) const CALLS: &str = "toolrunner_calls";
+    /// Histogram (seconds): a commit of a call's transition.
+    pub(crate) const STORE_COMMIT: &str = "toolrunner_store_commit_seconds";
+    /// Histogram: calls whose changes shared one transaction.
+    pub(crate) const CALLS_PER_COMMIT: &str = "toolrunner_store_calls_per_commit";
+    /// Counter: transitions, by event and the state they left the call in.
+    pub(crate) const TRANSITIONS: &str = "toolrunner_call_transitions_total";
+    /// Counter: delivery attempts of receipts, by kind and outcome.
+    pub(crate) const DELIVERIES: &str = "toolrunner_receipt_deliveries_total";
 }
 
 /// A handler ran for `seconds` and its outcome is `outcome`.
@@ -178,12 +186,161 @@ pub(crate) fn reconnected(executor_id: &str) {
     metrics::counter!(metric::RECONNECTS, "executor_id" => executor_id.to_owned()).increment(1);
 }
 
-/// The counters at zero, so that they exist from the start (a rate over a
-/// counter that appears only with its first increment misses it).
-pub(crate) fn zero(executor_id: &str, lease: bool) {
-    metrics::counter!(metric::RECONNECTS, "executor_id" => executor_id.to_owned()).increment(0);
+/// How a handler's run ends on the tool metrics (`outcome`): its final
+/// receipt's kind, or the outcome unknown.
+pub(crate) const TOOL_OUTCOMES: [&str; 4] = [
+    "completed",
+    "failed",
+    "cancelled",
+    "reconciliation_required",
+];
+
+/// The platform's error codes a refused claim is counted by (`reason`);
+/// any other code is `other`.
+pub(crate) const REFUSAL_CODES: [&str; 11] = [
+    "unknown_call",
+    "connection_superseded",
+    "lease_expired",
+    "tool_not_connected",
+    "run_terminated",
+    "executor_draining",
+    "already_claimed",
+    "call_not_claimable",
+    "capacity_exhausted",
+    "missing_scope",
+    "invalid_request",
+];
+
+/// The other reasons of a refused claim: the call was pending again or
+/// had ended, the request was not sent or not answered, a `404`, a `401`,
+/// anything else.
+const OTHER_REFUSALS: [&str; 7] = [
+    "pending",
+    "call_ended",
+    "unreachable",
+    "lease_not_live",
+    "not_found",
+    "unauthorized",
+    "other",
+];
+
+/// The receipts the outbox sends (`kind`) and how a delivery ends
+/// (`outcome`).
+const DELIVERED_KINDS: [&str; 4] = ["progress", "completed", "failed", "cancelled"];
+const DELIVERY_OUTCOMES: [&str; 4] = ["delivered", "unreachable", "not_found", "refused"];
+
+/// Describes every metric family (its help text and unit) to the recorder.
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        metric::TOOL_CALLS,
+        "calls whose handler ran, by tool and outcome"
+    );
+    describe_histogram!(
+        metric::TOOL_DURATION,
+        Unit::Seconds,
+        "a handler's run, by tool and outcome"
+    );
+    describe_histogram!(
+        metric::CLAIM_DURATION,
+        Unit::Seconds,
+        "a claim's round trip, by tool"
+    );
+    describe_counter!(
+        metric::CLAIMS_REFUSED,
+        "claims that did not take the call, by reason"
+    );
+    describe_gauge!(metric::CAPACITY_IN_USE, "capacity slots in use");
+    describe_gauge!(metric::CAPACITY_AVAILABLE, "capacity slots free");
+    describe_gauge!(
+        metric::UNDELIVERED,
+        "receipts saved and not yet acknowledged by the platform"
+    );
+    describe_gauge!(
+        metric::OLDEST_UNDELIVERED,
+        Unit::Seconds,
+        "the age of the oldest receipt not yet acknowledged"
+    );
+    describe_gauge!(
+        metric::RECONCILIATION,
+        "calls in reconciliation_required, by tool"
+    );
+    describe_gauge!(
+        metric::OLDEST_RECONCILIATION,
+        Unit::Seconds,
+        "the age of the oldest call in reconciliation_required, by tool"
+    );
+    describe_counter!(
+        metric::LEASE_RENEWALS_FAILED,
+        "lease renewals that failed (a PostgreSQL store)"
+    );
+    describe_gauge!(
+        metric::LEASE_AGE,
+        Unit::Seconds,
+        "time since the lease's last renewal (a PostgreSQL store)"
+    );
+    describe_counter!(
+        metric::RECONNECTS,
+        "connects after the first (the connection was lost or superseded)"
+    );
+    describe_histogram!(
+        metric::STORE_COMMIT,
+        Unit::Seconds,
+        "a commit of a call's transition to the store"
+    );
+    describe_histogram!(
+        metric::CALLS_PER_COMMIT,
+        "calls whose changes shared one store transaction (group commit)"
+    );
+    describe_gauge!(metric::CALLS, "calls by local state");
+    describe_counter!(
+        metric::TRANSITIONS,
+        "transitions of calls, by event and the state they left the call in"
+    );
+    describe_counter!(
+        metric::DELIVERIES,
+        "delivery attempts of receipts, by kind and outcome"
+    );
+}
+
+/// Every family of the table from the start, before its first event, so
+/// that an alert or a `rate()` has a series at once: described, the
+/// counters at zero for each tool (and each outcome, reason, event and
+/// kind), the histograms registered empty. (The gauges are published
+/// before the executor's start returns.)
+pub(crate) fn zero<'t>(executor_id: &str, tools: impl IntoIterator<Item = &'t str>, lease: bool) {
+    describe();
+    let id = || executor_id.to_owned();
+    metrics::counter!(metric::RECONNECTS, "executor_id" => id()).increment(0);
     if lease {
-        metrics::counter!(metric::LEASE_RENEWALS_FAILED, "executor_id" => executor_id.to_owned())
+        metrics::counter!(metric::LEASE_RENEWALS_FAILED, "executor_id" => id()).increment(0);
+    }
+    for tool in tools {
+        for outcome in TOOL_OUTCOMES {
+            let labels = [
+                ("executor_id", id()),
+                ("tool", tool.to_owned()),
+                ("outcome", outcome.to_owned()),
+            ];
+            metrics::counter!(metric::TOOL_CALLS, &labels).increment(0);
+            let _ = metrics::histogram!(metric::TOOL_DURATION, &labels);
+        }
+        let _ = metrics::histogram!(metric::CLAIM_DURATION, "executor_id" => id(), "tool" => tool.to_owned());
+    }
+    for reason in REFUSAL_CODES.iter().chain(&OTHER_REFUSALS) {
+        metrics::counter!(metric::CLAIMS_REFUSED, "executor_id" => id(), "reason" => *reason)
             .increment(0);
     }
+    for kind in DELIVERED_KINDS {
+        for outcome in DELIVERY_OUTCOMES {
+            metrics::counter!(metric::DELIVERIES, "executor_id" => id(), "kind" => kind, "outcome" => outcome)
+                .increment(0);
+        }
+    }
+    for (event, state) in crate::lifecycle::transitions() {
+        metrics::counter!(metric::TRANSITIONS, "executor_id" => id(), "event" => event, "state" => state.as_str())
+            .increment(0);
+    }
+    let _ = metrics::histogram!(metric::STORE_COMMIT, "executor_id" => id());
+    let _ = metrics::histogram!(metric::CALLS_PER_COMMIT);
 }

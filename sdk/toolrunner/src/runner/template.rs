@@ -216,6 +216,7 @@ impl Template {
             fence,
             lock: StdMutex::new(lock),
             crash_plan: self.crash_plan,
+            gauges: Default::default(),
             #[cfg(feature = "postgres")]
             replica,
         });

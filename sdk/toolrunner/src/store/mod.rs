@@ -49,6 +49,8 @@ pub(crate) use model::{DEFAULT_COMMIT_WINDOW, DEFAULT_LEASE_TTL, now, now_rfc333
 pub(crate) use postgres::LapseWatch;
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+#[cfg(all(feature = "postgres", feature = "failpoints", feature = "testing"))]
+pub use postgres::WriterFaults;
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))] // the testing seam's (the bench)
 pub use sqlite::WriterStats;
 pub use sqlite::{SqliteStore, StoreLock};

@@ -66,6 +66,74 @@ pub struct PgStore {
     handlers: Arc<handlers::Handlers>,
 }
 
+/// Faults of one [`PgStore`]'s writer (every clone of the store shares
+/// it), for the tests of its fault paths; inert until a test sets one, and
+/// of this store alone. Features `failpoints` and `testing`.
+///
+/// - [`hold`](Self::hold): the writer stops right after it takes the next
+///   job, before it gathers a group and writes (its caller waits);
+///   [`held_behind`](Self::held_behind) says how many jobs wait behind it,
+///   [`release`](Self::release) lets it go on with all of them in one
+///   group.
+/// - [`fail_next_group_commit`](Self::fail_next_group_commit): the
+///   `COMMIT` of the next group of two or more jobs fails, carried out or
+///   not.
+/// - [`kill_writer`](Self::kill_writer): the writer task panics as it
+///   takes its next job.
+#[cfg(all(feature = "failpoints", feature = "testing"))]
+#[derive(Clone)]
+pub struct WriterFaults(Arc<writer::Counts>);
+
+#[cfg(all(feature = "failpoints", feature = "testing"))]
+impl std::fmt::Debug for WriterFaults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriterFaults")
+            .field("held_behind", &self.held_behind())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(feature = "failpoints", feature = "testing"))]
+impl WriterFaults {
+    /// The writer stops right after it takes its next job, before it
+    /// writes anything, until [`release`](Self::release).
+    pub fn hold(&self) {
+        self.0.faults.hold(true);
+    }
+
+    /// Lets a held writer go on.
+    pub fn release(&self) {
+        self.0.faults.hold(false);
+    }
+
+    /// While the writer is held on a job: how many more jobs wait behind
+    /// it (they go into its group when it is released). `None` when it is
+    /// not held on one.
+    pub fn held_behind(&self) -> Option<usize> {
+        self.0.faults.held()
+    }
+
+    /// The `COMMIT` of the next group of two or more jobs fails: not
+    /// carried out (`happened: false`, the transaction rolls back) or
+    /// carried out (`true`, as when the server's answer is lost); either
+    /// way every job of the group hears that it failed and may have
+    /// happened, but a job whose own change failed, which hears its own
+    /// error.
+    pub fn fail_next_group_commit(&self, happened: bool) {
+        self.0.faults.fail_next_commit(if happened {
+            writer::faults::CommitFault::Happened
+        } else {
+            writer::faults::CommitFault::RolledBack
+        });
+    }
+
+    /// The writer task panics as it takes its next job (its caller hears
+    /// that the store is closed); the next commit starts a new writer.
+    pub fn kill_writer(&self) {
+        self.0.faults.kill();
+    }
+}
+
 /// An identity this store holds.
 #[derive(Clone)]
 struct Hold {
@@ -396,6 +464,13 @@ impl PgStore {
             checkpoints: 0,
             fsyncs: 0,
         }
+    }
+
+    /// Faults of this store's writer, for tests of its fault paths (see
+    /// [`WriterFaults`]).
+    #[cfg(all(feature = "failpoints", feature = "testing"))]
+    pub fn writer_faults(&self) -> WriterFaults {
+        WriterFaults(self.counts.clone())
     }
 
     pub(crate) fn fencing_token(&self) -> Option<u64> {

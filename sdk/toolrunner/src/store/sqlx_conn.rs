@@ -25,7 +25,7 @@ fn failure(e: sqlx::Error) -> SqlFailure {
 
 /// An adapter named `$name` over `&mut $conn` of database `$db`.
 macro_rules! sqlx_conn {
-    ($(#[$meta:meta])* $name:ident, $conn:ty, $db:ty, $args:ty, $lock:literal) => {
+    ($(#[$meta:meta])* $name:ident, $conn:ty, $db:ty, $args:ty, $lock:literal, $prune_in_one:literal) => {
         $(#[$meta])*
         pub(crate) struct $name<'c>(pub(crate) &'c mut $conn);
 
@@ -47,6 +47,7 @@ macro_rules! sqlx_conn {
 
         impl crate::store::write::Conn for $name<'_> {
             const LOCK_ROWS: &'static str = $lock;
+            const PRUNE_IN_ONE: bool = $prune_in_one;
 
             async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SqlFailure> {
                 Self::query(sql, params)
@@ -84,7 +85,8 @@ sqlx_conn!(
     sqlx::SqliteConnection,
     sqlx::Sqlite,
     sqlx::sqlite::SqliteArguments,
-    ""
+    "",
+    false
 );
 
 #[cfg(feature = "postgres")]
@@ -95,5 +97,6 @@ sqlx_conn!(
     sqlx::PgConnection,
     sqlx::Postgres,
     sqlx::postgres::PgArguments,
-    " FOR UPDATE"
+    " FOR UPDATE",
+    true
 );

@@ -79,6 +79,12 @@ pub(crate) trait Conn {
     /// the writer's transaction holds the whole database already).
     const LOCK_ROWS: &'static str;
 
+    /// Whether [`Change::Prune`] deletes its whole batch in one statement
+    /// ([`sql::PRUNE_ALL`]: PostgreSQL, where each statement is a round
+    /// trip to the server) rather than key by key (the SQLite writer, in
+    /// the process: its statements cost no round trip).
+    const PRUNE_IN_ONE: bool;
+
     /// Runs a statement; the number of rows it changed.
     fn execute(
         &mut self,
@@ -158,6 +164,24 @@ mod sql {
         "DELETE FROM receipts WHERE run_id = $1 AND call_id = $2",
         "DELETE FROM calls WHERE run_id = $1 AND call_id = $2",
     ];
+    /// What a batch of pruned calls leaves, in one statement (`$1`: settled
+    /// before; `$2`: at most this many calls): the calls are picked and
+    /// locked once, and every sub-statement deletes the rows of those
+    /// very calls (the foreign keys are checked at the statement's end,
+    /// when their receipts and attempts are gone too). The number of rows
+    /// it changed is the number of calls.
+    pub(super) const PRUNE_ALL: &str = concat!(
+        "WITH doomed AS MATERIALIZED (",
+        prunable_calls!(),
+        " AND updated_at < $1 LIMIT $2 FOR UPDATE),
+      gone_events AS (DELETE FROM events t USING doomed d
+                      WHERE t.run_id = d.run_id AND t.call_id = d.call_id),
+      gone_attempts AS (DELETE FROM attempts t USING doomed d
+                        WHERE t.run_id = d.run_id AND t.call_id = d.call_id),
+      gone_receipts AS (DELETE FROM receipts t USING doomed d
+                        WHERE t.run_id = d.run_id AND t.call_id = d.call_id)
+ DELETE FROM calls t USING doomed d WHERE t.run_id = d.run_id AND t.call_id = d.call_id"
+    );
     /// The first line of the timeline's insert; each row adds
     /// `($n, …, $n+4)`.
     pub(super) const INSERT_EVENTS: &str =
@@ -355,6 +379,15 @@ async fn prune<C: Conn>(
     settled_before: &Timestamp,
     limit: u32,
 ) -> Result<u64, StoreError> {
+    if C::PRUNE_IN_ONE {
+        return conn
+            .execute(
+                sql::PRUNE_ALL,
+                &[rfc3339(settled_before).into(), i64::from(limit).into()],
+            )
+            .await
+            .map_err(|e| failed(e, "prune"));
+    }
     let select = format!("{PRUNABLE}{}", C::LOCK_ROWS);
     let keys = conn
         .rows(

@@ -176,25 +176,12 @@ async fn claim_failed(
 /// claim error codes, `lease_not_live` when nothing was sent, or
 /// `unreachable` / `other`.
 fn refusal_reason(e: &ClientError) -> String {
-    const CODES: [&str; 11] = [
-        "unknown_call",
-        "connection_superseded",
-        "lease_expired",
-        "tool_not_connected",
-        "run_terminated",
-        "executor_draining",
-        "already_claimed",
-        "call_not_claimable",
-        "capacity_exhausted",
-        "missing_scope",
-        "invalid_request",
-    ];
     match e {
         // The client names the request before why it was not sent.
         ClientError::Unreachable(m) if m.ends_with(LEASE_NOT_LIVE) => "lease_not_live".into(),
         ClientError::Unreachable(_) => "unreachable".into(),
         _ => match (e.code(), e.status()) {
-            (Some(code), _) if CODES.contains(&code) => code.into(),
+            (Some(code), _) if telemetry::REFUSAL_CODES.contains(&code) => code.into(),
             (_, Some(404)) => "not_found".into(),
             (_, Some(401)) => "unauthorized".into(),
             _ => "other".into(),

@@ -38,6 +38,87 @@ pub(super) struct Job {
 pub(super) struct Counts {
     pub(super) jobs: AtomicU64,
     pub(super) transactions: AtomicU64,
+    /// A test's faults of this store's writer.
+    #[cfg(all(feature = "failpoints", feature = "testing"))]
+    pub(super) faults: faults::State,
+}
+
+/// Faults of one store's writer for the tests of its fault paths
+/// (`WriterFaults`, features `failpoints` and `testing`): inert until a test sets one,
+/// and of this store alone (the PostgreSQL suite runs its tests side by
+/// side, so a process-wide fail point would reach the others' writers).
+#[cfg(all(feature = "failpoints", feature = "testing"))]
+pub(super) mod faults {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use tokio::sync::mpsc;
+
+    /// How the next group's `COMMIT` fails.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum CommitFault {
+        /// It is not carried out (the transaction rolls back), and is
+        /// reported failed.
+        RolledBack,
+        /// It is carried out, and reported failed (the answer lost).
+        Happened,
+    }
+
+    /// The switches, as the writer reads them.
+    #[derive(Debug, Default)]
+    pub(crate) struct State {
+        hold: AtomicBool,
+        /// `1 +` the jobs waiting behind the one the writer holds; 0 when
+        /// it holds none.
+        held: AtomicUsize,
+        commit: Mutex<Option<CommitFault>>,
+        die: AtomicBool,
+    }
+
+    impl State {
+        pub(crate) fn hold(&self, hold: bool) {
+            self.hold.store(hold, Ordering::SeqCst);
+        }
+
+        pub(crate) fn held(&self) -> Option<usize> {
+            self.held.load(Ordering::SeqCst).checked_sub(1)
+        }
+
+        pub(crate) fn fail_next_commit(&self, how: CommitFault) {
+            *self
+                .commit
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(how);
+        }
+
+        pub(crate) fn kill(&self) {
+            self.die.store(true, Ordering::SeqCst);
+        }
+
+        /// The fault the next group's `COMMIT` is to have, taken.
+        pub(super) fn take_commit(&self) -> Option<CommitFault> {
+            self.commit
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+        }
+
+        /// Right after the writer took a group's first job: the task dies
+        /// (its channel closed first, so the next commit starts a new
+        /// writer), or it waits while held.
+        pub(super) async fn before_group<T>(&self, jobs: &mut mpsc::UnboundedReceiver<T>) {
+            if self.die.swap(false, Ordering::SeqCst) {
+                jobs.close();
+                panic!("the PostgreSQL store's writer task dies (a fault a test set)");
+            }
+            while self.hold.load(Ordering::SeqCst) {
+                self.held.store(1 + jobs.len(), Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            self.held.store(0, Ordering::SeqCst);
+        }
+    }
 }
 
 /// Starts the writer of `pool`: it lives until every sender is gone.
@@ -45,6 +126,8 @@ pub(super) fn spawn(pool: PgPool, counts: Arc<Counts>) -> mpsc::UnboundedSender<
     let (sender, mut jobs) = mpsc::unbounded_channel::<Job>();
     tokio::spawn(async move {
         while let Some(first) = jobs.recv().await {
+            #[cfg(all(feature = "failpoints", feature = "testing"))]
+            counts.faults.before_group(&mut jobs).await;
             let mut group = vec![first];
             while group.len() < MAX_GROUP
                 && let Ok(next) = jobs.try_recv()
@@ -93,7 +176,7 @@ async fn commit_group(pool: &PgPool, group: Vec<Job>, counts: &Counts) {
         }
         return;
     }
-    match in_one(pool, &group).await {
+    match in_one(pool, &group, counts).await {
         Ok(outcomes) => {
             counts.transactions.fetch_add(1, Ordering::Relaxed);
             let calls = group.iter().filter(|j| !is_probe(j)).count();
@@ -140,7 +223,15 @@ fn commit_failed(message: &str) -> StoreError {
 }
 
 /// The group in one transaction, a savepoint per job.
-async fn in_one(pool: &PgPool, group: &[Job]) -> Result<Vec<Result<u64, StoreError>>, GroupError> {
+async fn in_one(
+    pool: &PgPool,
+    group: &[Job],
+    #[cfg_attr(
+        not(all(feature = "failpoints", feature = "testing")),
+        allow(unused_variables)
+    )]
+    counts: &Counts,
+) -> Result<Vec<Result<u64, StoreError>>, GroupError> {
     let before = |e: sqlx::Error| GroupError::Before(e.into());
     let mut tx = pool.begin().await.map_err(before)?;
     if let Some(fence) = &group[0].fence {
@@ -182,6 +273,19 @@ async fn in_one(pool: &PgPool, group: &[Job]) -> Result<Vec<Result<u64, StoreErr
     write::write_notes(&mut crate::store::sqlx_conn::Pg(&mut tx), notes)
         .await
         .map_err(GroupError::Before)?;
+    #[cfg(all(feature = "failpoints", feature = "testing"))]
+    if let Some(how) = counts.faults.take_commit() {
+        let done = match how {
+            faults::CommitFault::RolledBack => tx.rollback().await,
+            faults::CommitFault::Happened => tx.commit().await,
+        };
+        let said = format!("a fault a test set ({how:?}; the transaction's own end: {done:?})");
+        let own = outcomes.into_iter().map(Result::err).collect();
+        return Err(GroupError::Commit(
+            StoreError::Database(DatabaseError::said(said)),
+            own,
+        ));
+    }
     if let Err(e) = tx.commit().await {
         let own = outcomes.into_iter().map(Result::err).collect();
         return Err(GroupError::Commit(e.into(), own));

@@ -130,6 +130,7 @@ impl Writer<'_> {
 
 impl Conn for Writer<'_> {
     const LOCK_ROWS: &'static str = "";
+    const PRUNE_IN_ONE: bool = false;
 
     fn execute(
         &mut self,
