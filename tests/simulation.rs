@@ -1586,6 +1586,13 @@ impl Seed {
             self.slots[slot].running.is_none()
         };
         let err = |e: toolrunner::testing::store::StoreError| format!("retention on {url}: {e}");
+        if quiet {
+            // A process lost with a commit in flight (its group sent to the
+            // server before it was dropped, as a `COMMIT` a killed process
+            // sent lands) may still change a row a moment later: the store
+            // is at rest once two looks 100 ms apart see the same rows.
+            at_rest(store.as_ref()).await.map_err(err)?;
+        }
         // The clock moved on past every retention period for everything
         // stored until now: whatever changed since (while the executors
         // run) is not taken, so the snapshot below shows every call the
@@ -1986,6 +1993,33 @@ async fn pg_leases_held(pg: &str, instance: &str) -> Result<Vec<(String, i64)>, 
         let _ = (pg, instance);
         Ok(Vec::new())
     }
+}
+
+/// Waits (up to 5 s) until two looks at `store`, 100 ms apart, see every
+/// call at the same version.
+async fn at_rest(store: &dyn Store) -> Result<(), toolrunner::testing::store::StoreError> {
+    let look =
+        async || -> Result<Vec<(String, String, u64)>, toolrunner::testing::store::StoreError> {
+            let mut rows: Vec<(String, String, u64)> = store
+                .calls(&CallFilter::default())
+                .await?
+                .into_iter()
+                .map(|c| (c.run_id, c.call_id, c.version))
+                .collect();
+            rows.sort();
+            Ok(rows)
+        };
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut before = look().await?;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = look().await?;
+        if now == before {
+            return Ok(());
+        }
+        before = now;
+    }
+    Ok(())
 }
 
 /// For `during`, moves the `renewed_at` of the lease rows of `ids` an
