@@ -1396,6 +1396,36 @@ fn transactional_closure_that_fails_leaves_none_of_its_writes() {
     });
 }
 
+/// A closure that commits the call's transaction itself and then panics or
+/// stays past the transaction's bound makes the call's outcome unknown.
+#[test]
+fn transactional_closure_that_ends_the_transaction_and_stops_is_an_unknown_outcome() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let store = open_store(&url).await;
+        transactional::a_closure_that_ends_the_transaction_and_stops_is_an_unknown_outcome(
+            &url, store,
+        )
+        .await
+        .expect("unknown outcome");
+    });
+}
+
+/// A handler's temporary table named as a store table takes none of the
+/// settlement's writes.
+#[test]
+fn transactional_temporary_table_takes_none_of_the_store_s_writes() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let store = open_store(&url).await;
+        transactional::a_temporary_table_takes_none_of_the_store_s_writes(&url, store)
+            .await
+            .expect("the store's own writes");
+    });
+}
+
 /// A closure that commits or rolls back the call's transaction itself makes
 /// the call's outcome unknown; nothing is settled on its connection.
 #[test]
@@ -1432,6 +1462,20 @@ fn transactional_resumed_call_whose_run_ended_unseen_is_not_run_again() {
         let url = fresh_store(dir.path()).await;
         let store = open_store(&url).await;
         transactional::a_resumed_call_whose_run_ended_unseen_is_not_run_again(&url, store)
+            .await
+            .expect("not run again");
+    });
+}
+
+/// A paused transactional call whose run the platform forgot settles
+/// orphaned when it resumes, and is not run again.
+#[test]
+fn transactional_resumed_call_whose_run_was_forgotten_is_orphaned() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let store = open_store(&url).await;
+        transactional::a_resumed_call_whose_run_was_forgotten_is_orphaned(&url, store)
             .await
             .expect("not run again");
     });

@@ -278,6 +278,26 @@ mod suite {
                 },
             ),
             (
+                "transactional::a_closure_that_ends_the_transaction_and_stops_is_an_unknown_outcome",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::a_closure_that_ends_the_transaction_and_stops_is_an_unknown_outcome(&u, s)
+                            .await
+                    })
+                },
+            ),
+            (
+                "transactional::a_temporary_table_takes_none_of_the_store_s_writes",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::a_temporary_table_takes_none_of_the_store_s_writes(
+                            &u, s,
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
                 "transactional::a_handler_cannot_change_the_store_s_session",
                 |s, u| {
                     Box::pin(async move {
@@ -303,6 +323,17 @@ mod suite {
                     Box::pin(async move {
                         super::transactional::a_resumed_call_whose_run_ended_unseen_is_not_run_again(&u, s)
                             .await
+                    })
+                },
+            ),
+            (
+                "transactional::a_resumed_call_whose_run_was_forgotten_is_orphaned",
+                |s, u| {
+                    Box::pin(async move {
+                        super::transactional::a_resumed_call_whose_run_was_forgotten_is_orphaned(
+                            &u, s,
+                        )
+                        .await
                     })
                 },
             ),

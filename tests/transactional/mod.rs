@@ -80,6 +80,18 @@ pub(crate) struct Order {
     /// transaction's connection itself (`COMMIT` or `ROLLBACK`).
     #[serde(default)]
     pub(crate) ends_transaction: Option<String>,
+    /// With `ends_transaction`: what the closure does next instead of
+    /// returning `Ok`: `panic`; `hold` (waits `hold_inside_ms`, past the
+    /// SQLite bound); `begin_fail` (PostgreSQL: `BEGIN`, then a statement
+    /// that fails, swallowed, then `Ok`).
+    #[serde(default)]
+    pub(crate) then: Option<String>,
+    /// After its insert, the closure creates a temporary table of this
+    /// name shaped as the store's own table of the same name (`calls`,
+    /// `receipts`, `events`), which would take the store's unqualified
+    /// statements.
+    #[serde(default)]
+    pub(crate) temp_table: Option<String>,
     /// PostgreSQL: after its insert, the closure changes its session
     /// (`decoy`: `SET search_path` to a schema with an application table
     /// named `calls` first; `replica`: `SET session_replication_role =
@@ -327,9 +339,35 @@ async fn place(ctx: CallContext, order: Order) -> Result<Placed, ToolError> {
         return Ok(Placed { order: key });
     }
     if let Some(statement) = &order.ends_transaction {
+        let hold = Duration::from_millis(order.hold_inside_ms);
         ctx.transaction(async |tx| {
             insert(tx, &key, order.amount).await?;
-            execute(tx, statement.clone()).await
+            execute(tx, statement.clone()).await?;
+            match order.then.as_deref() {
+                Some("panic") => panic!("the handler panicked after its own {statement}"),
+                Some("hold") => tokio::time::sleep(hold).await,
+                Some("begin_fail") => {
+                    execute(tx, "BEGIN".into()).await?;
+                    let _ = execute(tx, "SELECT 1/0".into()).await;
+                }
+                _ => {}
+            }
+            Ok(())
+        })
+        .await?;
+        return Ok(Placed { order: key });
+    }
+    if let Some(table) = &order.temp_table {
+        let postgres = ctx.transaction(async |tx| Ok(tx.sqlite().is_err())).await?;
+        // The name is the test's own (a store table's).
+        let create = if postgres {
+            format!("CREATE TEMP TABLE {table} AS SELECT * FROM {table} WHERE FALSE")
+        } else {
+            format!("CREATE TEMP TABLE {table} AS SELECT * FROM main.{table} WHERE 0")
+        };
+        ctx.transaction(async |tx| {
+            insert(tx, &key, order.amount).await?;
+            execute(tx, create).await
         })
         .await?;
         return Ok(Placed { order: key });
@@ -1249,6 +1287,104 @@ pub(crate) async fn a_closure_that_ends_the_transaction_is_an_unknown_outcome(
     Ok(())
 }
 
+/// A closure that ends the call's transaction itself and then does not come
+/// back as `Ok` would (it panics; on SQLite it stays past the transaction's
+/// bound; on PostgreSQL it begins another transaction whose statement
+/// fails, swallows the error and returns `Ok`) is found out all the same:
+/// its insert is stored, so the call's outcome is unknown
+/// (`reconciliation_required`), never `failed` (which would say that
+/// nothing was written).
+pub(crate) async fn a_closure_that_ends_the_transaction_and_stops_is_an_unknown_outcome(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    let postgres = store_url.starts_with("postgres");
+    let thens: &[(&str, u64)] = if postgres {
+        &[("panic", 0), ("begin_fail", 0)]
+    } else {
+        &[("panic", 0), ("hold", 1_500)]
+    };
+    for (then, hold) in thens {
+        let run_id = bench
+            .submit(vec![NewToolCall::new(
+                "orders.place",
+                json!({"amount": 3, "ends_transaction": "COMMIT", "then": then, "hold_inside_ms": hold}),
+            )])
+            .await?;
+        let call = past_running(&bench, &run_id).await?;
+        let row = store
+            .call(&run_id, &call.call_id)
+            .await?
+            .context("the call's row")?;
+        ensure!(
+            call.state.as_str() == "reconciliation_required"
+                && row.state == LocalState::ReconciliationRequired,
+            "the call whose closure ran COMMIT, then {then}, ended {} on the platform and {} here ({:?}), with its order stored: the outcome was guessed",
+            call.state.as_str(),
+            row.state,
+            row.reason
+        );
+    }
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// A handler's temporary table named as one of the store's own (`calls`,
+/// `receipts`, `events`) takes none of the settlement's writes: the call
+/// completes once, its order stored, and its `completed` receipt is in the
+/// store's own table.
+pub(crate) async fn a_temporary_table_takes_none_of_the_store_s_writes(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let running = bench.executor(None)?.start().await?;
+    for table in ["events", "receipts", "calls"] {
+        let run_id = bench
+            .submit(vec![NewToolCall::new(
+                "orders.place",
+                json!({"amount": 4, "temp_table": table}),
+            )])
+            .await?;
+        let call = past_running(&bench, &run_id).await?;
+        let row = store
+            .call(&run_id, &call.call_id)
+            .await?
+            .context("the call's row")?;
+        let completed = store
+            .receipts(&run_id, &call.call_id)
+            .await?
+            .into_iter()
+            .filter(|r| r.kind.as_str() == "completed")
+            .count();
+        ensure!(
+            call.state.as_str() == "completed"
+                && row.state == LocalState::Delivered
+                && completed == 1,
+            "with a temporary table named {table}, the call ended {} on the platform and {} here ({:?}), with {completed} completed receipts in the store",
+            call.state.as_str(),
+            row.state,
+            row.reason
+        );
+    }
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    bench.server.shutdown().await;
+    Ok(())
+}
+
 /// PostgreSQL: a handler that changes its transaction's session (not `SET
 /// LOCAL`) changes nothing of the store's: with `search_path` naming first
 /// a schema whose application table is named `calls`, its call completes
@@ -1579,6 +1715,89 @@ pub(crate) async fn a_resumed_call_whose_run_ended_unseen_is_not_run_again(
         row.state == LocalState::Abandoned,
         "the call is {} here (expected abandoned: nothing ran)",
         row.state
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}
+
+/// The same as [`a_resumed_call_whose_run_ended_unseen_is_not_run_again`],
+/// but the platform forgot the run while the call paused (its own
+/// retention): the replayed claim is answered `404` or `400 unknown_call`,
+/// and the call is not run again and settles `orphaned` (the platform no
+/// longer knows the run; none of its writes was committed, so its outcome
+/// is known), as the re-run check of a write tool settles it (choice 72).
+pub(crate) async fn a_resumed_call_whose_run_was_forgotten_is_orphaned(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let faults = toolrunner::testing::ProcessFaults::new();
+    *PAUSE_FAULTS.lock().expect("lock") = Some(faults.clone());
+    let executor = bench.executor_with(None, |b| b.stream(false).process_faults(&faults))?;
+    let running = executor.start().await?;
+    let run_id = bench
+        .submit(vec![NewToolCall::new(
+            "orders.place",
+            json!({"amount": 5, "pause_first": true}),
+        )])
+        .await?;
+    let call_id = bench
+        .admin
+        .run(&run_id)
+        .await?
+        .tool_calls
+        .first()
+        .context("the run's call")?
+        .call_id
+        .clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let key = loop {
+        let row = store.call(&run_id, &call_id).await?;
+        if let Some(k) = row
+            .map(|r| r.operation_key)
+            .filter(|k| PAUSED.lock().expect("lock").contains(k))
+        {
+            break k;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the handler never paused its call"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The settlement fails against the cut store; the call pauses.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    bench.server.forget_run(&run_id).await?;
+    faults.cut_store(false);
+    // The claim loop resumes the paused call.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let row = loop {
+        let row = store
+            .call(&run_id, &call_id)
+            .await?
+            .context("the call's row")?;
+        if row.state != LocalState::Running || tokio::time::Instant::now() > deadline {
+            break row;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    let starts = starts_of(&key);
+    let stored = orders(store_url, &key).await?;
+    ensure!(
+        starts == 1 && stored == 0,
+        "the handler ran again after its run was forgotten ({starts} starts, {stored} order rows)"
+    );
+    ensure!(
+        row.state == LocalState::Orphaned,
+        "the call whose run the platform forgot is {} here ({:?}; expected orphaned)",
+        row.state,
+        row.reason
     );
     bench.server.shutdown().await;
     Ok(())

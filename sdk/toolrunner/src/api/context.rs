@@ -337,7 +337,18 @@ impl CallContext {
         slot.stop_watchdog();
         let interrupted = std::mem::take(&mut slot.interrupted);
         let expired = slot.expired.take();
-        let tx = slot.tx.take().map(|t| t.inner);
+        let mut tx = slot.tx.take().map(|t| t.inner);
+        // A closure that did not come back (it panicked, was dropped or cut
+        // off) may have ended the transaction before it stopped: only its
+        // savepoint tells whether nothing of it is stored.
+        if interrupted
+            && slot.broken.is_none()
+            && let Some(t) = tx.as_mut()
+            && let Closed::Broken(why) = t.probe_closure().await
+        {
+            tracing::error!(run_id = %self.key.run_id, call_id = %self.key.call_id, error = %why, "a transaction closure ended the call's transaction itself: the outcome is unknown");
+            slot.broken = Some(why);
+        }
         if let Some(why) = &slot.broken {
             // Sticky: no later attempt runs on a call whose effect may be
             // stored.
@@ -621,14 +632,22 @@ impl CallContext {
             Some(Some(outcome)) => Some(outcome),
             None => None,
             Some(None) => {
-                // Past its bound: rolled back now, the write lock freed.
-                let why = self.expired_why();
+                // Past its bound: rolled back now, the write lock freed;
+                // unless the closure ended the transaction itself first.
+                let mut why = self.expired_why();
                 slot.interrupted = false;
                 slot.stop_watchdog();
-                if let Some(tx) = slot.tx.take() {
+                if let Some(mut tx) = slot.tx.take() {
+                    if let Closed::Broken(ended) = tx.inner.probe_closure().await {
+                        tracing::error!(run_id = %self.key.run_id, call_id = %self.key.call_id, error = %ended, "a transaction closure ended the call's transaction itself: the outcome is unknown");
+                        why = ended.clone();
+                        slot.broken = Some(ended);
+                    }
                     tx.inner.rollback().await;
                 }
-                slot.expired = Some(why.clone());
+                if slot.broken.is_none() {
+                    slot.expired = Some(why.clone());
+                }
                 return Err(ToolError::unknown(why));
             }
         };
@@ -645,11 +664,19 @@ impl CallContext {
             ));
         };
         let tx = slot.tx.as_mut().expect("begun above");
-        if let Closed::Broken(why) = tx.inner.close_closure(outcome.is_ok()).await {
-            tracing::error!(run_id = %self.key.run_id, call_id = %self.key.call_id, error = %why, "a transaction closure ended the call's transaction itself: the outcome is unknown");
-            slot.interrupted = false;
-            slot.broken = Some(why.clone());
-            return Err(ToolError::unknown(why));
+        match tx.inner.close_closure(outcome.is_ok()).await {
+            Closed::Kept => {}
+            Closed::Broken(why) => {
+                tracing::error!(run_id = %self.key.run_id, call_id = %self.key.call_id, error = %why, "a transaction closure ended the call's transaction itself: the outcome is unknown");
+                slot.interrupted = false;
+                slot.broken = Some(why.clone());
+                return Err(ToolError::unknown(why));
+            }
+            Closed::Spoiled(why) => {
+                slot.interrupted = false;
+                slot.expired = Some(why.clone());
+                return Err(ToolError::unknown(why));
+            }
         }
         slot.interrupted = false;
         outcome

@@ -122,6 +122,10 @@ pub(crate) enum Event {
     /// A transactional call found `running` (none of its writes committed)
     /// that the platform ended meanwhile: it is not run again.
     TransactionalEnded,
+    /// A transactional call to run again whose run the platform no longer
+    /// knows (`404`, `400 unknown_call` on its replayed claim): none of its
+    /// writes was committed.
+    TransactionalForgotten,
     OperatorResolved {
         outcome: FinalReceipt,
         reason: String,
@@ -186,6 +190,7 @@ impl Event {
             Event::HookRunCancelled => "hook_run_cancelled",
             Event::HookRunForgotten { .. } => "hook_run_forgotten",
             Event::TransactionalEnded => "transactional_ended",
+            Event::TransactionalForgotten => "transactional_forgotten",
             Event::OperatorResolved { .. } => "operator_resolved",
             Event::OperatorCompensated { .. } => "operator_compensated",
             Event::OperatorClosed { .. } => "operator_closed",

@@ -292,7 +292,7 @@ pub(super) fn apply_event(
             d.call.assignment = None;
             d.call.next_sequence = 0;
             d.call.report = None;
-            d.call.reason = Some("the d.call is pending again: a new attempt".into());
+            d.call.reason = Some("the call is pending again: a new attempt".into());
             d.changes.push(attempt(&d.call, given, None));
         }
         Event::ClaimRefused { why } => d.call.reason = Some(why),
@@ -536,8 +536,24 @@ pub(super) fn apply_event(
         Event::TransactionalEnded => {
             d.call.report = None;
             d.call.reason = Some(
-                "the platform ended the d.call while its transactional handler was not running: none of its writes was committed".into(),
+                "the platform ended the call while its transactional handler was not running: none of its writes was committed".into(),
             );
+        }
+        Event::TransactionalForgotten => {
+            // Orphaned as after a `404` on a final receipt, with the
+            // outcome known: none of its writes was committed, so no
+            // `orphaned_outcome_unknown`.
+            d.call.report = None;
+            let why = "the platform no longer knows the run of this transactional call, whose handler was not running: none of its writes was committed".to_owned();
+            d.call.reason = Some(why.clone());
+            d.changes.push(Change::SettlePending {
+                run_id: d.call.run_id.clone(),
+                call_id: d.call.call_id.clone(),
+                keep: None,
+                only_kind: None,
+                status: ReceiptStatus::Orphaned,
+                error: why,
+            });
         }
         Event::HookRunCancelled => {
             d.call.report = None;

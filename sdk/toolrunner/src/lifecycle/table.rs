@@ -242,6 +242,12 @@ pub(crate) const TABLE: &[Rule] = &[
         writes: "report cleared: a transactional call whose writes never committed, ended by the platform while its handler was not running (no longer outstanding, or its run cancelled): nothing ran, nothing to send",
     },
     Rule {
+        event: "transactional_forgotten",
+        from: &[Running],
+        to: To::State(Orphaned),
+        writes: "report cleared; pending receipts orphaned: a transactional call whose writes never committed, whose run the platform no longer knows (`404`, `400 unknown_call` on its replayed claim); the outcome is known (nothing ran), so no person is needed",
+    },
+    Rule {
         event: "operator_closed",
         from: &[Orphaned],
         to: To::Same,

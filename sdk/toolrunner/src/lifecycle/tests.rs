@@ -100,6 +100,7 @@ fn one_of_each() -> Vec<Event> {
         Event::HookRunCancelled,
         Event::HookRunForgotten { why: "x".into() },
         Event::TransactionalEnded,
+        Event::TransactionalForgotten,
         Event::OperatorResolved {
             outcome: f,
             reason: "r".into(),

@@ -43,6 +43,11 @@ pub(crate) enum Closed {
     /// The savepoint is gone: the closure ended the transaction itself
     /// (its own `COMMIT` or `ROLLBACK`), and what it wrote may be stored.
     Broken(String),
+    /// The transaction is whole but must not commit: on PostgreSQL a
+    /// statement of the closure failed (aborting the transaction) and the
+    /// closure returned `Ok` all the same. Rolled back to its savepoint;
+    /// the whole transaction is rolled back with the call.
+    Spoiled(String),
 }
 
 impl std::fmt::Debug for StoreTransaction {
@@ -106,9 +111,18 @@ impl StoreTransaction {
                 .statement(&format!("RELEASE SAVEPOINT {CLOSURE}"))
                 .await
             {
-                // 25P02: in a failed transaction (a statement of the
-                // closure failed): it stays aborted, and fails to commit.
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => Ok(()),
+                // 25P02: in a failed transaction: a statement failed after
+                // the closure's savepoint (and the transaction is the
+                // executor's), or the closure ended the transaction and
+                // began another that failed. The savepoint tells.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+                    return match self.probe_closure().await {
+                        Closed::Kept => Closed::Spoiled(
+                            "a statement of the handler's closure failed and the closure returned Ok all the same: the call's transaction cannot commit, and is rolled back".into(),
+                        ),
+                        other => other,
+                    };
+                }
                 other => other,
             }
         } else {
@@ -127,6 +141,24 @@ impl StoreTransaction {
             Ok(()) => Closed::Kept,
             Err(e) => Closed::Broken(format!(
                 "the handler's closure ended the call's transaction itself (a COMMIT or ROLLBACK of its own on the transaction's connection; its savepoint is gone: {e}): what it wrote may be stored, so the outcome is unknown; never end the transaction inside ctx.transaction"
+            )),
+        }
+    }
+
+    /// Whether the transaction of a closure that did not come back (it
+    /// panicked, was dropped or cut off, or ran past its bound) is still
+    /// the executor's: its savepoint is there, and rolled back to (none of
+    /// the closure's writes stay; `Kept`), or gone (`Broken`: the closure
+    /// ended the transaction itself before it stopped, and what it wrote
+    /// may be stored).
+    pub(crate) async fn probe_closure(&mut self) -> Closed {
+        match self
+            .statement(&format!("ROLLBACK TO SAVEPOINT {CLOSURE}"))
+            .await
+        {
+            Ok(()) => Closed::Kept,
+            Err(e) => Closed::Broken(format!(
+                "the handler's closure ended the call's transaction itself before it stopped (a COMMIT or ROLLBACK of its own on the transaction's connection; its savepoint is gone: {e}): what it wrote may be stored, so the outcome is unknown; never end the transaction inside ctx.transaction"
             )),
         }
     }
@@ -190,6 +222,7 @@ impl StoreTransaction {
     ) -> Result<Option<LocalCall>, StoreError> {
         match &mut self.inner {
             Inner::Sqlite(tx) => {
+                drop_temporary_objects(tx).await?;
                 let row = sqlx::query("SELECT * FROM calls WHERE run_id = $1 AND call_id = $2")
                     .bind(run_id)
                     .bind(call_id)
@@ -258,6 +291,37 @@ impl std::fmt::Display for TxError {
             TxError::Unknown(e) => write!(f, "the commit failed: {e}"),
         }
     }
+}
+
+/// SQLite: drops whatever the handler made in the connection's temporary
+/// schema (tables, views, triggers), which SQLite searches before the
+/// store's own for an unqualified name: a handler's temporary `calls` or
+/// `receipts` would take the settlement's writes. The connection is closed
+/// after the call anyway, and the handler is done with it.
+async fn drop_temporary_objects(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+) -> Result<(), StoreError> {
+    let made: Vec<(String, String)> = sqlx::query_as(
+        "SELECT type, name FROM sqlite_temp_master
+          WHERE type IN ('trigger', 'view', 'table') AND substr(name, 1, 7) <> 'sqlite_'
+          ORDER BY CASE type WHEN 'trigger' THEN 0 WHEN 'view' THEN 1 ELSE 2 END",
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    for (kind, name) in made {
+        let kind = match kind.as_str() {
+            "trigger" => "TRIGGER",
+            "view" => "VIEW",
+            _ => "TABLE",
+        };
+        let quoted = name.replace('"', "\"\"");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP {kind} IF EXISTS temp.\"{quoted}\""
+        )))
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Applies a call's changes and its timeline on one connection.

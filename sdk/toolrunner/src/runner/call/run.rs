@@ -49,11 +49,16 @@ pub(super) async fn run(
                 Some(Event::TransactionalEnded)
             } else {
                 match still_runs(core, &call, asg).await {
-                    Some(true) => None,
-                    Some(false) => {
+                    Some(StillRuns::Yes) => None,
+                    Some(StillRuns::Ended) => {
                         tracing::info!(run_id = %key.run_id, call_id = %key.call_id, "the platform ended the transactional call: not run again");
                         core.remember_ended(&key);
                         Some(Event::TransactionalEnded)
+                    }
+                    Some(StillRuns::Forgotten) => {
+                        tracing::info!(run_id = %key.run_id, call_id = %key.call_id, "the platform no longer knows the transactional call's run: not run again");
+                        core.remember_ended(&key);
+                        Some(Event::TransactionalForgotten)
                     }
                     None => {
                         return Err("a transactional call to run again waits until the platform says that it still runs".into());
@@ -190,7 +195,17 @@ pub(super) async fn run(
 /// (its run cancelled or expired, or settled) or is no longer this
 /// assignment's; `None`: it cannot tell now (asked again when the call is
 /// resumed next).
-async fn still_runs(core: &Arc<Core>, call: &LocalCall, asg: &Assignment) -> Option<bool> {
+/// What the platform says of a transactional call to run again.
+enum StillRuns {
+    /// Running (or waiting for reconciliation) under this assignment.
+    Yes,
+    /// Ended, or not this assignment's any more.
+    Ended,
+    /// The platform no longer knows the run (`404`, `400 unknown_call`).
+    Forgotten,
+}
+
+async fn still_runs(core: &Arc<Core>, call: &LocalCall, asg: &Assignment) -> Option<StillRuns> {
     // Once more after a reconnect (a lapsed lease, a superseded connection).
     for _ in 0..2 {
         let connection_id = connection::connection_id(core).await.ok()?;
@@ -207,8 +222,8 @@ async fn still_runs(core: &Arc<Core>, call: &LocalCall, asg: &Assignment) -> Opt
         {
             Ok(c) if c.replayed && c.assignment.assignment_id == asg.assignment_id => {
                 return match c.call_state {
-                    CallState::Running | CallState::ReconciliationRequired => Some(true),
-                    s if s.is_terminal() => Some(false),
+                    CallState::Running | CallState::ReconciliationRequired => Some(StillRuns::Yes),
+                    s if s.is_terminal() => Some(StillRuns::Ended),
                     other => {
                         tracing::warn!(run_id = %call.run_id, call_id = %call.call_id, state = other.as_str(), "the platform's answer does not say whether the transactional call still runs; it waits");
                         None
@@ -223,19 +238,18 @@ async fn still_runs(core: &Arc<Core>, call: &LocalCall, asg: &Assignment) -> Opt
                 if !c.replayed {
                     give_back(core, &connection_id, call).await;
                 }
-                return Some(false);
+                return Some(StillRuns::Ended);
+            }
+            Err(ClientError::Api(e)) if e.status == 404 || e.code() == "unknown_call" => {
+                return Some(StillRuns::Forgotten);
             }
             Err(ClientError::Api(e))
-                if e.status == 404
-                    || matches!(
-                        e.code(),
-                        "unknown_call"
-                            | "already_claimed"
-                            | "call_not_claimable"
-                            | "run_terminated"
-                    ) =>
+                if matches!(
+                    e.code(),
+                    "already_claimed" | "call_not_claimable" | "run_terminated"
+                ) =>
             {
-                return Some(false);
+                return Some(StillRuns::Ended);
             }
             Err(e) => {
                 if !connection::handle_refusal(core, &connection_id, &e).await {

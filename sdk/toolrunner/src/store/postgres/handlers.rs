@@ -97,11 +97,20 @@ impl Handlers {
         if let Some(fence) = fence {
             lease::check(&mut tx, fence).await?;
         }
-        let settings: Vec<(String, String)> =
+        let mut settings: Vec<(String, String)> =
             sqlx::query_as("SELECT n, current_setting(n) FROM unnest($1::TEXT[]) AS n")
                 .bind(KEPT.as_slice())
                 .fetch_all(&mut *tx)
                 .await?;
+        // The session's temporary schema is searched first for tables
+        // unless the path names it: named last, a handler's temporary table
+        // called `calls` or `receipts` takes none of the settlement's
+        // writes.
+        for (name, value) in &mut settings {
+            if name == "search_path" && !value.contains("pg_temp") {
+                value.push_str(", pg_temp");
+            }
+        }
         Ok(HandlerTx {
             tx,
             settings,
