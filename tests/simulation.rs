@@ -124,6 +124,11 @@ fn behaviour(i: usize) -> &'static str {
 /// still inside its transaction's closure when the handler returns
 /// (`kept_inside`).
 const BEHAVIOURS_TRANSACT_ONLY: [&str; 2] = ["kept", "kept_inside"];
+/// Transactional handlers that misbehave on their transaction (see
+/// [`add_misbehaving`]): `set_session` changes its session's settings
+/// (PostgreSQL: `search_path`, `session_replication_role`), `own_commit`
+/// ends the transaction itself (`COMMIT` in the closure).
+const BEHAVIOURS_MISBEHAVING: [&str; 2] = ["set_session", "own_commit"];
 
 const HOOKS: [&str; 4] = ["truthful", "truthful", "unknown", "panic"];
 /// The tools the schedule's first draw picks from (see [`add_new_paths`]).
@@ -266,7 +271,25 @@ fn draw(seed: u64, pg: bool) -> Schedule {
     if pg {
         add_unlike(&mut schedule, seed);
     }
+    add_misbehaving(&mut schedule, seed);
     schedule
+}
+
+/// Transactional handlers that misbehave on their transaction (issue 29),
+/// from a generator of their own: about one transactional call in eight
+/// changes its session's settings or commits the transaction itself.
+fn add_misbehaving(schedule: &mut Schedule, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6d69_7362_6568);
+    for action in &mut schedule.actions {
+        if let Action::NewRun { calls } = action {
+            for c in calls.iter_mut().filter(|c| c.tool == TRANSACT) {
+                if rng.random_bool(0.12) {
+                    c.behaviour =
+                        BEHAVIOURS_MISBEHAVING[rng.random_range(0..BEHAVIOURS_MISBEHAVING.len())];
+                }
+            }
+        }
+    }
 }
 
 /// Replicas that are not alike (issue 29), from a generator of their own
@@ -442,6 +465,9 @@ struct Business {
     /// When each run ended on the platform (cancelled or forgotten), as
     /// the schedule saw the answer.
     ended: HashMap<String, Instant>,
+    /// Transactional calls whose closure committed the transaction itself
+    /// (`own_commit`): their outcome is unknown to the executor.
+    own_commit: std::collections::HashSet<String>,
     violations: Vec<String>,
 }
 
@@ -590,6 +616,24 @@ impl SimTool {
                 });
                 Ok(out)
             }
+            "set_session" => {
+                ctx.transaction(async |tx| {
+                    insert_row(tx, &call_id, &key, late).await?;
+                    change_session(tx).await
+                })
+                .await?;
+                Ok(out)
+            }
+            "own_commit" => {
+                let world = self.world.clone();
+                ctx.transaction(async |tx| {
+                    insert_row(tx, &call_id, &key, late).await?;
+                    world.with(|b| b.own_commit.insert(call_id.clone()));
+                    commit_itself(tx).await
+                })
+                .await?;
+                Ok(out)
+            }
             "kept_inside" => {
                 // A task still inside the transaction's closure when the
                 // handler returns: cut off, its write rolled back.
@@ -623,6 +667,48 @@ impl SimTool {
             }
         }
     }
+}
+
+/// Changes the transaction's session as a careless handler would (`SET`,
+/// not `SET LOCAL`): on PostgreSQL its `search_path` and its
+/// `session_replication_role` (which would turn the store's triggers off);
+/// on SQLite a `PRAGMA` (a no-op inside a transaction).
+async fn change_session(tx: &mut Transaction) -> Result<(), ToolError> {
+    let failed = |e: sqlx::Error| ToolError::failed("session_refused", e.to_string());
+    #[cfg(feature = "postgres")]
+    if let Ok(conn) = tx.postgres() {
+        for statement in [
+            "SET search_path TO public",
+            "SET session_replication_role = replica",
+        ] {
+            sqlx::query(statement)
+                .execute(&mut *conn)
+                .await
+                .map_err(failed)?;
+        }
+        return Ok(());
+    }
+    sqlx::query("PRAGMA foreign_keys = OFF")
+        .execute(tx.sqlite()?)
+        .await
+        .map_err(failed)?;
+    Ok(())
+}
+
+/// Ends the call's transaction from inside the closure, as a handler that
+/// manages transactions of its own would: `COMMIT`.
+async fn commit_itself(tx: &mut Transaction) -> Result<(), ToolError> {
+    let failed = |e: sqlx::Error| ToolError::unknown(format!("the handler's commit: {e}"));
+    #[cfg(feature = "postgres")]
+    if let Ok(conn) = tx.postgres() {
+        sqlx::query("COMMIT").execute(conn).await.map_err(failed)?;
+        return Ok(());
+    }
+    sqlx::query("COMMIT")
+        .execute(tx.sqlite()?)
+        .await
+        .map_err(failed)?;
+    Ok(())
 }
 
 /// Writes the transactional tool's row in the call's transaction,
@@ -804,7 +890,12 @@ impl Tool for SimTool {
 
     async fn reconcile(&self, ctx: &CallContext) -> Reconciled<SimOutput> {
         if self.name == TRANSACT {
-            // Its outcome is never unknown: nothing to look up.
+            // Its outcome is unknown only if its closure ended the
+            // transaction itself; a person settles that.
+            if self.world.with(|b| b.own_commit.contains(ctx.call_id())) {
+                return Reconciled::Unknown;
+            }
+            // Otherwise its outcome is never unknown: nothing to look up.
             self.world.with(|b| {
                 b.violations.push(format!(
                     "the reconcile hook of transactional call {} was asked",
