@@ -551,6 +551,15 @@ mod suite {
                 },
             ),
             (
+                "replicas::unlike::a_pooler_that_drops_startup_options_is_named",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::unlike::a_pooler_that_drops_startup_options_is_named(&u)
+                            .await
+                    })
+                },
+            ),
+            (
                 "replicas::takeover::an_adopter_superseded_by_a_process_without_the_lease_connects_again",
                 |u| {
                     Box::pin(async move {

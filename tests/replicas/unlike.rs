@@ -384,10 +384,18 @@ pub(crate) async fn an_upgrade_refuses_to_run_beside_an_older_version(url: &str)
             .await?;
         previous.run(&pool).await?;
         let mut conn = sqlx::PgConnection::connect(&leases).await?;
-        // A process of the previous version holds a live lease.
+        // A process of the previous version holds a live lease; another
+        // identity was released by one (which may have owed a wait before
+        // any hook: that version kept it in memory only).
         sqlx::query(
             "INSERT INTO executor_leases (executor_id, token, holder, renewed_at, binding_id, ttl_ms)
              VALUES ('old-a', 3, 'ins_old', clock_timestamp(), 'bnd_old', 600000)",
+        )
+        .execute(&mut conn)
+        .await?;
+        sqlx::query(
+            "INSERT INTO executor_leases (executor_id, token, holder, renewed_at, binding_id, ttl_ms, released)
+             VALUES ('old-r', 2, '', clock_timestamp(), 'bnd_old', 3000, TRUE)",
         )
         .execute(&mut conn)
         .await?;
@@ -406,6 +414,17 @@ pub(crate) async fn an_upgrade_refuses_to_run_beside_an_older_version(url: &str)
             .execute(&mut conn)
             .await?;
         let store = PgStore::connect_as(&db_url, "new-b", "bnd_old", "ins_new").await?;
+        // What the older version's release may have owed is owed still: two
+        // of its leases and a default commit window.
+        let owed: i64 = sqlx::query_scalar(
+            "SELECT hook_wait_ms FROM executor_leases WHERE executor_id = 'old-r'",
+        )
+        .fetch_one(&mut conn)
+        .await?;
+        ensure!(
+            owed >= 36_000,
+            "the identity an older version released owes {owed} ms before a hook (it may have owed a frozen holder's commit window)"
+        );
         // An older version's renewal (no session setting of this format)
         // is refused, saying why.
         let renewal = sqlx::query(
@@ -432,4 +451,94 @@ pub(crate) async fn an_upgrade_refuses_to_run_beside_an_older_version(url: &str)
         Ok(())
     })
     .await
+}
+
+/// A connection pooler that drops the startup options (as PgBouncer with
+/// `ignore_startup_parameters = options` does) would make every lease
+/// write of this version look like an older version's: the start refuses
+/// at once, saying that the option is dropped and what to do.
+pub(crate) async fn a_pooler_that_drops_startup_options_is_named(url: &str) -> Result<()> {
+    let proxy = OptionsDropper::start(address_of(url)).await?;
+    let through = {
+        let rest = url.split_once("://").context("a URL")?.1;
+        let (auth, path) = rest.split_once('/').context("a database path")?;
+        let user = auth.rsplit_once('@').map_or("", |(u, _)| u);
+        let at = if user.is_empty() { "" } else { "@" };
+        let sep = if path.contains('?') { '&' } else { '?' };
+        format!(
+            "postgres://{user}{at}{}/{path}{sep}sslmode=disable",
+            proxy.addr
+        )
+    };
+    let id = format!("pooled-{:08x}", rand::random::<u32>());
+    let opened = PgStore::connect_as(&through, &id, "bnd_pooled", "ins_pooled").await;
+    let Err(refused) = opened else {
+        anyhow::bail!("a store opened through a pooler that drops the startup options");
+    };
+    ensure!(
+        refused.to_string().contains("drops startup options"),
+        "refused for another reason: {refused}"
+    );
+    super::clean_up(url, &[id]).await
+}
+
+/// A TCP proxy that removes the `options` parameter from each
+/// connection's startup message (plain TCP: `sslmode=disable`).
+struct OptionsDropper {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for OptionsDropper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl OptionsDropper {
+    async fn start(upstream: std::net::SocketAddr) -> Result<OptionsDropper> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut len = [0u8; 4];
+                    if client.read_exact(&mut len).await.is_err() {
+                        return;
+                    }
+                    let n = u32::from_be_bytes(len) as usize;
+                    let mut body = vec![0u8; n.saturating_sub(4)];
+                    if client.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    // Protocol version, then key\0value\0 pairs, then \0.
+                    let mut kept = body[..4].to_vec();
+                    let mut fields = body[4..].split(|b| *b == 0);
+                    while let (Some(k), Some(v)) = (fields.next(), fields.next()) {
+                        if k.is_empty() {
+                            break;
+                        }
+                        if k != b"options" {
+                            kept.extend_from_slice(k);
+                            kept.push(0);
+                            kept.extend_from_slice(v);
+                            kept.push(0);
+                        }
+                    }
+                    kept.push(0);
+                    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let mut startup = ((kept.len() + 4) as u32).to_be_bytes().to_vec();
+                    startup.extend_from_slice(&kept);
+                    if server.write_all(&startup).await.is_err() {
+                        return;
+                    }
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        });
+        Ok(OptionsDropper { addr, task })
+    }
 }

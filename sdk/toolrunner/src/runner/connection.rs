@@ -189,7 +189,7 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
                 ClientError::Api(api) => api.body.message.as_str(),
                 _ => "",
             };
-            let own = message.contains(&core.cfg.instance_id);
+            let own = names_instance(message, std::slice::from_ref(&core.cfg.instance_id));
             // On a database shared by replicas the identity's lease says who
             // holds it: a process that connected as this identity while this
             // one still holds its token is fenced (a replica that held it
@@ -376,5 +376,46 @@ pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<bool, 
         // Already over (expired, or superseded by a newer connection).
         Err(e) if matches!(e.code(), Some("lease_expired" | "connection_superseded")) => Ok(false),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether `message` names one of `instances` as a word of its own (an
+/// instance id's characters: letters, digits, `_`, `.`, `:` and `-`),
+/// alone or followed by `:` and a suffix (an adopter's executor).
+pub(crate) fn names_instance(message: &str, instances: &[String]) -> bool {
+    message
+        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-')))
+        .map(|word| word.trim_end_matches(['.', ':']))
+        .any(|word| {
+            instances.iter().any(|i| {
+                word == i
+                    || word
+                        .strip_prefix(i.as_str())
+                        .is_some_and(|rest| rest.starts_with(':'))
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_instance;
+
+    #[test]
+    fn a_superseder_is_told_by_its_instance_id_as_a_word() {
+        let held = vec!["ins_1".to_owned(), "ins_adopter".to_owned()];
+        assert!(names_instance("superseded by instance ins_1", &held));
+        assert!(names_instance(
+            "superseded by instance ins_adopter:1a2b3c4d.",
+            &held
+        ));
+        assert!(!names_instance("superseded by instance ins_12", &held));
+        assert!(!names_instance("superseded by instance other:ins_1", &held));
+        assert!(!names_instance("superseded by instance ins_twin", &held));
+        // An own instance id is a word too, never a part of another.
+        let own = vec!["ins_1".to_owned()];
+        assert!(!names_instance(
+            "connection con_7 was superseded by a new connect from instance_id ins_12",
+            &own
+        ));
     }
 }

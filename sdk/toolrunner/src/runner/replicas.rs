@@ -15,10 +15,13 @@
 //!   runs its reconciliation, and lets the identity go once nothing is
 //!   left (or when it stops by itself).
 //! - **After a takeover** (an adoption, or a start that took the identity
-//!   from an adopter or from an earlier process whose lease lapsed), no
-//!   `reconcile` hook is asked before the old holder's last renewal is two
-//!   leases old plus the tool's commit window: a holder that was only slow
-//!   has finished its effect by then, and the hook sees it.
+//!   from an adopter, from an earlier process whose lease lapsed, or
+//!   released with a wait still owed), no `reconcile` hook is asked before
+//!   two of the old holder's leases have passed since the taker first saw
+//!   its last renewal, plus the longer of the tool's commit window and the
+//!   old holder's longest, and never before the wait the lease row carried
+//!   (`docs/protocol.md`, choice 71): a holder that was only slow has
+//!   finished its effect by then, and the hook sees it.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
@@ -104,8 +107,8 @@ impl Replica {
 
     /// Whether the lease is live by this process's clock: renewed (the
     /// renewal sent) less than its time to live ago. Whoever would take
-    /// the identity over counts from the database's stamp of that renewal,
-    /// which is later.
+    /// the identity over counts from its own first sighting of that
+    /// renewal, which is later.
     pub(crate) fn live(&self) -> bool {
         let (at, wall) = *lock(&self.renewed);
         // A wall clock set back counts as no time at all; the monotonic
@@ -161,30 +164,13 @@ impl Replica {
             .io(self.store.recorded_holders())
             .await
             .map_err(|e| e.to_string())?;
-        Ok(names_one_of(message, &holders))
+        Ok(super::connection::names_instance(message, &holders))
     }
 
     /// The adopted executors, taken out (to stop them with this one).
     pub(crate) fn take_adopted(&self) -> Vec<RunningExecutor> {
         std::mem::take(&mut *lock(&self.adopted))
     }
-}
-
-/// Whether `message` names one of `instances` as a word of its own (an
-/// instance id's characters: letters, digits, `_`, `.`, `:` and `-`),
-/// alone or followed by `:` and a suffix (an adopter's executor).
-fn names_one_of(message: &str, instances: &[String]) -> bool {
-    message
-        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-')))
-        .map(|word| word.trim_end_matches(['.', ':']))
-        .any(|word| {
-            instances.iter().any(|i| {
-                word == i
-                    || word
-                        .strip_prefix(i.as_str())
-                        .is_some_and(|rest| rest.starts_with(':'))
-            })
-        })
 }
 
 fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -431,23 +417,5 @@ async fn let_go(replica: &Replica) {
         {
             core.finished.cancel();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::names_one_of;
-
-    #[test]
-    fn a_superseder_is_told_by_its_instance_id_as_a_word() {
-        let held = vec!["ins_1".to_owned(), "ins_adopter".to_owned()];
-        assert!(names_one_of("superseded by instance ins_1", &held));
-        assert!(names_one_of(
-            "superseded by instance ins_adopter:1a2b3c4d.",
-            &held
-        ));
-        assert!(!names_one_of("superseded by instance ins_12", &held));
-        assert!(!names_one_of("superseded by instance other:ins_1", &held));
-        assert!(!names_one_of("superseded by instance ins_twin", &held));
     }
 }

@@ -162,8 +162,25 @@ pub(super) struct Taken {
 /// [`StoreError::Refused`] when a process of an older version holds a
 /// live lease on the database; a migration failed.
 pub(super) async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
+    session_carries_the_format(pool).await?;
     refuse_older_holders(pool).await?;
     super::migrate(pool, &MIGRATOR).await
+}
+
+/// The sessions of this store carry this version's lease format (a
+/// startup option): a connection pooler that drops startup options would
+/// make every lease write of this version look like an older version's.
+async fn session_carries_the_format(pool: &PgPool) -> Result<(), StoreError> {
+    let format: Option<String> =
+        sqlx::query_scalar("SELECT current_setting('toolrunner.lease_format', true)")
+            .fetch_one(pool)
+            .await?;
+    if format.as_deref() == Some(FORMAT) {
+        return Ok(());
+    }
+    Err(StoreError::Refused(
+        "the database session lacks the setting toolrunner.lease_format, which toolrunner passes when it connects (the startup option `-c toolrunner.lease_format=2`): something between this process and PostgreSQL drops startup options (a connection pooler: PgBouncer with `ignore_startup_parameters = options` drops them); connect to PostgreSQL directly, or through a pooler that passes `options` on".into(),
+    ))
 }
 
 /// Before the lease table is brought to this version's format: no live
