@@ -137,7 +137,16 @@ const TOOLS: [&str; 3] = ["sim.write", "sim.write_rerun", "sim.read"];
 /// store's database, committed with its `completed` receipt.
 const TRANSACT: &str = "sim.transact";
 /// Every tool the executors serve.
-const ALL_TOOLS: [&str; 4] = ["sim.write", "sim.write_rerun", "sim.read", TRANSACT];
+/// The tool of a twin on a second database (see [`Action::Twin`]): in the
+/// binding, served by every executor, called by no run.
+const TWIN_TOOL: &str = "sim.twin";
+const ALL_TOOLS: [&str; 5] = [
+    "sim.write",
+    "sim.write_rerun",
+    "sim.read",
+    TRANSACT,
+    TWIN_TOOL,
+];
 /// The transactional tool's business table, in every store's database.
 const CREATE_ROWS: &str = "CREATE TABLE IF NOT EXISTS sim_rows (call_id TEXT NOT NULL, operation_key TEXT NOT NULL, late BIGINT NOT NULL)";
 const INSERT_ROW: &str = "INSERT INTO sim_rows (call_id, operation_key, late) VALUES ($1, $2, $3)";
@@ -218,6 +227,13 @@ enum Action {
     /// (the seed's lease rows' `renewed_at` are moved an hour back as they
     /// land, which reads the same). No lease decision may follow it.
     ClockStep { ms: u64 },
+    /// (PostgreSQL) A process with `slot`'s executor id on a second
+    /// database (blue/green onto a new cluster) runs for `ms`, then is
+    /// lost. Its database never recorded the other's instance, nor the
+    /// other's its own: the later connector serves, the earlier one stops
+    /// claiming (the twin serves only a tool no run calls, so that it
+    /// takes no call of the seed's).
+    Twin { slot: usize, ms: u64 },
 }
 
 /// An executor slot's own settings: on PostgreSQL, replicas of one binding
@@ -310,14 +326,16 @@ fn add_unlike(schedule: &mut Schedule, seed: u64) {
         }
     }
     for _ in 0..rng.random_range(0..=3) {
-        let action = if rng.random_bool(0.6) {
-            Action::ReleaseRestart {
-                slot: rng.random_range(0..schedule.executors),
-            }
-        } else {
-            Action::ClockStep {
+        let slot = rng.random_range(0..schedule.executors);
+        let action = match rng.random_range(0..10) {
+            0..=4 => Action::ReleaseRestart { slot },
+            5..=7 => Action::ClockStep {
                 ms: rng.random_range(300..=2_000),
-            }
+            },
+            _ => Action::Twin {
+                slot,
+                ms: rng.random_range(300..=2_000),
+            },
         };
         let at = rng.random_range(1..=schedule.actions.len());
         schedule.actions.insert(at, action);
@@ -1032,6 +1050,10 @@ struct Seed {
     /// Runs the platform forgot, with their call ids.
     forgotten: BTreeMap<String, Vec<String>>,
     retained: Retained,
+    /// The twins on the second database: instance id, executor id.
+    twins: Vec<(String, String)>,
+    /// Their stores: the second database's URL, and the store's.
+    twin_stores: Vec<(String, String)>,
     /// Watches every store's writer (see [`watch_writers`]).
     watcher: Option<tokio::task::JoinHandle<()>>,
     calls: u64,
@@ -1076,7 +1098,7 @@ impl Seed {
         }
         .map_err(|e| e.to_string())?;
         let mut slots = Vec::with_capacity(executors);
-        for i in 0..executors {
+        for (i, own) in settings.iter().enumerate() {
             let unique = rand::random::<u32>();
             let (id, store_url) = match pg_url() {
                 // Executor leases are shared by the whole database: an id
@@ -1105,7 +1127,7 @@ impl Seed {
                 crashed: Arc::default(),
                 faults: ProcessFaults::new(),
                 instance: String::new(),
-                settings: settings[i],
+                settings: *own,
             });
         }
         let mut s = Seed {
@@ -1123,6 +1145,8 @@ impl Seed {
             runs: Vec::new(),
             forgotten: BTreeMap::new(),
             retained: Retained::default(),
+            twins: Vec::new(),
+            twin_stores: Vec::new(),
             watcher: None,
             calls: 0,
             stats: Stats::default(),
@@ -1521,6 +1545,63 @@ impl Seed {
                 self.start_process(slot, exec).await?;
             }
             Action::ClockStep { ms } => self.step_the_clock(ms).await,
+            Action::Twin { slot, ms } => self.twin(slot, ms).await?,
+        }
+        Ok(())
+    }
+
+    /// A process with `slot`'s executor id on the second database for
+    /// `ms` (see [`Action::Twin`]); the schedule goes on.
+    async fn twin(&mut self, slot: usize, ms: u64) -> Result<(), String> {
+        let Some(pg) = self.pg.clone() else {
+            return Ok(());
+        };
+        let second = second_database(&pg).await?;
+        let url = pg_schema(
+            &second,
+            &format!(
+                "sim_{}_{slot}_twin_{:08x}",
+                self.seed,
+                rand::random::<u32>()
+            ),
+            &seed_tag(self.seed),
+        )
+        .await?;
+        self.twin_stores.push((second, url.clone()));
+        let exec = Executor::builder()
+            .base_url(&self.world.base)
+            .token(EXEC)
+            .executor_id(&self.slots[slot].id)
+            .binding_id(&self.binding_id)
+            .store_url(&url)
+            .poll_interval(Duration::from_millis(25))
+            .request_timeout(Duration::from_secs(2))
+            .backoff(Duration::from_millis(5), Duration::from_millis(60), 3)
+            .lease_ttl(PG_LEASE_TTL)
+            .allow_all()
+            .tool(SimTool {
+                name: TWIN_TOOL,
+                world: self.world.clone(),
+                faults: None,
+                process_started: Instant::now(),
+            })
+            .build()
+            .map_err(|e| e.to_string())?;
+        self.twins
+            .push((exec.instance_id().to_owned(), self.slots[slot].id.clone()));
+        match tokio::time::timeout(Duration::from_secs(10), exec.start()).await {
+            Ok(Ok(running)) => {
+                self.pending.push(tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    drop(running);
+                }));
+            }
+            Ok(Err(e)) => log(self.verbose, || format!("the twin did not start: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "the twin of executor {slot} did not start within 10 s"
+                ));
+            }
         }
         Ok(())
     }
@@ -2047,6 +2128,9 @@ impl Seed {
                 drop_schema(&pg, &s.store_url).await;
             }
         }
+        for (second, url) in &self.twin_stores {
+            drop_schema(second, url).await;
+        }
     }
 }
 
@@ -2302,6 +2386,50 @@ async fn pg_schema(pg: &str, schema: &str, application: &str) -> Result<String, 
             "{PG_URL_VAR} is set ({pg}) but the `postgres` feature is off: add --features postgres"
         ))
     }
+}
+
+/// The second database of the simulation's twins (`<database>_twin`
+/// beside the one `pg` names), created once; its URL.
+async fn second_database(pg: &str) -> Result<String, String> {
+    static CREATED: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    CREATED
+        .get_or_try_init(|| async {
+            let (head, tail) = pg
+                .rsplit_once('/')
+                .ok_or("the PostgreSQL URL has no database")?;
+            let (name, query) = tail.split_once('?').unwrap_or((tail, ""));
+            let second = format!("{name}_twin");
+            #[cfg(feature = "postgres")]
+            {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(pg)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // The name is the test database's own and `_twin`.
+                let created =
+                    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{second}\"")))
+                        .execute(&mut conn)
+                        .await;
+                match created {
+                    // 42P04: it exists (an earlier run); 23505: another
+                    // seed created it at the same moment.
+                    Err(sqlx::Error::Database(e))
+                        if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
+                    other => {
+                        other.map_err(|e| e.to_string())?;
+                    }
+                }
+                let _ = conn.close().await;
+            }
+            let query = if query.is_empty() {
+                String::new()
+            } else {
+                format!("?{query}")
+            };
+            Ok::<String, String>(format!("{head}/{second}{query}"))
+        })
+        .await
+        .cloned()
 }
 
 /// Drops the schema a store URL names (the seed is over).

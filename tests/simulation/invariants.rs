@@ -282,6 +282,31 @@ impl Seed {
         // A fenced process sends nothing new: no process connected as an
         // identity taken over while it stood still, once it was thawed.
         let connects = self.server.received_connects();
+        // A twin on the second database stops once the process of its id
+        // on the first connects after it (superseded by an instance its
+        // database never recorded): it never takes turns with it.
+        // (A twin's connect after its own lapsed platform lease may come
+        // after the other's, which then stops: a turn or two, not a flip
+        // at every heartbeat.)
+        for (twin, id) in &self.twins {
+            let mut last: Option<&str> = None;
+            let mut turns = 0;
+            for c in connects
+                .iter()
+                .filter(|c| c.executor_id.as_deref() == Some(id))
+            {
+                let now = c.instance_id.as_deref().unwrap_or("");
+                if last.is_some_and(|l| l != now) && (now == twin || last == Some(twin)) {
+                    turns += 1;
+                }
+                last = Some(now);
+            }
+            if turns > 4 {
+                problems.push(format!(
+                    "the twin {twin} on the second database and the process of {id} on the first took {turns} turns connecting: twins of one executor id must not take turns"
+                ));
+            }
+        }
         for f in self.fenced.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             for c in connects.iter().skip(f.from) {
                 let mine = c
