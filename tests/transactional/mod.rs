@@ -1644,25 +1644,7 @@ pub(crate) async fn a_resumed_call_whose_run_ended_unseen_is_not_run_again(
     *PAUSE_FAULTS.lock().expect("lock") = Some(faults.clone());
     let executor = bench.executor_with(None, |b| b.stream(false).process_faults(&faults))?;
     let running = executor.start().await?;
-    let run_id = bench
-        .submit(vec![NewToolCall::new(
-            "orders.place",
-            json!({"amount": 3, "pause_first": true}),
-        )])
-        .await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let key = loop {
-        if let Some(k) = PAUSED.lock().expect("lock").last().cloned() {
-            break k;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the handler never paused its call"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    // The settlement fails against the cut store; the call pauses.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (run_id, call_id, key) = paused_call(&bench, store.as_ref(), 3).await?;
     let lose = |rate: f64| toolrunner::platform::FaultSettings {
         error_rate: 0.0,
         drop_response_rate: rate,
@@ -1678,15 +1660,6 @@ pub(crate) async fn a_resumed_call_whose_run_ended_unseen_is_not_run_again(
     faults.cut_store(false);
     // The claim loop resumes the paused call.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let call_id = bench
-        .admin
-        .run(&run_id)
-        .await?
-        .tool_calls
-        .first()
-        .context("the run's call")?
-        .call_id
-        .clone();
     let row = loop {
         let row = store
             .call(&run_id, &call_id)
@@ -1720,26 +1693,19 @@ pub(crate) async fn a_resumed_call_whose_run_ended_unseen_is_not_run_again(
     Ok(())
 }
 
-/// The same as [`a_resumed_call_whose_run_ended_unseen_is_not_run_again`],
-/// but the platform forgot the run while the call paused (its own
-/// retention): the replayed claim is answered `404` or `400 unknown_call`,
-/// and the call is not run again and settles `orphaned` (the platform no
-/// longer knows the run; none of its writes was committed, so its outcome
-/// is known), as the re-run check of a write tool settles it (choice 72).
-pub(crate) async fn a_resumed_call_whose_run_was_forgotten_is_orphaned(
-    store_url: &str,
-    store: Arc<dyn Store>,
-) -> Result<()> {
-    create_orders(store_url).await?;
-    let bench = Bench::start(store_url).await?;
-    let faults = toolrunner::testing::ProcessFaults::new();
-    *PAUSE_FAULTS.lock().expect("lock") = Some(faults.clone());
-    let executor = bench.executor_with(None, |b| b.stream(false).process_faults(&faults))?;
-    let running = executor.start().await?;
+/// Submits an order whose handler pauses its call the first time (its
+/// store cut off: the settlement cannot be stored, and the call stays
+/// `running`), and waits until it did: the run, the call and the
+/// operation key.
+async fn paused_call(
+    bench: &Bench,
+    store: &dyn Store,
+    amount: i64,
+) -> Result<(String, String, String)> {
     let run_id = bench
         .submit(vec![NewToolCall::new(
             "orders.place",
-            json!({"amount": 5, "pause_first": true}),
+            json!({"amount": amount, "pause_first": true}),
         )])
         .await?;
     let call_id = bench
@@ -1768,6 +1734,26 @@ pub(crate) async fn a_resumed_call_whose_run_was_forgotten_is_orphaned(
     };
     // The settlement fails against the cut store; the call pauses.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok((run_id, call_id, key))
+}
+
+/// The same as [`a_resumed_call_whose_run_ended_unseen_is_not_run_again`],
+/// but the platform forgot the run while the call paused (its own
+/// retention): the replayed claim is answered `404` or `400 unknown_call`,
+/// and the call is not run again and settles `orphaned` (the platform no
+/// longer knows the run; none of its writes was committed, so its outcome
+/// is known), as the re-run check of a write tool settles it (choice 72).
+pub(crate) async fn a_resumed_call_whose_run_was_forgotten_is_orphaned(
+    store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let faults = toolrunner::testing::ProcessFaults::new();
+    *PAUSE_FAULTS.lock().expect("lock") = Some(faults.clone());
+    let executor = bench.executor_with(None, |b| b.stream(false).process_faults(&faults))?;
+    let running = executor.start().await?;
+    let (run_id, call_id, key) = paused_call(&bench, store.as_ref(), 5).await?;
     bench.server.forget_run(&run_id).await?;
     faults.cut_store(false);
     // The claim loop resumes the paused call.

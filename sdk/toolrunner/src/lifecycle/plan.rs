@@ -80,6 +80,19 @@ pub(super) fn mark(
     }
 }
 
+/// Every still pending receipt of `call` marked orphaned (the platform no
+/// longer knows its run), with `why`.
+fn orphan_pending(call: &LocalCall, why: String) -> Change {
+    Change::SettlePending {
+        run_id: call.run_id.clone(),
+        call_id: call.call_id.clone(),
+        keep: None,
+        only_kind: None,
+        status: ReceiptStatus::Orphaned,
+        error: why,
+    }
+}
+
 pub(super) fn attempt(
     call: &LocalCall,
     given: &Given<'_>,
@@ -475,14 +488,7 @@ pub(super) fn apply_event(
             if from_state == Some(ReconciliationRequired) {
                 d.note = Some((OUTCOME_UNKNOWN_NOTE.into(), Some(why.clone())));
             }
-            d.changes.push(Change::SettlePending {
-                run_id: d.call.run_id.clone(),
-                call_id: d.call.call_id.clone(),
-                keep: None,
-                only_kind: None,
-                status: ReceiptStatus::Orphaned,
-                error: why,
-            });
+            d.changes.push(orphan_pending(&d.call, why));
         }
         Event::GiveBack => {
             d.call.report = Some(PendingReport::Released);
@@ -546,14 +552,7 @@ pub(super) fn apply_event(
             d.call.report = None;
             let why = "the platform no longer knows the run of this transactional call, whose handler was not running: none of its writes was committed".to_owned();
             d.call.reason = Some(why.clone());
-            d.changes.push(Change::SettlePending {
-                run_id: d.call.run_id.clone(),
-                call_id: d.call.call_id.clone(),
-                keep: None,
-                only_kind: None,
-                status: ReceiptStatus::Orphaned,
-                error: why,
-            });
+            d.changes.push(orphan_pending(&d.call, why));
         }
         Event::HookRunCancelled => {
             d.call.report = None;
@@ -568,14 +567,7 @@ pub(super) fn apply_event(
             d.call.reason = Some(
                 "automatic check: the operation did not happen, and the platform no longer knows the run".into(),
             );
-            d.changes.push(Change::SettlePending {
-                run_id: d.call.run_id.clone(),
-                call_id: d.call.call_id.clone(),
-                keep: None,
-                only_kind: None,
-                status: ReceiptStatus::Orphaned,
-                error: why,
-            });
+            d.changes.push(orphan_pending(&d.call, why));
         }
         Event::OperatorResolved {
             outcome,
