@@ -1356,10 +1356,18 @@ pub(crate) async fn a_temporary_table_takes_none_of_the_store_s_writes(
             )])
             .await?;
         let call = past_running(&bench, &run_id).await?;
-        let row = store
-            .call(&run_id, &call.call_id)
-            .await?
-            .context("the call's row")?;
+        // Delivered here a moment after the platform took the receipt.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let row = loop {
+            let row = store
+                .call(&run_id, &call.call_id)
+                .await?
+                .context("the call's row")?;
+            if row.state != LocalState::Settled || tokio::time::Instant::now() > deadline {
+                break row;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         let completed = store
             .receipts(&run_id, &call.call_id)
             .await?
