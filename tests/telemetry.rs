@@ -323,8 +323,11 @@ async fn spans_follow_the_genai_conventions_for_completed_failed_and_unknown_cal
             &Evidence::new("ops@example", "looked it up downstream"),
         )
         .await?;
-    let operator = exporter
-        .get_finished_spans()?
+    // The span ends when its last reference is dropped, which a task the
+    // resolve started (a connection, a resolver) may do a moment after the
+    // resolve returned: wait for it as for the calls' spans.
+    let operator = spans_with(&exporter, "toolrunner.operator resolve", &call.call_id)
+        .await?
         .into_iter()
         .find(|s| s.name == "toolrunner.operator resolve")
         .context("the operator's span")?;
