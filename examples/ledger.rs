@@ -192,15 +192,19 @@ impl Tool for Ledger {
     }
 
     /// Looks the operation key up in the ledger: its line number if the
-    /// entry is there, otherwise it did not happen.
+    /// entry is there; it did not happen only if the whole ledger was read
+    /// and every line parsed (a ledger that cannot be read, or a torn
+    /// line, cannot tell: an operator decides).
     async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Appended> {
         let _lines = self.lines.lock().await;
-        let Ok(text) = std::fs::read_to_string(&self.path) else {
-            return Reconciled::Unknown;
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(_) => return Reconciled::Unknown,
         };
         for (i, line) in text.lines().enumerate() {
             let Ok(entry) = serde_json::from_str::<Value>(line) else {
-                continue;
+                return Reconciled::Unknown;
             };
             if entry["operation_key"] == ctx.operation_key() {
                 return Reconciled::Happened(Appended {

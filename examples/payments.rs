@@ -78,13 +78,15 @@ impl Provider {
         Ok(id)
     }
 
-    /// The charge made with this idempotency key, if any.
-    fn find(&self, key: &str) -> Option<String> {
-        self.0
+    /// The charge made with this idempotency key, if any (a real
+    /// provider's lookup can fail too: its answer lost, its API down).
+    fn find(&self, key: &str) -> Result<Option<String>, ProviderError> {
+        Ok(self
+            .0
             .lock()
             .expect("not poisoned")
             .get(key)
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| id.clone()))
     }
 
     fn charges(&self) -> usize {
@@ -129,13 +131,14 @@ async fn charge(
     }
 }
 
-/// Looks the charge up by the operation key it was made with.
+/// Looks the charge up by the operation key it was made with. Only a
+/// lookup that answered may say "not charged" (the call then fails); a
+/// lookup that failed cannot tell, and an operator decides.
 async fn find_charge(State(provider): State<Provider>, ctx: CallContext) -> Reconciled<Charged> {
-    Reconciled::found(
-        provider
-            .find(ctx.operation_key())
-            .map(|charge_id| Charged { charge_id }),
-    )
+    match provider.find(ctx.operation_key()) {
+        Ok(found) => Reconciled::found(found.map(|charge_id| Charged { charge_id })),
+        Err(_) => Reconciled::Unknown,
+    }
 }
 
 #[tokio::main]

@@ -1,8 +1,8 @@
 //! The README's function-tool example is the user crate's `main.rs`, byte
-//! for byte, and stays within 25 lines of code.
+//! for byte, and stays within 30 lines of code.
 
 #[test]
-fn the_readme_example_is_the_user_crates_main_and_fits_25_lines() {
+fn the_readme_example_is_the_user_crates_main_and_fits_30_lines() {
     let root = env!("CARGO_MANIFEST_DIR");
     let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
     let main = std::fs::read_to_string(format!("{root}/tests/user-crate/src/main.rs"))
@@ -22,5 +22,5 @@ fn the_readme_example_is_the_user_crates_main_and_fits_25_lines() {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with("//"))
         .count();
-    assert!(code <= 25, "the example has {code} lines of code");
+    assert!(code <= 30, "the example has {code} lines of code");
 }

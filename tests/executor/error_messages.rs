@@ -175,6 +175,66 @@ async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
                 .allow_all()
                 .tool(read()),
         ),
+        (
+            Row {
+                mistake: "a base URL that ends in /v1",
+                must_say: vec![
+                    "ends in /v1: remove it".into(),
+                    format!("TOOLRUNNER_BASE_URL={}", env.base),
+                ],
+                kind: toolrunner::Error::is_builder,
+            },
+            env.builder("exe-v1")
+                .base_url(format!("{}/v1/", env.base))
+                .tool(read()),
+        ),
+        (
+            Row {
+                mistake: "a store in a directory that does not exist",
+                must_say: vec![
+                    format!(
+                        "the store's directory {} does not exist",
+                        env.dir.path().join("no-such-dir").display()
+                    ),
+                    "TOOLRUNNER_STORE_URL".into(),
+                ],
+                kind: toolrunner::Error::is_store,
+            },
+            env.builder("exe-nodir")
+                .store_url(env.other_store_url("no-such-dir/exec.db"))
+                .tool(read()),
+        ),
+        (
+            Row {
+                mistake: "a store whose directory is a file",
+                must_say: vec![
+                    format!(
+                        "the store's directory {} is not a directory",
+                        env.dir.path().join("exec.db").display()
+                    ),
+                    "TOOLRUNNER_STORE_URL".into(),
+                ],
+                kind: toolrunner::Error::is_store,
+            },
+            env.builder("exe-notdir")
+                .store_url(env.other_store_url("exec.db/exec.db"))
+                .tool(read()),
+        ),
+        (
+            // sysfs refuses new files even to root, as a read-only mount
+            // does.
+            Row {
+                mistake: "a store in a directory this process cannot write",
+                must_say: vec![
+                    "the store's directory /sys cannot be written to".into(),
+                    "TOOLRUNNER_STORE_URL".into(),
+                ],
+                kind: toolrunner::Error::is_store,
+            },
+            env.builder("exe-readonly")
+                .store_url("sqlite:///sys/toolrunner.db")
+                .tool(read()),
+        ),
     ];
     let mut failures = Vec::new();
     for (row, builder) in cases {
@@ -189,8 +249,14 @@ async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
         if text.contains(SECRET) || format!("{e:?}").contains(SECRET) {
             wrong.push("shows the token".into());
         }
+        // `main` returning the error prints its Debug: a sentence, not a
+        // struct.
+        let debug = format!("{e:?}");
+        if !debug.starts_with(&text) {
+            wrong.push(format!("its Debug is not its message: {debug}"));
+        }
         if !(row.kind)(&e) {
-            wrong.push(format!("is of the wrong kind: {e:?}"));
+            wrong.push(format!("is of the wrong kind: {debug}"));
         }
         if !wrong.is_empty() {
             failures.push(format!("{}: {text}\n    {}", row.mistake, wrong.join("; ")));

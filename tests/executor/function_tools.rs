@@ -159,3 +159,34 @@ async fn a_missing_state_is_refused_at_build() -> Result<()> {
     );
     Ok(())
 }
+
+/// An executor built only to tell its definitions needs no platform
+/// settings: its definitions name the placeholder binding, and it never
+/// starts (`--print-definitions` gives such a builder from the
+/// environment).
+#[tokio::test]
+async fn definitions_need_no_platform() -> Result<()> {
+    let exec = toolrunner::Executor::builder()
+        .state(Ledger::default())
+        .tool(post)
+        .definitions_only()
+        .build()?;
+    let defs = exec.tool_definitions();
+    assert_eq!(defs.len(), 1, "{defs:?}");
+    assert_eq!(defs[0].name, "ledger.post");
+    assert_eq!(defs[0].binding_id, toolrunner::UNBOUND);
+    let refused = exec.start().await.expect_err("it does not start");
+    assert!(
+        refused.is_builder() && refused.to_string().contains("--print-definitions"),
+        "{refused}"
+    );
+    // A binding id given is kept.
+    let exec = toolrunner::Executor::builder()
+        .binding_id("bnd_7")
+        .state(Ledger::default())
+        .tool(post)
+        .definitions_only()
+        .build()?;
+    assert_eq!(exec.tool_definitions()[0].binding_id, "bnd_7");
+    Ok(())
+}

@@ -15,6 +15,7 @@ mod group_commit;
 mod happy;
 mod lifecycle;
 mod migration;
+mod read_failures;
 mod review_accept_missing_scope;
 mod review_commit_point_cancel;
 mod review_report_poison;

@@ -79,6 +79,7 @@ pub struct ExecutorBuilder {
     takeover_grace: Option<Duration>,
     lease_ttl: Option<Duration>,
     gate: Option<Arc<Gate>>,
+    definitions_only: bool,
 }
 
 impl std::fmt::Debug for ExecutorBuilder {
@@ -125,6 +126,7 @@ impl Default for ExecutorBuilder {
             takeover_grace: None,
             lease_ttl: None,
             gate: None,
+            definitions_only: false,
         }
     }
 }
@@ -146,13 +148,27 @@ pub const ENV_VARS: [(&str, &str); 5] = [
     ("TOOLRUNNER_BINDING_ID", "the executor binding it serves"),
     (
         "TOOLRUNNER_STORE_URL",
-        "the store, sqlite://PATH (default sqlite://toolrunner.db)",
+        "the store, sqlite://PATH or postgres://… (default sqlite://toolrunner.db, in the working directory)",
     ),
 ];
 
+/// The command-line argument that makes an executor built
+/// [`from_env`](ExecutorBuilder::from_env) print its tool definitions
+/// instead of serving.
+pub const PRINT_DEFINITIONS: &str = "--print-definitions";
+
+/// The binding id in the definitions of an executor built
+/// [`definitions_only`](ExecutorBuilder::definitions_only) with no binding
+/// id set: `toolrunner dev up` puts the binding it creates in its place.
+pub const UNBOUND: &str = "bnd_unbound";
+
 impl ExecutorBuilder {
     /// A builder with the settings of the environment (see [`ENV_VARS`]);
-    /// what is not set there can still be set on the builder.
+    /// what is not set there can still be set on the builder. When the
+    /// program was started with `--print-definitions` among its
+    /// arguments, the builder is [`definitions_only`](Self::definitions_only):
+    /// [`Executor::serve`] prints the tool definitions and returns, so
+    /// `cargo run -- --print-definitions > tools.json` needs no platform.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let defaults = ExecutorBuilder::default();
@@ -162,8 +178,21 @@ impl ExecutorBuilder {
             executor_id: var("TOOLRUNNER_EXECUTOR_ID"),
             binding_id: var("TOOLRUNNER_BINDING_ID"),
             store_url: var("TOOLRUNNER_STORE_URL").unwrap_or(defaults.store_url.clone()),
+            definitions_only: std::env::args().any(|a| a == PRINT_DEFINITIONS),
             ..defaults
         }
+    }
+
+    /// Builds an executor that only tells its tool definitions: `build()`
+    /// needs no platform settings (no base URL, token, executor id; the
+    /// binding id is [`UNBOUND`] unless one is set), checks the tools as
+    /// always, and [`Executor::serve`] prints `{"tools": [...]}` on
+    /// standard output and returns without connecting
+    /// ([`Executor::tool_definitions`] reads them too).
+    /// [`from_env`](Self::from_env) turns it on for `--print-definitions`.
+    pub fn definitions_only(mut self) -> Self {
+        self.definitions_only = true;
+        self
     }
 
     /// Allows a plain `http://` base URL to a host other than this machine.
@@ -391,7 +420,17 @@ impl ExecutorBuilder {
     /// set for a `postgres://` store. A
     /// `postgres://` store URL without the `postgres` feature is
     /// [`is_missing_feature`](Error::is_missing_feature).
-    pub fn build(self) -> Result<Executor> {
+    pub fn build(mut self) -> Result<Executor> {
+        if self.definitions_only {
+            // Placeholders where nothing will be reached: the executor
+            // refuses to start (Executor::start).
+            self.base_url = Some("http://127.0.0.1:9".to_owned());
+            self.token.get_or_insert_with(|| "unused".to_owned());
+            self.executor_id = Some("definitions-only".to_owned());
+            self.binding_id.get_or_insert_with(|| UNBOUND.to_owned());
+            self.authorizer
+                .get_or_insert_with(|| Arc::new(AllowAll));
+        }
         let missing = |what: &str, var: &str| {
             Error::new(
                 Kind::Builder,
@@ -515,6 +554,7 @@ impl ExecutorBuilder {
                 ));
             }
         };
+        let definitions_only = self.definitions_only;
         let client = Client::new(&base_url, &token, self.request_timeout, self.backoff)
             .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?
             .with_gate(self.gate.clone());
@@ -548,6 +588,7 @@ impl ExecutorBuilder {
                 gate: self.gate,
                 health: Arc::default(),
             },
+            definitions_only,
         })
     }
 }
@@ -566,6 +607,15 @@ fn check_base_url(url: &str, allow_insecure_http: bool) -> Result<()> {
     };
     if host.is_empty() {
         return Err(bad("names no host"));
+    }
+    if url.trim_end_matches('/').ends_with("/v1") {
+        return Err(Error::new(
+            Kind::Builder,
+            format!(
+                "base_url {url:?} ends in /v1: remove it (set TOOLRUNNER_BASE_URL={}); every path the executor asks for is under /v1 already",
+                url.trim_end_matches('/').trim_end_matches("/v1")
+            ),
+        ));
     }
     match scheme {
         "https" => Ok(()),
@@ -630,6 +680,7 @@ fn definitions(tools: &[Arc<dyn ErasedTool>], binding_id: &str) -> Value {
 #[must_use = "an executor does nothing until it is started: call .serve(signal) or .start()"]
 pub struct Executor {
     template: Template,
+    definitions_only: bool,
 }
 
 impl std::fmt::Debug for Executor {
@@ -663,6 +714,12 @@ impl Executor {
     /// credentials, another process took its executor id): the error says
     /// which and what to do.
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        if self.definitions_only {
+            let text = serde_json::to_string_pretty(&json!({ "tools": self.tool_definitions() }))
+                .map_err(|e| Error::new(Kind::Builder, format!("cannot print the definitions: {e}")))?;
+            println!("{text}");
+            return Ok(());
+        }
         let running = self.start().await?;
         tokio::select! {
             stopped = running.wait() => {
@@ -703,7 +760,19 @@ impl Executor {
     /// # Errors
     /// The store cannot be opened, or the platform refuses the connect.
     pub async fn start(self) -> Result<RunningExecutor> {
+        self.refuse_definitions_only()?;
         self.template.start().await
+    }
+
+    /// An executor built only to tell its definitions never connects.
+    fn refuse_definitions_only(&self) -> Result<()> {
+        if self.definitions_only {
+            return Err(Error::new(
+                Kind::Builder,
+                "this executor was built only to print its tool definitions (--print-definitions, or .definitions_only()): it does not start; build it without that to serve",
+            ));
+        }
+        Ok(())
     }
 
     /// Like [`start`](Self::start) with a store of the testing seam
@@ -720,6 +789,7 @@ impl Executor {
         self,
         store: Arc<dyn crate::store::Store>,
     ) -> Result<RunningExecutor> {
+        self.refuse_definitions_only()?;
         self.template.start_with_store(store).await
     }
 }

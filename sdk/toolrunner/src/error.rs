@@ -118,14 +118,27 @@ impl Error {
     }
 }
 
+/// A sentence, as `main` returning the error prints it: the message, then
+/// each cause the message does not already quote (`anyhow`'s layout).
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Error")
-            .field("kind", &self.kind)
-            .field("message", &self.message)
-            .field("status", &self.status)
-            .field("code", &self.code)
-            .finish_non_exhaustive()
+        f.write_str(&self.message)?;
+        let mut causes = Vec::new();
+        let mut next = std::error::Error::source(self);
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            if !self.message.contains(&text) && !causes.contains(&text) {
+                causes.push(text);
+            }
+            next = cause.source();
+        }
+        if !causes.is_empty() {
+            f.write_str("\n\nCaused by:")?;
+            for (i, cause) in causes.iter().enumerate() {
+                write!(f, "\n    {i}: {cause}")?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -15,6 +15,7 @@ mod gate;
 mod health;
 mod lifecycle;
 mod net;
+mod notice;
 mod reconciler;
 mod runner;
 // The persistence SPI stays inside the crate: its `pub` items are reached
@@ -31,7 +32,7 @@ pub use api::context::{CallContext, CommitPointError, Progress, ProgressError};
 pub use api::function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
 pub use api::handler::{DEFAULT_COMMIT_WINDOW, Effect, OutcomeExt, Reconciled, Tool, ToolError};
 pub use api::transaction::Transaction;
-pub use builder::ENV_VARS;
+pub use builder::{ENV_VARS, PRINT_DEFINITIONS, UNBOUND};
 pub use builder::{Executor, ExecutorBuilder};
 pub use error::{Error, Result, shutdown_signal};
 pub use health::{Health, HealthReport};

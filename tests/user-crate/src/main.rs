@@ -1,4 +1,4 @@
-use std::io::Write;
+use std::io::{ErrorKind, Write};
 
 use serde::{Deserialize, Serialize};
 use toolrunner::{CallContext, Executor, Reconciled, ToolError};
@@ -16,17 +16,22 @@ struct Posted { key: String }
 /// Appends an entry to the ledger, once.
 #[toolrunner::tool(name = "ledger.post", effect = write, reconcile = find)]
 async fn post(ctx: CallContext, e: Entry) -> Result<Posted, ToolError> {
-    ctx.commit_point().await?; // nothing irreversible before this line
+    let line = format!("{} {} {:?}\n", ctx.operation_key(), e.amount, e.memo);
     let mut ledger = std::fs::OpenOptions::new().create(true).append(true).open("ledger.txt")?;
-    writeln!(ledger, "{} {} {}", ctx.operation_key(), e.amount, e.memo)?;
+    ctx.commit_point().await?; // nothing irreversible before this line
+    ledger.write_all(line.as_bytes())?; // one write per entry: calls at once never mix lines
     Ok(Posted { key: ctx.operation_key().into() })
 }
 
 /// After a crash or a lost answer: did the entry happen? Look it up by key.
 async fn find(ctx: CallContext) -> Reconciled<Posted> {
-    let ledger = std::fs::read_to_string("ledger.txt").unwrap_or_default();
-    let line = ledger.lines().find(|l| l.starts_with(ctx.operation_key()));
-    Reconciled::found(line.map(|_| Posted { key: ctx.operation_key().into() }))
+    let key = ctx.operation_key();
+    let ledger = match std::fs::read_to_string("ledger.txt") {
+        Err(e) if e.kind() != ErrorKind::NotFound => return Reconciled::Unknown, // cannot look: a person decides
+        read => read.unwrap_or_default(), // no ledger yet: nothing was posted
+    };
+    let done = ledger.lines().any(|l| l.split(' ').next() == Some(key));
+    Reconciled::found(done.then(|| Posted { key: key.into() })) // None: not done, the call fails
 }
 
 #[tokio::main]

@@ -80,7 +80,10 @@ pub enum ToolError {
         source: Option<Source>,
     },
     /// Anything else: the outcome is unknown. The call goes to
-    /// `reconciliation_required`; it is never retried blindly.
+    /// `reconciliation_required`; it is never retried blindly. A read
+    /// tool's (`effect = read`) is the exception: a read changed nothing,
+    /// so it is tried again as [`Retry`](ToolError::Retry) is, and then
+    /// fails with the code `read_failed` (`docs/protocol.md`, choice 74).
     Unknown {
         /// What went wrong (logged and kept locally, never sent to the model).
         error: String,
@@ -206,21 +209,32 @@ where
     }
 }
 
-/// What an automatic reconciliation check found.
+/// What an automatic reconciliation check found, and what the executor
+/// then does. Answer only what you have confirmed: when the lookup itself
+/// fails (a read error, a timeout, a half-written record), answer
+/// [`Unknown`](Reconciled::Unknown), never "not found".
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Reconciled<T> {
-    /// The effect happened, with this output.
+    /// Confirmed done: the effect happened, with this output. The call
+    /// completes with it.
     Happened(T),
-    /// The effect did not happen.
+    /// Confirmed not done: the effect did not happen and never will (the
+    /// handler is not running anywhere). The call fails with the code
+    /// `not_performed` (or, for a tool that asks for it, runs again), so
+    /// the model may ask again: a wrong answer here makes the effect
+    /// happen twice.
     DidNotHappen,
-    /// Cannot tell: a human decides.
+    /// Cannot tell: the call stays in `reconciliation_required`, the hook
+    /// is asked again later, and an operator can settle it with evidence.
     Unknown,
 }
 
 impl<T> Reconciled<T> {
-    /// `Happened` with the output found, or `DidNotHappen` when nothing
-    /// was found.
+    /// [`Happened`](Reconciled::Happened) with the output found, or
+    /// [`DidNotHappen`](Reconciled::DidNotHappen) when nothing was found:
+    /// use it only after a lookup that succeeded (a failed lookup is
+    /// [`Unknown`](Reconciled::Unknown)).
     pub fn found(output: Option<T>) -> Reconciled<T> {
         match output {
             Some(o) => Reconciled::Happened(o),

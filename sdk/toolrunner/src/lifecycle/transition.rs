@@ -172,6 +172,19 @@ pub(crate) async fn advance_then(
             },
         };
         debug_assert!(committed);
+        let was_unknown = snapshot
+            .call
+            .as_ref()
+            .is_some_and(|c| c.state == LocalState::ReconciliationRequired);
+        if plan.call.state == LocalState::ReconciliationRequired && !was_unknown {
+            crate::notice::needs_reconciliation(
+                executor_id,
+                key.0,
+                key.1,
+                &plan.call.tool_name,
+                plan.call.reason.as_deref().unwrap_or(name),
+            );
+        }
         metrics::counter!("toolrunner_call_transitions_total", "executor_id" => executor_id.to_owned(), "event" => name, "state" => plan.call.state.as_str())
             .increment(1);
         return Ok(Advanced::Moved {

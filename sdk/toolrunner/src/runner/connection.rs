@@ -98,6 +98,12 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         }
     };
     tracing::info!(executor_id = %core.cfg.executor_id, connection_id = %connected.connection_id, outstanding = connected.outstanding.len(), "connected");
+    crate::notice::serving(
+        &core.cfg.executor_id,
+        &core.cfg.binding_id,
+        core.tools.keys().map(String::as_str),
+        patience != Patience::UntilStopped,
+    );
     if patience == Patience::UntilStopped {
         super::telemetry::reconnected(&core.cfg.executor_id);
     }

@@ -176,12 +176,7 @@ impl SqliteStore {
             .truncate(false)
             .write(true)
             .open(&lock_name)
-            .map_err(|e| {
-                StoreError::Lock(format!(
-                    "cannot create the lock file {}: {e}",
-                    std::path::Path::new(&lock_name).display()
-                ))
-            })?;
+            .map_err(|e| StoreError::Lock(unusable_directory(path, &e)))?;
         match file.try_lock() {
             Ok(()) => Ok(StoreLock { _file: file }),
             Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
@@ -193,6 +188,28 @@ impl SqliteStore {
             ))),
         }
     }
+}
+
+/// Why a store file cannot be opened where it was asked for, naming the
+/// directory (the lock file beside the store is the first thing created
+/// there) and what to do.
+fn unusable_directory(store: &std::path::Path, e: &std::io::Error) -> String {
+    let dir = match store.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let why = if !dir.exists() {
+        "does not exist".to_owned()
+    } else if !dir.is_dir() {
+        "is not a directory".to_owned()
+    } else {
+        format!("cannot be written to ({e})")
+    };
+    format!(
+        "the store's directory {} {why}: create it and let this process write there, or set TOOLRUNNER_STORE_URL (or .store_url(..)) to a file in a writable directory (the store is {})",
+        dir.display(),
+        store.display()
+    )
 }
 
 #[async_trait::async_trait]

@@ -125,6 +125,7 @@ pub(super) async fn run(
             why,
             evidence: None,
         },
+        None if tool.effect() == Effect::Read => read_outcome_event(asg, outcome),
         None => outcome_event(asg, outcome, transactional),
     };
     let completed = matches!(&event, Event::HandlerFinished { outcome } if outcome.kind == ReceiptKind::Completed);
@@ -362,6 +363,32 @@ pub(super) fn outcome_event(
     }
 }
 
+/// A read tool's outcome: a read has no effect to be unsure about (the
+/// contract lets reads run again, §"Recovery" 7), so what would page a
+/// person for a write (an error, a panic, a timeout, a result its schema
+/// refuses), retried first as [`ToolError::Retry`] is, fails the call
+/// with a code and a message safe for the model; the cause is logged
+/// (`docs/protocol.md`, choice 74).
+fn read_outcome_event(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
+    match outcome_event_of(asg, outcome) {
+        Event::OutcomeUnknown { why, .. } => {
+            tracing::warn!(error = %why, "the read tool failed: the call fails (read_failed)");
+            Event::HandlerFinished {
+                outcome: FinalReceipt::failed(READ_FAILED, READ_FAILED_MESSAGE),
+            }
+        }
+        event => event,
+    }
+}
+
+/// The code of a read tool's call that failed with no business failure
+/// of its own.
+pub(crate) const READ_FAILED: &str = "read_failed";
+
+/// Its message, for the model: no cause (an error's text may carry
+/// internals), which the executor's log has.
+const READ_FAILED_MESSAGE: &str = "the tool could not read what was asked; it may work if asked again later";
+
 pub(super) fn outcome_event_of(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
     match outcome {
         Ok(result) => match checks::check_output(asg, &result) {
@@ -402,6 +429,7 @@ pub(super) async fn attempt_handler(
 ) -> Result<Value, ToolError> {
     let mut attempt = 0;
     let mut current = ctx.clone();
+    let read = tool.effect() == Effect::Read;
     loop {
         // A handler starts only on a live lease: whoever takes the identity
         // over waits the tool's commit window from its lapse.
@@ -419,6 +447,14 @@ pub(super) async fn attempt_handler(
                 "the handler timed out after {:?}",
                 core.cfg.handler_timeout
             ))),
+        };
+        let result = match result {
+            // A read's error, panic or timeout changed nothing: it is
+            // tried again as a retry is, then fails (read_outcome_event).
+            Err(ToolError::Unknown { error, .. }) if read && attempt + 1 < core.cfg.retry_attempts => {
+                Err(ToolError::retry(error))
+            }
+            result => result,
         };
         match result {
             Err(ToolError::Retry { reason, .. }) if attempt + 1 < core.cfg.retry_attempts => {
