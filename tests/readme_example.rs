@@ -40,7 +40,9 @@ fn main() -> ExitCode {
             let bin = PathBuf::from(bin);
             let trial = |name: &str, f: fn(&Path) -> Result<()>| {
                 let bin = bin.clone();
-                Trial::test(name, move || f(&bin).map_err(|e| Failed::from(format!("{e:#}"))))
+                Trial::test(name, move || {
+                    f(&bin).map_err(|e| Failed::from(format!("{e:#}")))
+                })
             };
             vec![
                 trial(
@@ -88,13 +90,13 @@ fn binary(bin: &Path) -> Result<PathBuf> {
 
 /// Runs a trial on a runtime of its own, with the binary by its absolute
 /// path.
-fn in_runtime<F: Future<Output = Result<()>>>(bin: &Path, trial: fn(&Path) -> F) -> Result<()> {
+fn in_runtime<F: Future<Output = Result<()>>>(bin: &Path, trial: fn(PathBuf) -> F) -> Result<()> {
     let bin = binary(bin)?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?
-        .block_on(trial(&bin))
+        .block_on(trial(bin))
 }
 
 /// The user crate depends on `toolrunner` without the `postgres` feature:
@@ -386,7 +388,8 @@ fn final_body(call: &toolrunner::platform::RunCall) -> Result<Value> {
     Ok(finals.into_iter().next().unwrap_or_default())
 }
 
-async fn example(bin: &Path) -> Result<()> {
+async fn example(bin: PathBuf) -> Result<()> {
+    let bin = bin.as_path();
     let p = platformed(bin).await?;
     let dir = tempfile::tempdir()?;
     let mut example = p.spawn(bin, dir.path())?;
@@ -489,7 +492,8 @@ const CONCURRENT: usize = 40;
 /// once and two `kill -9`s: every ledger line is whole (one write per
 /// entry), each completed call has exactly one line, and no call settled
 /// `failed` has a line (its hook found none).
-async fn killed(bin: &Path) -> Result<()> {
+async fn killed(bin: PathBuf) -> Result<()> {
+    let bin = bin.as_path();
     let p = platformed(bin).await?;
     let dir = tempfile::tempdir()?;
     // Long memos, with spaces and a newline, so that an entry written in
@@ -517,6 +521,7 @@ async fn killed(bin: &Path) -> Result<()> {
         let pid = example.child.id().to_string();
         let status = Command::new("kill").args(["-KILL", &pid]).status()?;
         ensure!(status.success(), "kill -9 {pid} (kill {kill}) failed");
+        println!("kill -9 {kill} at {} ledger lines", lines());
         example.child.wait()?;
         example = p.spawn(bin, dir.path())?;
     }
@@ -547,6 +552,13 @@ async fn killed(bin: &Path) -> Result<()> {
         })?;
         *lines_of.entry(call_id).or_default() += 1;
     }
+    let count = |state: CallState| run.tool_calls.iter().filter(|c| c.state == state).count();
+    println!(
+        "{} calls completed, {} failed; {} ledger lines",
+        count(CallState::Completed),
+        count(CallState::Failed),
+        ledger.lines().count()
+    );
     for call in &run.tool_calls {
         let n = lines_of.get(call.call_id.as_str()).copied().unwrap_or(0);
         match call.state {
@@ -578,16 +590,33 @@ async fn killed(bin: &Path) -> Result<()> {
 /// The hook made unable to read (`ledger.txt` a directory): the call it
 /// cannot look up stays in `reconciliation_required`, and the example
 /// says so on standard error; it is never settled `failed` by a guess.
-async fn unreadable(bin: &Path) -> Result<()> {
+async fn unreadable(bin: PathBuf) -> Result<()> {
+    let bin = bin.as_path();
     let p = platformed(bin).await?;
     let dir = tempfile::tempdir()?;
     std::fs::create_dir(dir.path().join("ledger.txt"))?;
     let mut example = p.spawn(bin, dir.path())?;
     let run = p.run_of(&[(5, "lunch".to_owned())]).await?;
     let call_id = run.tool_calls[0].call_id.clone();
-    // Until the hook has been asked and said it cannot tell (bounded).
-    let store = toolrunner::Reconciler::open_path(&dir.path().join("toolrunner.db")).await?;
+    // The store is read once the call is reported (the example made it
+    // first: two processes must not migrate a new store at once); then
+    // until the hook has been asked and said it cannot tell (bounded).
     let end = Instant::now() + WITHIN;
+    loop {
+        example.still_running()?;
+        let now = p.platform.run(&run.run_id).await?;
+        if now.tool_calls[0].state == CallState::ReconciliationRequired {
+            break;
+        }
+        ensure!(
+            Instant::now() < end && !settled(now.tool_calls[0].state),
+            "the call the hook cannot look up is {}, not reconciliation_required; {}",
+            now.tool_calls[0].state.as_str(),
+            example.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store = toolrunner::Reconciler::open_path(&dir.path().join("toolrunner.db")).await?;
     loop {
         example.still_running()?;
         let asked = match store.show(&run.run_id, &call_id).await {
@@ -614,7 +643,10 @@ async fn unreadable(bin: &Path) -> Result<()> {
         now.tool_calls[0].state.as_str(),
         example.log()
     );
-    let warned = format!("call {call_id} of run {} (ledger.post) needs reconciliation", run.run_id);
+    let warned = format!(
+        "call {call_id} of run {} (ledger.post) needs reconciliation",
+        run.run_id
+    );
     ensure!(
         example.log().contains(&warned),
         "the example did not say {warned:?}; {}",
@@ -701,8 +733,9 @@ fn first_run(_bin: &Path) -> Result<()> {
 
     let log = dir.path().join("first-run.log");
     let path = std::env::join_paths(
-        std::iter::once(cli.parent().context("the CLI's directory")?.to_path_buf())
-            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+        std::iter::once(cli.parent().context("the CLI's directory")?.to_path_buf()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ),
     )?;
     let mut command = Command::new("bash");
     for (name, _) in std::env::vars_os() {

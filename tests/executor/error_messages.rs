@@ -186,6 +186,7 @@ async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
             },
             env.builder("exe-v1")
                 .base_url(format!("{}/v1/", env.base))
+                .store_url(env.other_store_url("v1.db"))
                 .tool(read()),
         ),
         (

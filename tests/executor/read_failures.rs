@@ -36,7 +36,11 @@ struct Ticket {
 
 /// Looks a ticket up; its backend is down.
 #[toolrunner::tool(name = "tickets.down", effect = read)]
-async fn down(State(runs): State<Runs>, _ctx: CallContext, _l: Lookup) -> Result<Ticket, ToolError> {
+async fn down(
+    State(runs): State<Runs>,
+    _ctx: CallContext,
+    _l: Lookup,
+) -> Result<Ticket, ToolError> {
     runs.0.fetch_add(1, Ordering::SeqCst);
     let text = std::fs::read_to_string("/nonexistent/tickets/secret-path.json")?;
     Ok(Ticket { title: text })
@@ -44,7 +48,11 @@ async fn down(State(runs): State<Runs>, _ctx: CallContext, _l: Lookup) -> Result
 
 /// Looks a ticket up; panics the first time.
 #[toolrunner::tool(name = "tickets.flaky", effect = read)]
-async fn flaky(State(runs): State<Runs>, _ctx: CallContext, l: Lookup) -> Result<Ticket, ToolError> {
+async fn flaky(
+    State(runs): State<Runs>,
+    _ctx: CallContext,
+    l: Lookup,
+) -> Result<Ticket, ToolError> {
     if runs.1.fetch_add(1, Ordering::SeqCst) == 0 {
         panic!("the first look panics");
     }
@@ -84,19 +92,31 @@ async fn a_read_that_errors_fails_with_its_code_and_pages_nobody() -> Result<()>
         !message.contains("secret-path"),
         "the model reads no internals: {message}"
     );
-    assert_eq!(runs.0.load(Ordering::SeqCst), 3, "tried as often as the retry policy says");
+    assert_eq!(
+        runs.0.load(Ordering::SeqCst),
+        3,
+        "tried as often as the retry policy says"
+    );
     let flaky_call = call_of(&run, "tickets.flaky");
     assert_eq!(state(&flaky_call), "completed", "{run:#}");
     assert_eq!(
         receipt_body(&flaky_call, "completed")["result"],
         json!({"title": "T-2"})
     );
-    assert_eq!(runs.1.load(Ordering::SeqCst), 2, "the panic, then the answer");
+    assert_eq!(
+        runs.1.load(Ordering::SeqCst),
+        2,
+        "the panic, then the answer"
+    );
     bounded(Duration::from_secs(10), "drain", running.shutdown(DRAIN)).await?;
     let store = env.open_store().await?;
     let call_id = down_call["call_id"].as_str().unwrap_or_default();
     let local = store.call(&run_id, call_id).await?.expect("known locally");
-    assert_eq!(local.state, LocalState::Delivered, "no person paged: {local:?}");
+    assert_eq!(
+        local.state,
+        LocalState::Delivered,
+        "no person paged: {local:?}"
+    );
     env.shutdown().await;
     Ok(())
 }

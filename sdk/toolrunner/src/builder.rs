@@ -428,8 +428,7 @@ impl ExecutorBuilder {
             self.token.get_or_insert_with(|| "unused".to_owned());
             self.executor_id = Some("definitions-only".to_owned());
             self.binding_id.get_or_insert_with(|| UNBOUND.to_owned());
-            self.authorizer
-                .get_or_insert_with(|| Arc::new(AllowAll));
+            self.authorizer.get_or_insert_with(|| Arc::new(AllowAll));
         }
         let missing = |what: &str, var: &str| {
             Error::new(
@@ -716,7 +715,9 @@ impl Executor {
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         if self.definitions_only {
             let text = serde_json::to_string_pretty(&json!({ "tools": self.tool_definitions() }))
-                .map_err(|e| Error::new(Kind::Builder, format!("cannot print the definitions: {e}")))?;
+                .map_err(|e| {
+                Error::new(Kind::Builder, format!("cannot print the definitions: {e}"))
+            })?;
             println!("{text}");
             return Ok(());
         }

@@ -36,7 +36,14 @@ pub(crate) fn needs_reconciliation(
     tool: &str,
     why: &str,
 ) {
-    tracing::warn!(executor_id, run_id, call_id, tool, why, "call needs reconciliation: its outcome is unknown");
+    tracing::warn!(
+        executor_id,
+        run_id,
+        call_id,
+        tool,
+        why,
+        "call needs reconciliation: its outcome is unknown"
+    );
     if unheard() {
         eprintln!(
             "toolrunner: call {call_id} of run {run_id} ({tool}) needs reconciliation: its outcome is unknown ({why}); its reconcile hook or an operator settles it (toolrunner calls show {run_id}/{call_id})"

@@ -387,7 +387,8 @@ pub(crate) const READ_FAILED: &str = "read_failed";
 
 /// Its message, for the model: no cause (an error's text may carry
 /// internals), which the executor's log has.
-const READ_FAILED_MESSAGE: &str = "the tool could not read what was asked; it may work if asked again later";
+const READ_FAILED_MESSAGE: &str =
+    "the tool could not read what was asked; it may work if asked again later";
 
 pub(super) fn outcome_event_of(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
     match outcome {
@@ -451,7 +452,9 @@ pub(super) async fn attempt_handler(
         let result = match result {
             // A read's error, panic or timeout changed nothing: it is
             // tried again as a retry is, then fails (read_outcome_event).
-            Err(ToolError::Unknown { error, .. }) if read && attempt + 1 < core.cfg.retry_attempts => {
+            Err(ToolError::Unknown { error, .. })
+                if read && attempt + 1 < core.cfg.retry_attempts =>
+            {
                 Err(ToolError::retry(error))
             }
             result => result,
