@@ -1,10 +1,41 @@
-//! What the examples share: quiet logs on stderr, and the table of
-//! outcomes they print.
+//! What the examples share: quiet logs on stderr, the table of outcomes
+//! they print, and `--print-definitions`.
 #![allow(dead_code)]
+
+use std::io::Write as _;
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{ContentArrangement, Table};
 use toolrunner::testing::{CallOutcome, SettledBy};
+use toolrunner::{Executor, ExecutorBuilder};
+
+/// The binding named in printed definitions when `TOOLRUNNER_BINDING_ID`
+/// is not set: replace it with the binding's id before publishing.
+pub(crate) const UNSET_BINDING: &str = "bnd_unset";
+
+/// `--print-definitions`: the tool definitions of the tools `register`
+/// adds, as `{"tools": [...]}` (pretty JSON) on stdout, for `toolrunner
+/// tools check` and `toolrunner tools publish`. Nothing is started: the
+/// executor is only built (no platform, no store), with placeholders for
+/// what building needs; the binding is `TOOLRUNNER_BINDING_ID`'s, or
+/// [`UNSET_BINDING`].
+pub(crate) fn print_definitions(
+    register: impl FnOnce(ExecutorBuilder) -> ExecutorBuilder,
+) -> anyhow::Result<()> {
+    let binding = std::env::var("TOOLRUNNER_BINDING_ID").unwrap_or_else(|_| UNSET_BINDING.into());
+    let builder = Executor::builder()
+        .base_url("http://127.0.0.1:9")
+        .token("unused")
+        .executor_id("print-definitions")
+        .binding_id(binding)
+        .allow_all();
+    let executor = register(builder).build()?;
+    let definitions = serde_json::json!({ "tools": executor.tool_definitions() });
+    // Written, not printed: a closed pipe (`| head`) is an error, not a panic.
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(&definitions)?)?;
+    Ok(())
+}
 
 /// Logs go to stderr, quiet unless `RUST_LOG` says otherwise, so they
 /// never break the table on stdout.
