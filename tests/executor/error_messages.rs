@@ -403,9 +403,9 @@ async fn every_mistake_in_a_call_says_what_to_do() -> Result<()> {
     bounded(Duration::from_secs(10), "drain", running.shutdown(DRAIN)).await?;
     env.shutdown().await;
     let logged = String::from_utf8_lossy(&logs.0.lock().expect("not poisoned")).into_owned();
-    let warned = logged.lines().any(|l| {
-        l.contains("WARN") && l.contains("refunds.create") && l.contains("republish")
-    });
+    let warned = logged
+        .lines()
+        .any(|l| l.contains("WARN") && l.contains("refunds.create") && l.contains("republish"));
     if !warned {
         failures.push(format!(
             "a struct changed without republishing: no warning naming refunds.create and republishing; logged:\n{logged}"

@@ -228,7 +228,8 @@ fn definitions_of(tool: impl toolrunner::IntoTool) -> Vec<toolrunner::platform::
 /// the output type is closed too.
 #[test]
 fn schema_types_are_closed_by_default() {
-    let def = &definitions_of(toolrunner::tool::read("shapes.take", take_strict).describe("Takes"))[0];
+    let def =
+        &definitions_of(toolrunner::tool::read("shapes.take", take_strict).describe("Takes"))[0];
     let input = &def.input_schema;
     let defs = &input["$defs"];
     let boxed = defs["Shape"]["oneOf"]
@@ -240,7 +241,10 @@ fn schema_types_are_closed_by_default() {
         .clone();
     let closed = [
         ("the root", input["additionalProperties"].clone()),
-        ("the nested struct", defs["Part"]["additionalProperties"].clone()),
+        (
+            "the nested struct",
+            defs["Part"]["additionalProperties"].clone(),
+        ),
         ("the struct variant", boxed["additionalProperties"].clone()),
         (
             "the output",
@@ -305,7 +309,10 @@ async fn an_unknown_argument_fails_the_schema_check() -> Result<()> {
         message.contains("admin") && message.contains("not allowed"),
         "the message names the unknown argument: {message}"
     );
-    assert!(ran.lock().expect("not poisoned").is_empty(), "the handler ran");
+    assert!(
+        ran.lock().expect("not poisoned").is_empty(),
+        "the handler ran"
+    );
     env.shutdown().await;
     Ok(())
 }
@@ -355,17 +362,23 @@ fn open_and_flattened_types_accept_what_serde_accepts() {
         "{extras:#}"
     );
     let with_part = schema(toolrunner::schemars::schema_for!(WithPart));
-    assert_eq!(with_part["additionalProperties"], json!(false), "{with_part:#}");
+    assert_eq!(
+        with_part["additionalProperties"],
+        json!(false),
+        "{with_part:#}"
+    );
     assert!(
         with_part["properties"]["label"].is_object() && with_part["properties"]["note"].is_object(),
         "{with_part:#}"
     );
     let read: WithExtras =
         serde_json::from_value(json!({"kind": "k", "colour": "red"})).expect("reads");
-    assert_eq!((read.kind.as_str(), read.extras["colour"].as_str()), ("k", "red"));
+    assert_eq!(
+        (read.kind.as_str(), read.extras["colour"].as_str()),
+        ("k", "red")
+    );
     let read: Loose = serde_json::from_value(json!({"kind": "k", "x": 1})).expect("reads");
     assert_eq!(read.kind, "k");
-    let read: WithPart =
-        serde_json::from_value(json!({"label": "l", "note": "n"})).expect("reads");
+    let read: WithPart = serde_json::from_value(json!({"label": "l", "note": "n"})).expect("reads");
     assert_eq!((read.part.label.as_str(), read.note.as_str()), ("l", "n"));
 }

@@ -327,11 +327,9 @@ fn parse_schema_args(attr: TokenStream) -> syn::Result<bool> {
     if attr.is_empty() {
         return Ok(false);
     }
-    let settings = syn::parse::Parser::parse(
-        Punctuated::<Ident, Token![,]>::parse_terminated,
-        attr,
-    )
-    .map_err(|e| syn::Error::new(e.span(), SCHEMA_SETTINGS))?;
+    let settings =
+        syn::parse::Parser::parse(Punctuated::<Ident, Token![,]>::parse_terminated, attr)
+            .map_err(|e| syn::Error::new(e.span(), SCHEMA_SETTINGS))?;
     let mut open = false;
     for setting in settings {
         if setting == "open" && !open {

@@ -1099,10 +1099,7 @@ mod tests {
         assert_eq!(
             found,
             [
-                (
-                    "tools[0].input_schema.properties.status".to_owned(),
-                    false
-                ),
+                ("tools[0].input_schema.properties.status".to_owned(), false),
                 ("tools[0].input_schema.$defs.Item".to_owned(), true),
             ]
         );

@@ -500,7 +500,7 @@ mod sealed {
 
 pub(crate) enum Kind {
     Trait(Arc<dyn ErasedTool>),
-    Function(FnTool<()>),
+    Function(Box<FnTool<()>>),
 }
 
 impl<T: Tool> IntoTool for T {
@@ -511,7 +511,7 @@ impl<T: Tool> IntoTool for T {
 
 impl<O> IntoTool for FnTool<O> {
     fn into_tool(self) -> Registered {
-        Registered(Kind::Function(FnTool {
+        Registered(Kind::Function(Box::new(FnTool {
             name: self.name,
             description: self.description,
             effect: self.effect,
@@ -525,7 +525,7 @@ impl<O> IntoTool for FnTool<O> {
             commit_window: self.commit_window,
             needs: self.needs,
             _output: PhantomData,
-        }))
+        })))
     }
 }
 
@@ -551,7 +551,7 @@ impl Registered {
         match self.0 {
             Kind::Trait(t) => t,
             Kind::Function(f) => Arc::new(Bound {
-                tool: f,
+                tool: *f,
                 states: states.clone(),
             }),
         }
