@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! cargo run --release --example bench -- [--calls 2000] [--capacity 64] [--dir DIR]
+//! cargo run --example bench -- --print-definitions   # {"tools": [...]} for `toolrunner tools publish`
 //! ```
 //!
 //! The bare loop makes the requests the executor makes for one call
@@ -38,6 +39,9 @@ use toolrunner::testing::store::{
     ReceiptStatus, SqliteStore, Store, StoreError, Timestamp,
 };
 use toolrunner::{CallContext, Executor, Shutdown, ToolError};
+
+#[path = "support/mod.rs"]
+mod support;
 
 #[derive(Debug, Parser)]
 #[command(about = "The durable executor against the bare protocol, side by side")]
@@ -87,6 +91,11 @@ struct Args {
     /// WAL syncs (`pg_stat_wal.wal_sync`) over the run.
     #[arg(long)]
     store_url: Option<String>,
+    /// Print the tool definitions as `{"tools": [...]}` (for `toolrunner
+    /// tools check` and `toolrunner tools publish`) and exit, starting
+    /// nothing; the binding is TOOLRUNNER_BINDING_ID's.
+    #[arg(long)]
+    print_definitions: bool,
 }
 
 /// A number to echo.
@@ -204,6 +213,9 @@ impl Side {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if args.print_definitions {
+        return support::print_definitions(|b| b.tool(noop));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

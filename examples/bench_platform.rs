@@ -121,7 +121,8 @@ async fn main() -> Result<()> {
         .context("binding_id")?
         .to_owned();
     let tool = json!({"name": "bench.echo", "description": "echo", "binding_id": binding_id,
-        "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}});
+        "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                         "additionalProperties": false}});
     let version = api
         .post(
             &format!("/agents/{agent_id}/versions"),

@@ -7,6 +7,7 @@
 //!     --token TOKEN --db PATH|postgres://… --ledger PATH --capacity N --effect-delay-ms N \
 //!     [--takeover-grace-ms N] [--lease-ttl-ms N] [--commit-window-ms N] \
 //!     [--admin-listen ADDR]
+//! cargo run --example ledger -- --print-definitions   # {"tools": [...]} for `toolrunner tools publish`
 //! ```
 //!
 //! With `--admin-listen ADDR` it serves, for as long as it runs,
@@ -40,6 +41,9 @@ use toolrunner::platform::{NewToolCall, Platform};
 use toolrunner::{
     CallContext, Effect, Executor, Reconciled, Shutdown, Tool, ToolError, async_trait,
 };
+
+#[path = "support/mod.rs"]
+mod support;
 
 #[derive(Debug, Parser)]
 #[command(about = "Run the ledger.append tool with the toolrunner executor")]
@@ -97,6 +101,11 @@ struct Args {
     /// 0 picks one, printed on stderr).
     #[arg(long, value_name = "ADDR")]
     admin_listen: Option<std::net::SocketAddr>,
+    /// Print the tool definitions as `{"tools": [...]}` (for `toolrunner
+    /// tools check` and `toolrunner tools publish`) and exit, starting
+    /// nothing; the binding is TOOLRUNNER_BINDING_ID's.
+    #[arg(long)]
+    print_definitions: bool,
 }
 
 /// `ledger.append` arguments.
@@ -226,6 +235,17 @@ async fn main() -> Result<()> {
         )
         .init();
     let mut args = Args::parse();
+    if args.print_definitions {
+        let ledger = Ledger {
+            path: PathBuf::new(),
+            delay: Duration::ZERO,
+            commit_window: args
+                .commit_window_ms
+                .map_or(toolrunner::DEFAULT_COMMIT_WINDOW, Duration::from_millis),
+            lines: Mutex::new(0),
+        };
+        return support::print_definitions(|b| b.tool(ledger));
+    }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let scratch = std::env::temp_dir().join(format!("toolrunner-ledger-{}", std::process::id()));
     let (db, file) = match args.base_url {

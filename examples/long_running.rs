@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --example long_running                       # the embedded platform
 //! cargo run --example long_running -- --base-url URL     # a real one (TOOLRUNNER_* variables)
+//! cargo run --example long_running -- --print-definitions # {"tools": [...]} for `toolrunner tools publish`
 //! ```
 //!
 //! On the embedded platform it runs two exports: one finishes (a progress
@@ -31,6 +32,11 @@ struct Args {
     /// serve until SIGTERM instead of the demo.
     #[arg(long)]
     base_url: Option<String>,
+    /// Print the tool definitions as `{"tools": [...]}` (for `toolrunner
+    /// tools check` and `toolrunner tools publish`) and exit, starting
+    /// nothing; the binding is TOOLRUNNER_BINDING_ID's.
+    #[arg(long)]
+    print_definitions: bool,
 }
 
 /// What to export.
@@ -81,6 +87,9 @@ async fn main() -> anyhow::Result<()> {
     support::quiet_logs();
     let args = Args::parse();
     let published = Published::default();
+    if args.print_definitions {
+        return support::print_definitions(|b| b.state(published).tool(export));
+    }
     if let Some(url) = args.base_url {
         let executor = Executor::from_env()
             .base_url(url)

@@ -8,6 +8,7 @@
 //! ```text
 //! cargo run --example orders                                   # SQLite, a fresh file
 //! cargo run --example orders -- --db PATH                      # SQLite, this file
+//! cargo run --example orders -- --print-definitions            # {"tools": [...]} for `toolrunner tools publish`
 //! cargo run --features postgres --example orders -- --db postgres://postgres@127.0.0.1:5432/test
 //! ```
 //!
@@ -34,6 +35,9 @@ use serde_json::json;
 use toolrunner::platform::{NewToolCall, Platform};
 use toolrunner::{CallContext, Executor, Shutdown, ToolError, Transaction, sqlx};
 
+#[path = "support/mod.rs"]
+mod support;
+
 #[derive(Debug, Parser)]
 #[command(about = "Run the transactional orders.place tool with the toolrunner executor")]
 struct Args {
@@ -45,6 +49,11 @@ struct Args {
     /// How many calls to run.
     #[arg(long, default_value_t = 12)]
     calls: usize,
+    /// Print the tool definitions as `{"tools": [...]}` (for `toolrunner
+    /// tools check` and `toolrunner tools publish`) and exit, starting
+    /// nothing; the binding is TOOLRUNNER_BINDING_ID's.
+    #[arg(long)]
+    print_definitions: bool,
 }
 
 /// An order to place.
@@ -179,6 +188,9 @@ async fn main() -> Result<()> {
         .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
+    if args.print_definitions {
+        return support::print_definitions(|b| b.tool(place));
+    }
     let scratch = tempfile::tempdir()?;
     let store_url = match &args.db {
         Some(db) if db.starts_with("postgres://") || db.starts_with("postgresql://") => {

@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --example payments                       # the embedded platform
 //! cargo run --example payments -- --base-url URL     # a real one (TOOLRUNNER_* variables)
+//! cargo run --example payments -- --print-definitions # {"tools": [...]} for `toolrunner tools publish`
 //! ```
 //!
 //! On the embedded platform it charges four times: one goes through, one
@@ -32,6 +33,11 @@ struct Args {
     /// serve until SIGTERM instead of the demo.
     #[arg(long)]
     base_url: Option<String>,
+    /// Print the tool definitions as `{"tools": [...]}` (for `toolrunner
+    /// tools check` and `toolrunner tools publish`) and exit, starting
+    /// nothing; the binding is TOOLRUNNER_BINDING_ID's.
+    #[arg(long)]
+    print_definitions: bool,
 }
 
 /// A payment provider that honours idempotency keys (a stand-in for a
@@ -146,6 +152,9 @@ async fn main() -> anyhow::Result<()> {
     support::quiet_logs();
     let args = Args::parse();
     let provider = Provider::default();
+    if args.print_definitions {
+        return support::print_definitions(|b| b.state(provider).tool(charge));
+    }
     if let Some(url) = args.base_url {
         let executor = Executor::from_env()
             .base_url(url)

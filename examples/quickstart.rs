@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --example quickstart                       # the embedded platform
 //! cargo run --example quickstart -- --base-url URL     # a real one (TOOLRUNNER_* variables)
+//! cargo run --example quickstart -- --print-definitions # {"tools": [...]} for `toolrunner tools publish`
 //! ```
 //!
 //! On the embedded platform it runs four calls and prints how each ended.
@@ -27,6 +28,11 @@ struct Args {
     /// serve until SIGTERM instead of the demo.
     #[arg(long)]
     base_url: Option<String>,
+    /// Print the tool definitions as `{"tools": [...]}` (for `toolrunner
+    /// tools check` and `toolrunner tools publish`) and exit, starting
+    /// nothing; the binding is TOOLRUNNER_BINDING_ID's.
+    #[arg(long)]
+    print_definitions: bool,
 }
 
 /// The tasks to list.
@@ -109,6 +115,9 @@ async fn main() -> anyhow::Result<()> {
     support::quiet_logs();
     let args = Args::parse();
     let tasks = TaskList::default();
+    if args.print_definitions {
+        return support::print_definitions(|b| b.state(tasks).tool(list).tool(add));
+    }
     if let Some(url) = args.base_url {
         let executor = Executor::from_env()
             .base_url(url)

@@ -7,6 +7,7 @@
 //! ```text
 //! cargo run --example telemetry                      # the embedded platform
 //! cargo run --example telemetry -- --admin-listen 127.0.0.1:9090 --keep-serving
+//! cargo run --example telemetry -- --print-definitions   # {"tools": [...]} for `toolrunner tools publish`
 //! ```
 //!
 //! It runs three calls (completed, failed, unknown) on the embedded
@@ -28,6 +29,9 @@ use toolrunner::{CallContext, ToolError};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+#[path = "support/mod.rs"]
+mod support;
+
 #[derive(Debug, Parser)]
 #[command(about = "Export toolrunner's spans and metrics, and serve its health")]
 struct Args {
@@ -37,6 +41,11 @@ struct Args {
     /// Keep serving the admin endpoints after the demo, until Ctrl-C.
     #[arg(long)]
     keep_serving: bool,
+    /// Print the tool definitions as `{"tools": [...]}` (for `toolrunner
+    /// tools check` and `toolrunner tools publish`) and exit, starting
+    /// nothing; the binding is TOOLRUNNER_BINDING_ID's.
+    #[arg(long)]
+    print_definitions: bool,
 }
 
 /// An amount to charge.
@@ -72,6 +81,9 @@ async fn charge(ctx: CallContext, input: Charge) -> Result<Charged, ToolError> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.print_definitions {
+        return support::print_definitions(|b| b.tool(charge));
+    }
     let _ = rustls::crypto::ring::default_provider().install_default();
 
     // Traces: tracing → OpenTelemetry → stdout (swap in an OTLP exporter).

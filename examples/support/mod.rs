@@ -1,10 +1,34 @@
-//! What the examples share: quiet logs on stderr, and the table of
-//! outcomes they print.
+//! What the examples share: quiet logs on stderr, the table of outcomes
+//! they print, and `--print-definitions`.
 #![allow(dead_code)]
+
+use std::io::Write as _;
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{ContentArrangement, Table};
 use toolrunner::testing::{CallOutcome, SettledBy};
+use toolrunner::{Executor, ExecutorBuilder};
+
+/// `--print-definitions`: the tool definitions of the tools `register`
+/// adds, as `{"tools": [...]}` (pretty JSON) on stdout, for `toolrunner
+/// tools check` and `toolrunner tools publish`. Nothing is started: the
+/// executor is built [`definitions_only`](ExecutorBuilder::definitions_only)
+/// (no platform, no store); the binding is `TOOLRUNNER_BINDING_ID`'s, or
+/// [`toolrunner::UNBOUND`], which `toolrunner dev up` replaces.
+pub(crate) fn print_definitions(
+    register: impl FnOnce(ExecutorBuilder) -> ExecutorBuilder,
+) -> anyhow::Result<()> {
+    let mut builder = Executor::builder().definitions_only();
+    if let Ok(binding) = std::env::var("TOOLRUNNER_BINDING_ID") {
+        builder = builder.binding_id(binding);
+    }
+    let executor = register(builder).build()?;
+    let definitions = serde_json::json!({ "tools": executor.tool_definitions() });
+    // Written, not printed: a closed pipe (`| head`) is an error, not a panic.
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(&definitions)?)?;
+    Ok(())
+}
 
 /// Logs go to stderr, quiet unless `RUST_LOG` says otherwise, so they
 /// never break the table on stdout.

@@ -38,6 +38,19 @@ async fn not_an_object(_ctx: CallContext, input: u64) -> Result<u64, ToolError> 
     Ok(input)
 }
 
+/// A number to name.
+#[toolrunner::schema]
+#[derive(serde::Deserialize)]
+struct Number {
+    /// The number.
+    n: u64,
+}
+
+/// A handler whose output is not an object: its schema is refused.
+async fn named(_ctx: CallContext, input: Number) -> Result<String, ToolError> {
+    Ok(input.n.to_string())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
     let env = Env::start(Opts::default(), &[READ]).await?;
@@ -93,13 +106,31 @@ async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
         ),
         (
             Row {
-                mistake: "a tool whose input schema is not an object",
-                must_say: vec!["tools[0].input_schema".into(), "object".into()],
+                mistake: "a tool whose input is a number, not a struct",
+                must_say: vec![
+                    "tool `numbers.echo`: its input must be a struct".into(),
+                    "#[toolrunner::schema]".into(),
+                    "not `u64`".into(),
+                    "a tool's arguments are a JSON object".into(),
+                ],
                 kind: toolrunner::Error::is_builder,
             },
             env.builder("exe-schema").tool(
                 toolrunner::tool::write("numbers.echo", not_an_object).describe("Echoes a number"),
             ),
+        ),
+        (
+            Row {
+                mistake: "a tool whose output is a string, not a struct",
+                must_say: vec![
+                    "tool `numbers.name`: its output must be a struct".into(),
+                    "not `String`".into(),
+                    "a tool's result is a JSON object".into(),
+                ],
+                kind: toolrunner::Error::is_builder,
+            },
+            env.builder("exe-output")
+                .tool(toolrunner::tool::read("numbers.name", named).describe("Names a number")),
         ),
         (
             Row {
@@ -247,6 +278,9 @@ async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
                 wrong.push(format!("does not say {part:?}"));
             }
         }
+        if let Some(twice) = said_twice(&text) {
+            wrong.push(format!("says {twice:?} twice in a row"));
+        }
         if text.contains(SECRET) || format!("{e:?}").contains(SECRET) {
             wrong.push("shows the token".into());
         }
@@ -267,6 +301,18 @@ async fn every_mistake_at_start_says_what_to_do() -> Result<()> {
     env.shutdown().await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
+}
+
+/// A word of a message repeated right after itself (`X: X…`), as a path
+/// prefixed to a sentence that already starts with it.
+fn said_twice(text: &str) -> Option<&str> {
+    text.match_indices(": ").find_map(|(at, _)| {
+        let before = &text[..at];
+        let part = before.rsplit([' ', '(']).next().unwrap_or(before);
+        let after = text[at + 2..].strip_prefix(part)?;
+        let whole_word = !after.starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        (part.len() > 2 && whole_word).then_some(part)
+    })
 }
 
 /// A start the platform refuses leaves nothing behind: the store's lock is
@@ -297,5 +343,141 @@ async fn a_refused_start_lets_go_of_the_store_at_once() -> Result<()> {
         Ok(None) => panic!("a file store has a lock"),
         Err(e) => panic!("the store is still locked after a refused start: {e}"),
     }
+    Ok(())
+}
+
+/// What to refund.
+#[toolrunner::schema]
+#[derive(serde::Deserialize)]
+struct Refund {
+    /// Amount in minor units.
+    amount: u64,
+    /// Why (added after the first version was published).
+    reason: String,
+}
+
+/// The refund made.
+#[toolrunner::schema]
+#[derive(serde::Serialize)]
+struct Refunded {
+    /// Its amount.
+    amount: u64,
+}
+
+async fn refund(_ctx: CallContext, input: Refund) -> Result<Refunded, ToolError> {
+    let _ = input.reason;
+    Ok(Refunded {
+        amount: input.amount,
+    })
+}
+
+/// Appends everything written to a shared buffer.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Every mistake a call can meet before its handler runs settles it
+/// `failed` (`invalid_arguments`) with a message that says what was wrong
+/// and what to do: one row per mistake, each a call of one run. A struct
+/// changed without republishing is also logged, with the tool's name.
+#[tokio::test(flavor = "current_thread")]
+async fn every_mistake_in_a_call_says_what_to_do() -> Result<()> {
+    // This test's thread only (a current-thread runtime: the executor's
+    // tasks run here too).
+    let logs = Logs::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let env = Env::start(Opts::default(), &["refunds.create"]).await?;
+    let exec = env
+        .builder("exe-calls")
+        .tool(toolrunner::tool::write("refunds.create", refund).describe("Refunds"))
+        .build()?;
+    let current = exec.tool_definitions().to_vec();
+    // The definition as published before `reason` was added to the struct.
+    let mut before = current.clone();
+    let schema = &mut before[0].input_schema;
+    schema["properties"]
+        .as_object_mut()
+        .expect("properties")
+        .remove("reason");
+    schema["required"] = serde_json::json!(["amount"]);
+    let published_now = env.publish(&current).await?;
+    let published_before = env.publish(&before).await?;
+    struct CallRow {
+        mistake: &'static str,
+        version: String,
+        arguments: serde_json::Value,
+        must_say: Vec<&'static str>,
+    }
+    let rows = [
+        CallRow {
+            mistake: "an argument the tool does not declare",
+            version: published_now,
+            arguments: serde_json::json!({"amount": 5, "reason": "late", "admin": true}),
+            must_say: vec!["admin", "not allowed"],
+        },
+        CallRow {
+            mistake: "a struct changed without republishing its definition",
+            version: published_before,
+            arguments: serde_json::json!({"amount": 5}),
+            must_say: vec![
+                "the arguments do not match this tool's input type (missing field `reason`)",
+                "the published definition differs from the code",
+                "republish the tool definitions (`toolrunner tools publish`)",
+            ],
+        },
+    ];
+    let mut runs = Vec::new();
+    for row in &rows {
+        let call = serde_json::json!({"tool_name": "refunds.create", "unchecked": true,
+                                      "arguments": row.arguments});
+        runs.push(env.run_with(&row.version, "user_1", vec![call]).await?);
+    }
+    let running = exec.start().await?;
+    let mut failures = Vec::new();
+    for (row, run_id) in rows.iter().zip(&runs) {
+        let run = env.wait_settled(run_id, Duration::from_secs(10)).await?;
+        let call = call_of(&run, "refunds.create");
+        let error = &receipt_body(&call, "failed")["error"];
+        let text = error["message"].as_str().unwrap_or_default();
+        let mut wrong = Vec::new();
+        if state(&call) != "failed" || error["code"] != "invalid_arguments" {
+            wrong.push(format!("settled {} ({})", state(&call), error["code"]));
+        }
+        for part in &row.must_say {
+            if !text.contains(part) {
+                wrong.push(format!("does not say {part:?}"));
+            }
+        }
+        if !wrong.is_empty() {
+            failures.push(format!("{}: {text}\n    {}", row.mistake, wrong.join("; ")));
+        }
+    }
+    bounded(Duration::from_secs(10), "drain", running.shutdown(DRAIN)).await?;
+    env.shutdown().await;
+    let logged = String::from_utf8_lossy(&logs.0.lock().expect("not poisoned")).into_owned();
+    let warned = logged
+        .lines()
+        .any(|l| l.contains("WARN") && l.contains("refunds.create") && l.contains("republish"));
+    if !warned {
+        failures.push(format!(
+            "a struct changed without republishing: no warning naming refunds.create and republishing; logged:\n{logged}"
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
 }

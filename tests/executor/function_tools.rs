@@ -190,3 +190,225 @@ async fn definitions_need_no_platform() -> Result<()> {
     assert_eq!(exec.tool_definitions()[0].binding_id, "bnd_7");
     Ok(())
 }
+/// A nested part of [`Strict`].
+#[toolrunner::schema]
+#[derive(Debug, Deserialize)]
+struct Part {
+    /// Its label.
+    label: String,
+}
+
+/// A shape, with a variant of named fields.
+#[toolrunner::schema]
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Shape {
+    /// A point.
+    Point,
+    /// A box.
+    Boxed {
+        /// Its width.
+        width: u64,
+    },
+}
+
+/// No `#[serde(deny_unknown_fields)]` anywhere: the macro alone closes
+/// every object it derives, and leaves a map open to any key.
+#[toolrunner::schema]
+#[derive(Debug, Deserialize)]
+struct Strict {
+    /// A nested struct.
+    part: Part,
+    /// An enum with a struct variant.
+    shape: Shape,
+    /// Any keys, integer values.
+    tags: std::collections::HashMap<String, u64>,
+}
+
+/// A handler that takes [`Strict`].
+async fn take_strict(_ctx: CallContext, input: Strict) -> Result<Total, ToolError> {
+    let width = match input.shape {
+        Shape::Point => 0,
+        Shape::Boxed { width } => width,
+    };
+    let _ = input.part.label;
+    Ok(Total {
+        total: input.tags.values().sum::<u64>() + width,
+    })
+}
+
+/// An executor built (never started) with one tool, for its definitions.
+fn definitions_of(tool: impl toolrunner::IntoTool) -> Vec<toolrunner::platform::ToolDefinition> {
+    toolrunner::Executor::builder()
+        .base_url("http://127.0.0.1:1")
+        .token("t")
+        .executor_id("exe")
+        .binding_id("bnd_1")
+        .allow_all()
+        .tool(tool)
+        .build()
+        .expect("builds")
+        .tool_definitions()
+        .to_vec()
+}
+
+/// `#[toolrunner::schema]` is strict by default: the root, a nested
+/// struct (in `$defs`) and an enum's struct variant each say
+/// `"additionalProperties": false`; a `HashMap` field still takes any key;
+/// the output type is closed too.
+#[test]
+fn schema_types_are_closed_by_default() {
+    let def =
+        &definitions_of(toolrunner::tool::read("shapes.take", take_strict).describe("Takes"))[0];
+    let input = &def.input_schema;
+    let defs = &input["$defs"];
+    let boxed = defs["Shape"]["oneOf"]
+        .as_array()
+        .expect("Shape is a oneOf")
+        .iter()
+        .find(|v| v["properties"]["boxed"].is_object())
+        .expect("the boxed variant")["properties"]["boxed"]
+        .clone();
+    let closed = [
+        ("the root", input["additionalProperties"].clone()),
+        (
+            "the nested struct",
+            defs["Part"]["additionalProperties"].clone(),
+        ),
+        ("the struct variant", boxed["additionalProperties"].clone()),
+        (
+            "the output",
+            def.output_schema.as_ref().expect("an output schema")["additionalProperties"].clone(),
+        ),
+    ];
+    for (what, additional) in closed {
+        assert_eq!(additional, json!(false), "{what} is not closed: {input:#}");
+    }
+    let tags = &input["properties"]["tags"];
+    assert_eq!(tags["type"], "object", "{tags:#}");
+    assert_eq!(
+        tags["additionalProperties"]["type"], "integer",
+        "a map takes any key: {tags:#}"
+    );
+}
+
+/// A note, strict only through `#[toolrunner::schema]`.
+#[toolrunner::schema]
+#[derive(Debug, Deserialize)]
+struct Note {
+    /// The text.
+    text: String,
+}
+
+/// A call with an argument the tool does not declare fails the schema
+/// check before the handler, and its message names the argument.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_argument_fails_the_schema_check() -> Result<()> {
+    let env = Env::start(Opts::default(), &["notes.add"]).await?;
+    let ran = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = ran.clone();
+    let add = move |_ctx: CallContext, note: Note| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().expect("not poisoned").push(note.text);
+            Ok::<_, ToolError>(Total { total: 1 })
+        }
+    };
+    let exec = env
+        .builder("exe-unknown-arg")
+        .tool(toolrunner::tool::write("notes.add", add).describe("Adds a note"))
+        .build()?;
+    let agv = env.publish_for(&exec).await?;
+    let run_id = env
+        .run_with(
+            &agv,
+            "user_1",
+            vec![json!({"tool_name": "notes.add", "unchecked": true,
+                        "arguments": {"text": "hi", "admin": true}})],
+        )
+        .await?;
+    let running = exec.start().await?;
+    let run = env.wait_settled(&run_id, Duration::from_secs(10)).await?;
+    bounded(Duration::from_secs(10), "drain", running.shutdown(DRAIN)).await?;
+    let call = call_of(&run, "notes.add");
+    assert_eq!(state(&call), "failed", "{call:#}");
+    let error = &receipt_body(&call, "failed")["error"];
+    assert_eq!(error["code"], "invalid_arguments", "{call:#}");
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("admin") && message.contains("not allowed"),
+        "the message names the unknown argument: {message}"
+    );
+    assert!(
+        ran.lock().expect("not poisoned").is_empty(),
+        "the handler ran"
+    );
+    env.shutdown().await;
+    Ok(())
+}
+
+/// Open on purpose: `#[toolrunner::schema(open)]`.
+#[toolrunner::schema(open)]
+#[derive(Debug, Deserialize)]
+struct Loose {
+    /// Its kind.
+    kind: String,
+}
+
+/// Named fields, and any other key with a string value.
+#[toolrunner::schema]
+#[derive(Debug, Deserialize)]
+struct WithExtras {
+    /// Its kind.
+    kind: String,
+    /// Every other key.
+    #[serde(flatten)]
+    extras: std::collections::HashMap<String, String>,
+}
+
+/// A closed struct flattened into another.
+#[toolrunner::schema]
+#[derive(Debug, Deserialize)]
+struct WithPart {
+    /// The part's fields, inline.
+    #[serde(flatten)]
+    part: Part,
+    /// A note.
+    note: String,
+}
+
+/// The opt-out leaves the type open; a flattened map leaves the type open
+/// to the map's values; a flattened struct keeps it closed; serde reads
+/// each as before.
+#[test]
+fn open_and_flattened_types_accept_what_serde_accepts() {
+    let schema = |s: toolrunner::schemars::Schema| serde_json::to_value(s).expect("json");
+    let loose = schema(toolrunner::schemars::schema_for!(Loose));
+    assert!(loose.get("additionalProperties").is_none(), "{loose:#}");
+    let extras = schema(toolrunner::schemars::schema_for!(WithExtras));
+    assert_eq!(
+        extras["additionalProperties"],
+        json!({"type": "string"}),
+        "{extras:#}"
+    );
+    let with_part = schema(toolrunner::schemars::schema_for!(WithPart));
+    assert_eq!(
+        with_part["additionalProperties"],
+        json!(false),
+        "{with_part:#}"
+    );
+    assert!(
+        with_part["properties"]["label"].is_object() && with_part["properties"]["note"].is_object(),
+        "{with_part:#}"
+    );
+    let read: WithExtras =
+        serde_json::from_value(json!({"kind": "k", "colour": "red"})).expect("reads");
+    assert_eq!(
+        (read.kind.as_str(), read.extras["colour"].as_str()),
+        ("k", "red")
+    );
+    let read: Loose = serde_json::from_value(json!({"kind": "k", "x": 1})).expect("reads");
+    assert_eq!(read.kind, "k");
+    let read: WithPart = serde_json::from_value(json!({"label": "l", "note": "n"})).expect("reads");
+    assert_eq!((read.part.label.as_str(), read.note.as_str()), ("l", "n"));
+}

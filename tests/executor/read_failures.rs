@@ -1,6 +1,6 @@
 //! A read tool's error, panic or timeout changed nothing: it is tried
 //! again as a `Retry` is, then the call fails with `read_failed`, a code
-//! the model can read; no person is paged (`docs/protocol.md`, choice 74).
+//! the model can read; no person is paged (`docs/protocol.md`, choice 75).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

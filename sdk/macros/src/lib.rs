@@ -263,17 +263,137 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
 ///     amount: u64,
 /// }
 /// ```
+///
+/// **Strict by default.** The object it derives says
+/// `"additionalProperties": false`: a struct's fields, an enum's variants
+/// with named fields (and, for a tagged enum, the object that wraps each
+/// variant). The platform and the executor then refuse a call with an
+/// argument the type does not declare, instead of the handler never seeing
+/// it (serde would drop it). Each type is closed by its own attribute: a
+/// nested type marked `#[toolrunner::schema]` is closed too, one that
+/// derives `JsonSchema` itself decides for itself. A field typed as a map
+/// (`HashMap<String, T>`, `BTreeMap`, `serde_json::Map`) still takes any
+/// key: its schema is `"additionalProperties": {T's schema}`.
+///
+/// Only the schema changes, not how serde reads the type.
+///
+/// **Open objects.** `#[toolrunner::schema(open)]` leaves the type's
+/// objects open (no `additionalProperties`), for a type that must accept
+/// keys it does not name. A struct that flattens a map
+/// (`#[serde(flatten)]` on a field typed `HashMap`, `BTreeMap`,
+/// `IndexMap`, `serde_json::Map` or `serde_json::Value`, or an `Option` of
+/// one) is left open to what the map takes, as serde reads it; one that
+/// flattens a struct stays closed (the flattened fields are its own). A
+/// map flattened under another name (a type alias) needs `open`.
+///
+/// ```text
+/// /// Metadata the product passes through unread.
+/// #[toolrunner::schema(open)]
+/// #[derive(serde::Deserialize)]
+/// struct Passthrough {
+///     /// Its kind.
+///     kind: String,
+/// }
+/// ```
 #[proc_macro_attribute]
 pub fn schema(attr: TokenStream, item: TokenStream) -> TokenStream {
-    if !attr.is_empty() {
-        let e = syn::Error::new(Span::call_site(), "#[schema] takes no settings");
-        return e.to_compile_error().into();
-    }
+    let open = match parse_schema_args(attr) {
+        Ok(open) => open,
+        Err(e) => return e.to_compile_error().into(),
+    };
     let item = proc_macro2::TokenStream::from(item);
+    let strict = match syn::parse2::<syn::DeriveInput>(item.clone()) {
+        Ok(input) => !open && closes(&input),
+        Err(_) => {
+            let e = syn::Error::new(
+                Span::call_site(),
+                "#[toolrunner::schema] goes on a struct or an enum",
+            );
+            return e.to_compile_error().into();
+        }
+    };
+    let strict = strict.then(|| quote!(#[schemars(deny_unknown_fields)]));
     quote! {
         #[derive(::toolrunner::schemars::JsonSchema)]
         #[schemars(crate = "::toolrunner::schemars")]
+        #strict
         #item
     }
     .into()
+}
+
+/// `#[schema]` or `#[schema(open)]`: whether it is `open`.
+fn parse_schema_args(attr: TokenStream) -> syn::Result<bool> {
+    if attr.is_empty() {
+        return Ok(false);
+    }
+    let settings =
+        syn::parse::Parser::parse(Punctuated::<Ident, Token![,]>::parse_terminated, attr)
+            .map_err(|e| syn::Error::new(e.span(), SCHEMA_SETTINGS))?;
+    let mut open = false;
+    for setting in settings {
+        if setting == "open" && !open {
+            open = true;
+        } else {
+            return Err(syn::Error::new_spanned(setting, SCHEMA_SETTINGS));
+        }
+    }
+    Ok(open)
+}
+
+const SCHEMA_SETTINGS: &str = "#[toolrunner::schema] takes one setting, `open` (#[toolrunner::schema(open)]: the type's objects accept keys they do not name), or none (closed: \"additionalProperties\": false)";
+
+/// Whether the macro closes the type's objects: a struct with named
+/// fields or an enum, with no flattened map (it takes any key) and no
+/// `deny_unknown_fields` of its own in `#[schemars(..)]` (said once is
+/// enough; `#[serde(deny_unknown_fields)]` is overridden by the same word
+/// in `#[schemars(..)]`, so it may stay).
+fn closes(input: &syn::DeriveInput) -> bool {
+    let mut fields: Vec<&syn::Field> = Vec::new();
+    match &input.data {
+        syn::Data::Struct(s) => match &s.fields {
+            syn::Fields::Named(named) => fields.extend(&named.named),
+            _ => return false,
+        },
+        syn::Data::Enum(e) => fields.extend(e.variants.iter().flat_map(|v| &v.fields)),
+        syn::Data::Union(_) => return false,
+    }
+    let flattens_a_map = fields.iter().any(|f| {
+        let flattened = says(&f.attrs, "serde", "flatten") || says(&f.attrs, "schemars", "flatten");
+        flattened && is_map(&f.ty)
+    });
+    !flattens_a_map && !says(&input.attrs, "schemars", "deny_unknown_fields")
+}
+
+/// Whether `ty` is written as a map type (or an `Option` of one).
+fn is_map(ty: &syn::Type) -> bool {
+    let syn::Type::Path(path) = ty else {
+        return false;
+    };
+    let Some(last) = path.path.segments.last() else {
+        return false;
+    };
+    if last.ident == "Option" {
+        let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+            return false;
+        };
+        return matches!(args.args.first(), Some(syn::GenericArgument::Type(inner)) if is_map(inner));
+    }
+    ["HashMap", "BTreeMap", "IndexMap", "Map", "Value"]
+        .iter()
+        .any(|name| last.ident == name)
+}
+
+/// Whether one of `attrs` named `attribute` lists the bare word `word`,
+/// as in `#[serde(rename = "x", flatten)]`.
+fn says(attrs: &[syn::Attribute], attribute: &str, word: &str) -> bool {
+    attrs.iter().any(|a| match &a.meta {
+        Meta::List(list) if list.path.is_ident(attribute) => {
+            list.tokens.clone().into_iter().any(|t| match t {
+                proc_macro2::TokenTree::Ident(i) => i == word,
+                _ => false,
+            })
+        }
+        _ => false,
+    })
 }

@@ -543,6 +543,101 @@ fn first_non_local_ref(schema: &Value) -> Option<String> {
     None
 }
 
+/// A lint finding in a tool definition: allowed by the protocol, but a
+/// likely cause of bad arguments from a model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolWarning {
+    /// Where, e.g. `tools[0].input_schema.properties.status`.
+    pub param: String,
+    /// A sentence for a human.
+    pub message: String,
+}
+
+/// Object names that usually hold one of a few values.
+const CATEGORICAL: [&str; 14] = [
+    "status",
+    "state",
+    "type",
+    "kind",
+    "mode",
+    "currency",
+    "country",
+    "language",
+    "unit",
+    "priority",
+    "level",
+    "category",
+    "direction",
+    "role",
+];
+
+/// The lints of `toolrunner tools check` over each tool's `input_schema`
+/// in `tools` (the array of an agent version body): an object without
+/// `"additionalProperties": false` (unknown arguments pass unnoticed), an
+/// object with properties and no `required`, a free-form string whose
+/// name or description says it holds one of a few values. Objects are
+/// looked at through `properties` and the schema's own definitions
+/// (`$defs`, `definitions`), where nested types live.
+pub fn lint_version(tools: &Value) -> Vec<ToolWarning> {
+    let mut out = Vec::new();
+    for (i, tool) in tools.as_array().into_iter().flatten().enumerate() {
+        if let Some(schema) = tool.get("input_schema") {
+            let param = format!("tools[{i}].input_schema");
+            lint_schema(&param, schema, &mut out);
+            for key in ["$defs", "definitions"] {
+                let defs = schema.get(key).and_then(Value::as_object);
+                for (name, def) in defs.into_iter().flatten() {
+                    lint_schema(&format!("{param}.{key}.{name}"), def, &mut out);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn lint_schema(param: &str, schema: &Value, out: &mut Vec<ToolWarning>) {
+    let Some(obj) = schema.as_object() else {
+        return;
+    };
+    if obj.get("type").and_then(Value::as_str) != Some("object") {
+        return;
+    }
+    let warn = |param: &str, message: String| ToolWarning {
+        param: param.to_owned(),
+        message,
+    };
+    if obj.get("additionalProperties") != Some(&Value::Bool(false)) {
+        let message = "no \"additionalProperties\": false: unknown arguments pass unnoticed";
+        out.push(warn(param, message.to_owned()));
+    }
+    let props = obj.get("properties").and_then(Value::as_object);
+    if props.is_some_and(|p| !p.is_empty()) && !obj.contains_key("required") {
+        out.push(warn(
+            param,
+            "no \"required\": every argument is optional".to_owned(),
+        ));
+    }
+    for (name, prop) in props.into_iter().flatten() {
+        let p = format!("{param}.properties.{name}");
+        let free_string = prop.get("type").and_then(Value::as_str) == Some("string")
+            && !["enum", "const", "format", "pattern"]
+                .iter()
+                .any(|k| prop.get(k).is_some());
+        let described = prop
+            .get("description")
+            .and_then(Value::as_str)
+            .is_some_and(|d| d.to_lowercase().contains("one of"));
+        let categorical = CATEGORICAL.contains(&name.to_lowercase().as_str());
+        if free_string && (categorical || described) {
+            let message = format!(
+                "free-form string {name}: an \"enum\" would tell the model the allowed values"
+            );
+            out.push(warn(&p, message));
+        }
+        lint_schema(&p, prop, out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -981,5 +1076,36 @@ mod tests {
         assert_eq!(paths, ["", "", "/cursor", "/ids/1"]);
         assert!(found.iter().all(|v| !v.message.is_empty()));
         assert_eq!(schema.violations(&json!([]))[0].path, "");
+    }
+
+    #[test]
+    fn lints_find_open_objects_also_among_the_definitions() {
+        let tools = json!([{
+            "name": "orders.place", "description": "Places", "binding_id": "bnd_1",
+            "input_schema": {
+                "type": "object", "additionalProperties": false, "required": ["item"],
+                "properties": {
+                    "item": {"$ref": "#/$defs/Item"},
+                    "status": {"type": "string"},
+                },
+                "$defs": {"Item": {"type": "object", "properties": {"sku": {"type": "string"}},
+                                   "required": ["sku"]}},
+            },
+        }]);
+        let found: Vec<(String, bool)> = lint_version(&tools)
+            .into_iter()
+            .map(|w| (w.param, w.message.contains("additionalProperties")))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("tools[0].input_schema.properties.status".to_owned(), false),
+                ("tools[0].input_schema.$defs.Item".to_owned(), true),
+            ]
+        );
+        let mut closed = tools.clone();
+        closed[0]["input_schema"]["$defs"]["Item"]["additionalProperties"] = json!(false);
+        closed[0]["input_schema"]["properties"]["status"]["enum"] = json!(["open", "shut"]);
+        assert_eq!(lint_version(&closed), []);
     }
 }

@@ -540,17 +540,8 @@ impl ExecutorBuilder {
         let definitions = match check_version(&definitions(&bound, &binding_id), None) {
             Ok(checked) => checked.tools,
             Err(problems) => {
-                let list: Vec<String> = problems
-                    .iter()
-                    .map(|p| format!("{}: {}", p.param, p.message))
-                    .collect();
-                return Err(Error::new(
-                    Kind::Builder,
-                    format!(
-                        "tool definitions fail the protocol's checks: {}",
-                        list.join("; ")
-                    ),
-                ));
+                let said = crate::api::handler::definition_problems(&bound, &problems);
+                return Err(Error::new(Kind::Builder, said));
             }
         };
         let definitions_only = self.definitions_only;

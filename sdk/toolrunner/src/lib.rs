@@ -30,7 +30,9 @@ pub use net::platform;
 pub use api::authorizer::{AllowAll, AuthorizationRequest, Authorizer, Denied};
 pub use api::context::{CallContext, CommitPointError, Progress, ProgressError};
 pub use api::function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
-pub use api::handler::{DEFAULT_COMMIT_WINDOW, Effect, OutcomeExt, Reconciled, Tool, ToolError};
+pub use api::handler::{
+    DEFAULT_COMMIT_WINDOW, Effect, OutcomeExt, Reconciled, Tool, ToolError, ToolSchema,
+};
 pub use api::transaction::Transaction;
 pub use builder::{ENV_VARS, PRINT_DEFINITIONS, UNBOUND};
 pub use builder::{Executor, ExecutorBuilder};

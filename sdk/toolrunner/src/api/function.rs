@@ -55,7 +55,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::api::context::CallContext;
-use crate::api::handler::{Effect, ErasedTool, Reconciled, Tool, ToolError};
+use crate::api::handler::{Effect, ErasedTool, Reconciled, Tool, ToolError, ToolSchema};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -238,6 +238,8 @@ pub struct FnTool<O> {
     effect: Effect,
     input_schema: Value,
     output_schema: Value,
+    /// The input and output types' names.
+    type_names: (&'static str, &'static str),
     check_input: fn(&Value) -> Result<(), String>,
     call: CallFn,
     reconcile: Option<HookFn>,
@@ -270,8 +272,8 @@ fn check_input<I: DeserializeOwned>(arguments: &Value) -> Result<(), String> {
 fn new<H, A, I, O>(name: &str, effect: Effect, handler: H) -> FnTool<O>
 where
     H: Handler<A, I, O>,
-    I: DeserializeOwned + JsonSchema + Send + 'static,
-    O: Serialize + JsonSchema + Send + 'static,
+    I: DeserializeOwned + ToolSchema + Send + 'static,
+    O: Serialize + ToolSchema + Send + 'static,
 {
     let call: CallFn = Arc::new(move |states, ctx, arguments| {
         let input = match I::deserialize(arguments) {
@@ -294,6 +296,7 @@ where
         effect,
         input_schema: schema_of::<I>(),
         output_schema: schema_of::<O>(),
+        type_names: (std::any::type_name::<I>(), std::any::type_name::<O>()),
         check_input: check_input::<I>,
         call,
         reconcile: None,
@@ -310,8 +313,8 @@ where
 pub fn write<H, A, I, O>(name: &str, handler: H) -> FnTool<O>
 where
     H: Handler<A, I, O>,
-    I: DeserializeOwned + JsonSchema + Send + 'static,
-    O: Serialize + JsonSchema + Send + 'static,
+    I: DeserializeOwned + ToolSchema + Send + 'static,
+    O: Serialize + ToolSchema + Send + 'static,
 {
     new(name, Effect::Write, handler)
 }
@@ -323,8 +326,8 @@ where
 pub fn transactional<H, A, I, O>(name: &str, handler: H) -> FnTool<O>
 where
     H: Handler<A, I, O>,
-    I: DeserializeOwned + JsonSchema + Send + 'static,
-    O: Serialize + JsonSchema + Send + 'static,
+    I: DeserializeOwned + ToolSchema + Send + 'static,
+    O: Serialize + ToolSchema + Send + 'static,
 {
     new(name, Effect::Transactional, handler)
 }
@@ -334,8 +337,8 @@ where
 pub fn read<H, A, I, O>(name: &str, handler: H) -> FnTool<O>
 where
     H: Handler<A, I, O>,
-    I: DeserializeOwned + JsonSchema + Send + 'static,
-    O: Serialize + JsonSchema + Send + 'static,
+    I: DeserializeOwned + ToolSchema + Send + 'static,
+    O: Serialize + ToolSchema + Send + 'static,
 {
     new(name, Effect::Read, handler)
 }
@@ -497,7 +500,7 @@ mod sealed {
 
 pub(crate) enum Kind {
     Trait(Arc<dyn ErasedTool>),
-    Function(FnTool<()>),
+    Function(Box<FnTool<()>>),
 }
 
 impl<T: Tool> IntoTool for T {
@@ -508,12 +511,13 @@ impl<T: Tool> IntoTool for T {
 
 impl<O> IntoTool for FnTool<O> {
     fn into_tool(self) -> Registered {
-        Registered(Kind::Function(FnTool {
+        Registered(Kind::Function(Box::new(FnTool {
             name: self.name,
             description: self.description,
             effect: self.effect,
             input_schema: self.input_schema,
             output_schema: self.output_schema,
+            type_names: self.type_names,
             check_input: self.check_input,
             call: self.call,
             reconcile: self.reconcile,
@@ -521,7 +525,7 @@ impl<O> IntoTool for FnTool<O> {
             commit_window: self.commit_window,
             needs: self.needs,
             _output: PhantomData,
-        }))
+        })))
     }
 }
 
@@ -547,7 +551,7 @@ impl Registered {
         match self.0 {
             Kind::Trait(t) => t,
             Kind::Function(f) => Arc::new(Bound {
-                tool: f,
+                tool: *f,
                 states: states.clone(),
             }),
         }
@@ -580,6 +584,10 @@ impl ErasedTool for Bound {
 
     fn output_schema(&self) -> Value {
         self.tool.output_schema.clone()
+    }
+
+    fn type_names(&self) -> (&'static str, &'static str) {
+        self.tool.type_names
     }
 
     fn check_input(&self, arguments: &Value) -> Result<(), String> {

@@ -83,7 +83,7 @@ pub enum ToolError {
     /// `reconciliation_required`; it is never retried blindly. A read
     /// tool's (`effect = read`) is the exception: a read changed nothing,
     /// so it is tried again as [`Retry`](ToolError::Retry) is, and then
-    /// fails with the code `read_failed` (`docs/protocol.md`, choice 74).
+    /// fails with the code `read_failed` (`docs/protocol.md`, choice 75).
     Unknown {
         /// What went wrong (logged and kept locally, never sent to the model).
         error: String,
@@ -282,10 +282,11 @@ impl<T> Reconciled<T> {
 /// ```
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
-    /// Arguments.
-    type Input: DeserializeOwned + JsonSchema + Send + 'static;
-    /// `completed` result.
-    type Output: Serialize + JsonSchema + Send + 'static;
+    /// Arguments: a struct marked `#[toolrunner::schema]` (see
+    /// [`ToolSchema`]).
+    type Input: DeserializeOwned + ToolSchema + Send + 'static;
+    /// `completed` result: a struct marked `#[toolrunner::schema]`.
+    type Output: Serialize + ToolSchema + Send + 'static;
 
     /// The tool's name, e.g. `payments.charge`.
     fn name(&self) -> &str;
@@ -345,6 +346,9 @@ pub(crate) trait ErasedTool: Send + Sync {
     fn effect(&self) -> Effect;
     fn input_schema(&self) -> Value;
     fn output_schema(&self) -> Value;
+    /// The input and output types' names (`std::any::type_name`), for
+    /// messages.
+    fn type_names(&self) -> (&'static str, &'static str);
     /// Whether the arguments deserialize into the input type.
     fn check_input(&self, arguments: &Value) -> Result<(), String>;
     async fn call(&self, ctx: &CallContext, arguments: Value) -> Result<Value, ToolError>;
@@ -386,6 +390,13 @@ impl<T: Tool> ErasedTool for Erased<T> {
         schema_of::<T::Output>()
     }
 
+    fn type_names(&self) -> (&'static str, &'static str) {
+        (
+            std::any::type_name::<T::Input>(),
+            std::any::type_name::<T::Output>(),
+        )
+    }
+
     fn check_input(&self, arguments: &Value) -> Result<(), String> {
         T::Input::deserialize(arguments)
             .map(|_| ())
@@ -422,3 +433,99 @@ use serde::Deserialize as _;
 
 /// The registered tools by name.
 pub(crate) type Tools = Arc<std::collections::BTreeMap<String, Arc<dyn ErasedTool>>>;
+
+/// Why `build()` refuses the tool definitions: each problem the protocol's
+/// checks found, said of the tool by its name (`tools[i]` is the order of
+/// registration, which a person does not see), its path written once. An
+/// input or output schema that is not an object is said as what to write:
+/// the type must be a struct.
+pub(crate) fn definition_problems(
+    tools: &[Arc<dyn ErasedTool>],
+    problems: &[toolrunner_protocol::tooldef::ToolProblem],
+) -> String {
+    let said: Vec<String> = problems
+        .iter()
+        .map(|p| {
+            let tool = p
+                .param
+                .strip_prefix("tools[")
+                .and_then(|rest| rest.split_once(']'))
+                .and_then(|(i, field)| Some((tools.get(i.parse::<usize>().ok()?)?, field)));
+            let Some((tool, field)) = tool else {
+                return p.message.clone();
+            };
+            let (input, output) = tool.type_names();
+            let (schema, what, ty, why) = match field {
+                ".input_schema" => (
+                    tool.input_schema(),
+                    "input",
+                    input,
+                    "a tool's arguments are a JSON object",
+                ),
+                ".output_schema" => (
+                    tool.output_schema(),
+                    "output",
+                    output,
+                    "a tool's result is a JSON object",
+                ),
+                _ => return format!("tool `{}`: {}", tool.name(), p.message),
+            };
+            if schema.get("type").and_then(Value::as_str) == Some("object") {
+                return format!("tool `{}`: {}", tool.name(), p.message);
+            }
+            format!(
+                "tool `{}`: its {what} must be a struct (an object with named fields, marked #[toolrunner::schema]), not `{}`: {why}",
+                tool.name(),
+                short_type_name(ty)
+            )
+        })
+        .collect();
+    said.join("; ")
+}
+
+/// `alloc::vec::Vec<my_crate::Order>` as `Vec<Order>`: each path reduced
+/// to its last segment.
+fn short_type_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut word = String::new();
+    for c in name.chars() {
+        if c.is_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+        } else {
+            out.push_str(word.rsplit("::").next().unwrap_or(&word));
+            word.clear();
+            out.push(c);
+        }
+    }
+    out.push_str(word.rsplit("::").next().unwrap_or(&word));
+    out
+}
+
+/// A type a tool takes or returns: one with a JSON Schema, which the
+/// executor publishes as the tool's `input_schema` or `output_schema`.
+/// Implemented for every type that implements `schemars::JsonSchema`;
+/// put `#[toolrunner::schema]` on a type of your own to derive it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no JSON Schema, so it cannot be a tool's input or output",
+    label = "no JSON Schema",
+    note = "add #[toolrunner::schema] to the type `{Self}` (with #[derive(serde::Deserialize)] for an input, #[derive(serde::Serialize)] for an output): the platform publishes its schema and checks every call against it"
+)]
+pub trait ToolSchema: JsonSchema {}
+
+impl<T: JsonSchema + ?Sized> ToolSchema for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::short_type_name;
+
+    #[test]
+    fn type_names_are_shortened_to_their_last_segments() {
+        assert_eq!(short_type_name("i64"), "i64");
+        assert_eq!(short_type_name("alloc::string::String"), "String");
+        assert_eq!(
+            short_type_name("core::option::Option<alloc::vec::Vec<my_crate::orders::Order>>"),
+            "Option<Vec<Order>>"
+        );
+        assert_eq!(short_type_name("(u8, a::B)"), "(u8, B)");
+    }
+}

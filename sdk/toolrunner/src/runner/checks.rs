@@ -59,12 +59,7 @@ pub(crate) async fn before_start(
     }
     super::unwind::catch_sync(|| tool.check_input(&asg.arguments))
         .unwrap_or_else(|panic| Err(format!("reading them panicked: {panic}")))
-        .map_err(|e| {
-            (
-                "invalid_arguments",
-                format!("the arguments do not fit the tool: {e}"),
-            )
-        })?;
+        .map_err(|e| ("invalid_arguments", input_mismatch(tool, asg, &e)))?;
     if arguments_digest(&asg.arguments) != asg.arguments_digest {
         return Err((
             "digest_mismatch",
@@ -89,6 +84,28 @@ pub(crate) async fn before_start(
             Err(("forbidden", "the authorization check failed".to_owned()))
         }
     }
+}
+
+/// Why arguments that passed the published `input_schema` do not
+/// deserialize into the tool's input type (`error`, serde's words). When
+/// the published schema is not the one the code derives, the definition
+/// was changed without republishing: every call of that version fails
+/// alike, so the message says how to fix it and a warning names the tool
+/// (never the arguments: a log line holds none).
+fn input_mismatch(tool: &dyn ErasedTool, asg: &Assignment, error: &str) -> String {
+    if asg.input_schema == tool.input_schema() {
+        return format!(
+            "the arguments do not match this tool's input type ({error}), though they match its input_schema"
+        );
+    }
+    tracing::warn!(
+        tool = %asg.tool_name,
+        agent_version = %asg.agent_version,
+        "the published definition of this tool differs from the code, and its calls fail on it: republish the tool definitions (`toolrunner tools publish`)"
+    );
+    format!(
+        "the arguments do not match this tool's input type ({error}): the published definition differs from the code; republish the tool definitions (`toolrunner tools publish`)"
+    )
 }
 
 /// A final result must match `output_schema`, fit 4 MiB and nest at most

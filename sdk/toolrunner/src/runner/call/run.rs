@@ -368,7 +368,7 @@ pub(super) fn outcome_event(
 /// person for a write (an error, a panic, a timeout, a result its schema
 /// refuses), retried first as [`ToolError::Retry`] is, fails the call
 /// with a code and a message safe for the model; the cause is logged
-/// (`docs/protocol.md`, choice 74).
+/// (`docs/protocol.md`, choice 75).
 fn read_outcome_event(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
     match outcome_event_of(asg, outcome) {
         Event::OutcomeUnknown { why, .. } => {
