@@ -32,8 +32,11 @@ async fn lookup(ctx: CallContext, _q: Lookup) -> Result<Found, ToolError> {
 }
 
 /// Always a confirmed business failure.
-async fn refuse(_ctx: CallContext, _q: Lookup) -> Result<Found, ToolError> {
-    Err(ToolError::failed("declined", "the key is closed"))
+async fn refuse(_ctx: CallContext, q: Lookup) -> Result<Found, ToolError> {
+    Err(ToolError::failed(
+        "declined",
+        format!("the key {} is closed", q.key),
+    ))
 }
 
 /// The executor of these tests, with `settings` (`TOOLRUNNER_*` names).
@@ -236,7 +239,7 @@ fn dev_up_then_dev_run_completes_a_call_of_a_served_tool() {
     failed.code(1);
     let line = failed.stdout.trim_end();
     assert!(
-        line.starts_with("call call_") && line.ends_with(" failed declined: the key is closed"),
+        line.starts_with("call call_") && line.ends_with(" failed declined: the key k1 is closed"),
         "{line:?}"
     );
     assert!(failed.stderr.contains("failed"), "{}", failed.stderr);
@@ -329,4 +332,52 @@ fn dev_up_reads_the_bare_array_from_stdin() {
     out.code(0);
     let env = exports(&out.stdout);
     assert!(env["TOOLRUNNER_BINDING_ID"].starts_with("bnd_"));
+}
+
+/// The development platform lists an agent's versions oldest first (`dev
+/// run` takes the last); an unknown agent is `404`.
+#[test]
+fn the_versions_of_an_agent_are_listed_oldest_first() {
+    let dev = Dev::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tools = dir.path().join("tools.json");
+    std::fs::write(&tools, definitions()).expect("write");
+    let out = run(&[
+        "dev",
+        "up",
+        "--tools",
+        tools.to_str().expect("utf-8"),
+        "--base-url",
+        &dev.base,
+    ]);
+    out.code(0);
+    let env = exports(&out.stdout);
+    let agent = &env["TOOLRUNNER_AGENT_ID"];
+    let (first, again) = dev.rt.block_on(async {
+        let first = dev.http.versions(agent).await.expect("the versions");
+        let again = dev
+            .http
+            .publish(agent, &first[0].tools)
+            .await
+            .expect("published again");
+        (first, again)
+    });
+    assert_eq!(first.len(), 1);
+    let listed = dev
+        .rt
+        .block_on(dev.http.versions(agent))
+        .expect("the versions");
+    let ids: Vec<&str> = listed.iter().map(|v| v.agent_version.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            first[0].agent_version.as_str(),
+            again.agent_version.as_str()
+        ]
+    );
+    let e = dev
+        .rt
+        .block_on(dev.http.versions("agt_nope"))
+        .expect_err("an unknown agent");
+    assert_eq!(e.status(), Some(404), "{e}");
 }

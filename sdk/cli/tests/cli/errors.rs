@@ -125,6 +125,26 @@ fn every_mistake_on_the_command_line_says_what_to_do() {
             must_not_say: vec![],
         },
         Row {
+            mistake: "dev up with an executor id an executor would refuse",
+            out: run(&[
+                "dev",
+                "up",
+                "--tools",
+                &tools,
+                "--base-url",
+                &dev.base,
+                "--executor-id",
+                "my executor",
+            ]),
+            code: 2,
+            must_say: vec![
+                "--executor-id \"my executor\"".into(),
+                "[A-Za-z0-9_.:-]".into(),
+                "nothing was created".into(),
+            ],
+            must_not_say: vec![],
+        },
+        Row {
             mistake: "dev run with no executor serving the binding",
             out: run(&[
                 "dev",
