@@ -111,10 +111,7 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
             println!("call          {}/{}", c.run_id(), c.call_id());
             println!("tool          {}", c.tool_name());
             println!("state         {}", c.state().as_str());
-            println!(
-                "outcome       {}",
-                c.outcome().map_or("-", |k| k.as_str())
-            );
+            println!("outcome       {}", c.outcome().map_or("-", |k| k.as_str()));
             println!("operation key {}", c.operation_key());
             println!("assignment    {}", c.assignment_id().unwrap_or("-"));
             println!("subject       {}", c.subject().unwrap_or("-"));
@@ -123,7 +120,8 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
             // the console shows them); the grant is not among them.
             println!(
                 "arguments     {}",
-                t.arguments().map_or_else(|| "-".to_owned(), Value::to_string)
+                t.arguments()
+                    .map_or_else(|| "-".to_owned(), Value::to_string)
             );
             let receipts = t
                 .receipts()

@@ -239,7 +239,12 @@ async fn run_call(args: RunArgs) -> Outcome {
         .tool_calls
         .first()
         .map(|c| c.call_id.clone())
-        .ok_or_else(|| Failure::Usage(format!("the platform started run {} without the call", run.run_id)))?;
+        .ok_or_else(|| {
+            Failure::Usage(format!(
+                "the platform started run {} without the call",
+                run.run_id
+            ))
+        })?;
     let within = Duration::from_secs(args.wait);
     // A call not settled in time is read once more, to say where it is.
     let seen = match platform.wait_settled(&run.run_id, within).await {
@@ -253,7 +258,9 @@ async fn run_call(args: RunArgs) -> Outcome {
         .tool_calls
         .iter()
         .find(|c| c.call_id == call_id)
-        .ok_or_else(|| Failure::Usage(format!("run {} no longer has call {call_id}", run.run_id)))?;
+        .ok_or_else(|| {
+            Failure::Usage(format!("run {} no longer has call {call_id}", run.run_id))
+        })?;
     let state = call.state.as_str();
     if !toolrunner::platform::settled(call.state) {
         println!("call {call_id} {state}");

@@ -203,7 +203,12 @@ fn dev_up_then_dev_run_completes_a_call_of_a_served_tool() {
     // An executor with the exported settings serves it.
     let running = dev
         .rt
-        .block_on(executor(&env, &dir.path().join("exec.db")).build().expect("builds").start())
+        .block_on(
+            executor(&env, &dir.path().join("exec.db"))
+                .build()
+                .expect("builds")
+                .start(),
+        )
         .expect("the executor starts");
     let dev_run = |tool: &str| {
         run_cmd(toolrunner().env("TOOLRUNNER_AGENT_ID", &agent).args([

@@ -32,8 +32,7 @@ fn every_mistake_on_the_command_line_says_what_to_do() {
     let bad = dir.path().join("bad.json");
     std::fs::write(
         &bad,
-        json!([{"name": TOOL, "description": "d", "input_schema": {"type": "string"}}])
-            .to_string(),
+        json!([{"name": TOOL, "description": "d", "input_schema": {"type": "string"}}]).to_string(),
     )
     .expect("write");
     let bad = bad.to_str().expect("utf-8").to_owned();
@@ -79,7 +78,10 @@ fn every_mistake_on_the_command_line_says_what_to_do() {
             mistake: "tools publish with an executor's token",
             out: publish(&p.base, EXEC),
             code: 1,
-            must_say: vec!["configuration:write".into(), "give it configuration:write".into()],
+            must_say: vec![
+                "configuration:write".into(),
+                "give it configuration:write".into(),
+            ],
             must_not_say: vec!["executors:connect and tools:execute"],
         },
         Row {

@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use toolrunner::protocol::wire::{Assignment, Grant, ReceiptKind};
 use toolrunner::testing::store::{
-    Attempt, Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, SqliteStore,
-    Store,
+    Attempt, Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus,
+    SqliteStore, Store,
 };
 use toolrunner_devserver::DevServer;
 

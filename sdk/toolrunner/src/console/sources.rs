@@ -336,7 +336,10 @@ mod tests {
 
     #[test]
     fn a_sqlite_store_is_labelled_by_its_executor_ids_else_its_file_name() {
-        assert_eq!(store_label(&["exe-a".into()], "/var/lib/a/exec-1.db"), "exe-a");
+        assert_eq!(
+            store_label(&["exe-a".into()], "/var/lib/a/exec-1.db"),
+            "exe-a"
+        );
         assert_eq!(
             store_label(&["exe-a".into(), "exe-b".into()], "/var/lib/a/exec-1.db"),
             "exe-a, exe-b"

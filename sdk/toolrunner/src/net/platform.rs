@@ -342,7 +342,9 @@ impl Platform {
             let needed = scope_needed(&method, path);
             return Err(Error::new(
                 Kind::Configuration,
-                format!("{method} {path}: the token lacks the scope {needed} ({api}): give it {needed}"),
+                format!(
+                    "{method} {path}: the token lacks the scope {needed} ({api}): give it {needed}"
+                ),
             )
             .with_api(api));
         }
@@ -612,9 +614,17 @@ mod tests {
         let cases = [
             (Method::POST, "/agents", "configuration:write"),
             (Method::POST, "/executor-bindings", "configuration:write"),
-            (Method::POST, "/agents/agt_1/versions", "configuration:write"),
+            (
+                Method::POST,
+                "/agents/agt_1/versions",
+                "configuration:write",
+            ),
             (Method::GET, "/agents/agt_1/versions", "configuration:read"),
-            (Method::GET, "/executor-bindings?agent_id=agt_1", "configuration:read"),
+            (
+                Method::GET,
+                "/executor-bindings?agent_id=agt_1",
+                "configuration:read",
+            ),
             (Method::POST, "/runs", "runs:write"),
             (Method::POST, "/runs/run_1/cancel", "runs:write"),
             (Method::GET, "/runs/run_1", "runtime:read"),

@@ -197,8 +197,7 @@ pub(crate) const EXECUTOR_IDS: &str = "SELECT DISTINCT executor_id FROM attempts
 
 /// A stored receipt kind.
 pub(crate) fn parse_kind(kind: String) -> Result<ReceiptKind, StoreError> {
-    serde_json::from_value::<ReceiptKind>(serde_json::Value::String(kind))
-        .map_err(columns::corrupt)
+    serde_json::from_value::<ReceiptKind>(serde_json::Value::String(kind)).map_err(columns::corrupt)
 }
 
 /// The outcomes of `calls` among `(run_id, call_id, kind)` rows of
