@@ -99,6 +99,15 @@ mod suite {
                     })
                 },
             ),
+            (
+                "store_contract::outcomes_and_executor_ids_are_read_as_stored",
+                |s, _| {
+                    Box::pin(async move {
+                        store_contract::outcomes_and_executor_ids_are_read_as_stored(s.as_ref())
+                            .await
+                    })
+                },
+            ),
             ("store_contract::prune_keeps_what_needs_a_person", |s, _| {
                 Box::pin(async move {
                     store_contract::prune_keeps_what_needs_a_person(s.as_ref()).await

@@ -41,3 +41,11 @@ async fn an_operator_closes_an_unknown_outcome_orphaned_call() -> Result<()> {
     store_contract::an_operator_closes_an_unknown_outcome_orphaned_call(std::sync::Arc::new(store))
         .await
 }
+
+/// How each call ended and which executors claimed them, read in one
+/// query when many calls are asked for.
+#[tokio::test]
+async fn outcomes_and_executor_ids_are_read_as_stored() -> Result<()> {
+    let (_dir, store) = rows::store().await?;
+    store_contract::outcomes_and_executor_ids_are_read_as_stored(&store).await
+}

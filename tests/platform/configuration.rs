@@ -567,6 +567,46 @@ async fn versions_are_immutable_and_readable() {
         .err(403, "missing_scope");
 }
 
+/// The development platform's own list of an agent's versions (what
+/// `toolrunner dev run` takes the latest of): oldest first, the agent's
+/// only; an unknown agent is `404`, an unknown query parameter `400`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_versions_lists_an_agents_versions_oldest_first() {
+    let fx = Fixture::new().await;
+    let path = format!("/agents/{}/versions", fx.agent_id);
+    let v2 = fx
+        .srv
+        .post(ADMIN, &path, json!({"tools": [read_tool(&fx.binding_id)]}))
+        .await;
+    let v2 = v2.ok().clone();
+    let other = fx
+        .srv
+        .post(ADMIN, "/agents", json!({"name": "other"}))
+        .await;
+    let other_id = other.ok()["agent_id"].as_str().unwrap().to_string();
+    let listed = fx.srv.get(CONFIG_READ, &path).await;
+    let listed = listed.ok();
+    assert_eq!(listed["next_cursor"], Value::Null);
+    assert_eq!(listed["data"], json!([fx.version, v2]));
+    let none = fx
+        .srv
+        .get(ADMIN, &format!("/agents/{other_id}/versions"))
+        .await;
+    assert_eq!(none.ok()["data"], json!([]));
+    fx.srv
+        .get(ADMIN, "/agents/agt_nope/versions")
+        .await
+        .err(404, "unknown_agent");
+    fx.srv
+        .get(ADMIN, &format!("{path}?limit=1"))
+        .await
+        .err(400, "unknown_field");
+    fx.srv
+        .get(RUNTIME_READ, &path)
+        .await
+        .err(403, "missing_scope");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_executor_bindings_lists_bindings_of_an_agent() {
     let fx = Fixture::new().await;

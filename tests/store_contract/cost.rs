@@ -171,6 +171,97 @@ pub(crate) async fn the_outbox_summary_lists_what_waits_without_reading_bodies(
     Ok(())
 }
 
+/// How each call ended (the kind of its latest final receipt), whether
+/// asked one by one or for more calls than that at once, and every executor
+/// id the calls were claimed by: what `calls list` and the console show.
+pub(crate) async fn outcomes_and_executor_ids_are_read_as_stored(store: &dyn Store) -> Result<()> {
+    assert_eq!(store.executor_ids().await?, Vec::<String>::new());
+    let attempt = |id: &str, executor: Option<&str>| {
+        Change::AddAttempt(Attempt::seed(
+            "run_1",
+            id,
+            &format!("op_{id}"),
+            executor,
+            None,
+            at(LONG_AGO),
+        ))
+    };
+    store
+        .commit(vec![
+            Change::InsertCall(call("done", LocalState::Delivered, LONG_AGO)),
+            Change::AddReceipt(receipt(
+                "done",
+                ReceiptKind::Accepted,
+                0,
+                ReceiptStatus::Delivered,
+            )),
+            Change::AddReceipt(receipt(
+                "done",
+                ReceiptKind::Completed,
+                1,
+                ReceiptStatus::Delivered,
+            )),
+            Change::InsertCall(call("declined", LocalState::Delivered, LONG_AGO)),
+            Change::AddReceipt(receipt(
+                "declined",
+                ReceiptKind::Failed,
+                1,
+                ReceiptStatus::Delivered,
+            )),
+            // An operator's later receipt wins over the first one.
+            Change::InsertCall(call("resolved", LocalState::Settled, LONG_AGO)),
+            Change::AddReceipt(receipt(
+                "resolved",
+                ReceiptKind::Completed,
+                1,
+                ReceiptStatus::Rejected,
+            )),
+            Change::AddReceipt(receipt(
+                "resolved",
+                ReceiptKind::Cancelled,
+                2,
+                ReceiptStatus::Pending,
+            )),
+            Change::InsertCall(call("running", LocalState::Running, LONG_AGO)),
+            Change::AddReceipt(receipt(
+                "running",
+                ReceiptKind::Accepted,
+                0,
+                ReceiptStatus::Delivered,
+            )),
+            attempt("done", Some("exe_b")),
+            attempt("declined", Some("exe_a")),
+            attempt("resolved", Some("exe_b")),
+            attempt("running", None),
+        ])
+        .await?;
+    let key = |id: &str| ("run_1".to_owned(), id.to_owned());
+    let want = std::collections::HashMap::from([
+        (key("done"), ReceiptKind::Completed),
+        (key("declined"), ReceiptKind::Failed),
+        (key("resolved"), ReceiptKind::Cancelled),
+    ]);
+    let asked: Vec<(String, String)> = ["done", "declined", "resolved", "running", "absent"]
+        .into_iter()
+        .map(key)
+        .collect();
+    assert_eq!(store.outcomes(&asked).await?, want, "one by one");
+    // More calls than are looked up one by one: all final receipts at once.
+    let many: Vec<(String, String)> = asked
+        .iter()
+        .cloned()
+        .chain((0..100).map(|i| key(&format!("absent_{i}"))))
+        .collect();
+    assert_eq!(store.outcomes(&many).await?, want, "at once");
+    // Only the calls asked for.
+    assert_eq!(
+        store.outcomes(&[key("declined")]).await?,
+        std::collections::HashMap::from([(key("declined"), ReceiptKind::Failed)])
+    );
+    assert_eq!(store.executor_ids().await?, ["exe_a", "exe_b"]);
+    Ok(())
+}
+
 /// Retention keeps what still needs a person, however old: a `rejected`
 /// call (compensation may be due) and an `orphaned` call whose outcome was
 /// unknown when the platform forgot it (timeline `orphaned_outcome_unknown`)

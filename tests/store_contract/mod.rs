@@ -9,7 +9,8 @@ pub(crate) mod rules;
 
 pub(crate) use cost::{
     an_operator_closes_an_unknown_outcome_orphaned_call, older_migrations, older_orphans,
-    prune_keeps_what_needs_a_person, prune_takes_only_calls_settled_for_good_before_the_cut_off,
+    outcomes_and_executor_ids_are_read_as_stored, prune_keeps_what_needs_a_person,
+    prune_takes_only_calls_settled_for_good_before_the_cut_off,
     retention_keeps_the_unknown_outcome_orphans_an_older_version_wrote,
     the_outbox_summary_lists_what_waits_without_reading_bodies,
 };

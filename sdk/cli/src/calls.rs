@@ -1,6 +1,7 @@
 //! `toolrunner calls list|show`.
 use std::time::Duration;
 
+use serde_json::Value;
 use toolrunner::{CallFilter, LocalState};
 
 use crate::output::{self, DbArg};
@@ -8,7 +9,8 @@ use crate::{Failure, Outcome};
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum CallsCommand {
-    /// List calls, oldest change first.
+    /// List calls, oldest change first, each with its state and its
+    /// outcome (the kind of its latest final receipt).
     List {
         #[command(flatten)]
         db: DbArg,
@@ -25,7 +27,7 @@ pub(crate) enum CallsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Show one call's whole timeline.
+    /// Show one call's whole timeline, with its arguments.
     Show {
         /// RUN_ID/CALL_ID.
         call: String,
@@ -82,6 +84,7 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
                         format!("{}/{}", c.run_id(), c.call_id()),
                         c.tool_name().to_owned(),
                         c.state().as_str().to_owned(),
+                        c.outcome().map_or("-", |k| k.as_str()).to_owned(),
                         stamp(&c.updated_at()),
                         c.reason().unwrap_or_default().to_owned(),
                     ]
@@ -89,7 +92,10 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
                 .collect();
             println!(
                 "{}",
-                output::table(&["call", "tool", "state", "updated", "reason"], rows)
+                output::table(
+                    &["call", "tool", "state", "outcome", "updated", "reason"],
+                    rows
+                )
             );
             println!("{} calls", calls.len());
             Ok(())
@@ -105,10 +111,18 @@ pub(crate) async fn run(cmd: CallsCommand) -> Outcome {
             println!("call          {}/{}", c.run_id(), c.call_id());
             println!("tool          {}", c.tool_name());
             println!("state         {}", c.state().as_str());
+            println!("outcome       {}", c.outcome().map_or("-", |k| k.as_str()));
             println!("operation key {}", c.operation_key());
             println!("assignment    {}", c.assignment_id().unwrap_or("-"));
             println!("subject       {}", c.subject().unwrap_or("-"));
             println!("reason        {}", c.reason().unwrap_or("-"));
+            // The model's arguments (product data, shown to the operator as
+            // the console shows them); the grant is not among them.
+            println!(
+                "arguments     {}",
+                t.arguments()
+                    .map_or_else(|| "-".to_owned(), Value::to_string)
+            );
             let receipts = t
                 .receipts()
                 .iter()

@@ -5,6 +5,7 @@
 mod budget;
 mod calls;
 mod console;
+mod dev;
 mod devserver;
 mod outbox;
 mod output;
@@ -27,6 +28,10 @@ struct Cli {
 enum Command {
     /// Start the development platform.
     Devserver(devserver::DevserverArgs),
+    /// Set a development platform up for a crate's tools, and run a call
+    /// of one through it.
+    #[command(subcommand)]
+    Dev(dev::DevCommand),
     /// List and inspect the calls in an executor's store.
     #[command(subcommand)]
     Calls(calls::CallsCommand),
@@ -91,6 +96,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Devserver(args) => devserver::devserver(args).await,
+            Command::Dev(c) => dev::run(c).await,
             Command::Calls(c) => calls::run(c).await,
             Command::Reconcile(c) => reconcile::run(c).await,
             Command::Outbox(c) => outbox::run(c).await,

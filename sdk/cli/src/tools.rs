@@ -1,8 +1,9 @@
-//! `toolrunner tools check|dry-run`.
+//! `toolrunner tools check|dry-run|publish`, and the definitions reader
+//! `toolrunner dev up` shares.
 use serde::Serialize;
 use serde_json::{Value, json};
 use toolrunner::platform::Platform;
-use toolrunner_protocol::tooldef::{ProblemKind, check_version};
+use toolrunner_protocol::tooldef::{CheckedVersion, ProblemKind, check_version};
 
 use crate::output;
 use crate::{Failure, Outcome};
@@ -86,7 +87,8 @@ fn read(source: &str) -> Result<String, Failure> {
         .map_err(|e| Failure::Usage(format!("cannot read {source}: {e}")))
 }
 
-fn inline_or_file(arg: &str) -> Result<Value, Failure> {
+/// JSON text, or the content of the file after `@`.
+pub(crate) fn inline_or_file(arg: &str) -> Result<Value, Failure> {
     let text = match arg.strip_prefix('@') {
         Some(path) => read(path)?,
         None => arg.to_owned(),
@@ -232,23 +234,45 @@ async fn dry_run(base_url: &str, token: &str, body: Value) -> Outcome {
     Ok(())
 }
 
-async fn publish(file: &str, base_url: &str, token: &str, agent: &str, as_json: bool) -> Outcome {
+/// The tool definitions in `file` (`-` for stdin): the `tools` of
+/// `{"tools": [...]}`, or the array itself.
+pub(crate) fn definitions(file: &str) -> Result<Value, Failure> {
     let doc = toolrunner_protocol::json::parse_strict(read(file)?.trim().as_bytes())
-        .map_err(|e| Failure::Refused(format!("{file} is not acceptable JSON: {e}")))?;
-    let tools = match &doc {
-        Value::Object(o) => o.get("tools").cloned().unwrap_or(Value::Null),
-        _ => doc.clone(),
-    };
-    let checked = check_version(&tools, None).map_err(|problems| {
+        .map_err(|e| Failure::Refused(format!("{} is not acceptable JSON: {e}", named(file))))?;
+    Ok(match doc {
+        Value::Object(mut o) => o.remove("tools").unwrap_or(Value::Null),
+        doc => doc,
+    })
+}
+
+/// `tools` of `file` checked by the protocol's rules, or refused with
+/// every problem, saying that `nothing` happened.
+pub(crate) fn checked(file: &str, tools: &Value, nothing: &str) -> Result<CheckedVersion, Failure> {
+    check_version(tools, None).map_err(|problems| {
         let list: Vec<String> = problems
             .iter()
             .map(|p| format!("{}: {}", p.param, p.message))
             .collect();
         Failure::Refused(format!(
-            "{file} fails the protocol's checks (nothing was published): {}",
+            "{} fails the protocol's checks ({nothing}): {}",
+            named(file),
             list.join("; ")
         ))
-    })?;
+    })
+}
+
+/// A definitions file as messages name it.
+fn named(file: &str) -> String {
+    if file == "-" {
+        "the definitions on stdin".into()
+    } else {
+        file.to_owned()
+    }
+}
+
+async fn publish(file: &str, base_url: &str, token: &str, agent: &str, as_json: bool) -> Outcome {
+    let tools = definitions(file)?;
+    let checked = checked(file, &tools, "nothing was published")?;
     let version = platform(base_url, token)?
         .publish(agent, &checked.tools)
         .await

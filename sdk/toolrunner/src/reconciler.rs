@@ -30,6 +30,9 @@ pub struct CallSummary {
     pub(crate) assignment_id: Option<String>,
     pub(crate) subject: Option<String>,
     pub(crate) reason: Option<String>,
+    /// Added later: JSON written before it reads as none.
+    #[serde(default)]
+    pub(crate) outcome: Option<ReceiptKind>,
     pub(crate) created_at: Timestamp,
     pub(crate) updated_at: Timestamp,
 }
@@ -75,6 +78,16 @@ impl CallSummary {
         self.reason.as_deref()
     }
 
+    /// How the call ended as far as this store knows: the kind of its
+    /// latest final receipt (`completed`, `failed` or `cancelled`, whether
+    /// delivered yet or not, an operator's included), or `None` while it
+    /// has none. The state says where that receipt is (`settled`: saved,
+    /// `delivered`: the platform took it, `rejected`: the platform refused
+    /// it), this says what it said.
+    pub fn outcome(&self) -> Option<ReceiptKind> {
+        self.outcome
+    }
+
     /// When this store first held the call.
     pub fn created_at(&self) -> Timestamp {
         self.created_at
@@ -98,10 +111,22 @@ impl CallSummary {
             assignment_id: c.assignment.as_ref().map(|a| a.assignment_id.clone()),
             subject: c.assignment.as_ref().map(|a| a.subject.clone()),
             reason: c.reason.clone(),
+            outcome: None,
             created_at: c.created_at,
             updated_at: c.updated_at,
         }
     }
+}
+
+/// Whether a call in `state` may hold a final receipt (an outcome).
+fn may_have_outcome(state: LocalState) -> bool {
+    !matches!(
+        state,
+        LocalState::Claiming
+            | LocalState::Assigned
+            | LocalState::Running
+            | LocalState::ReconciliationRequired
+    )
 }
 
 /// A receipt as stored in the outbox, with its exact body.
@@ -556,13 +581,16 @@ impl Reconciler {
     /// Lets resolve and redeliver send receipts to the platform themselves.
     ///
     /// # Errors
-    /// The HTTP client cannot be built.
+    /// The base URL ends in `/v1` (toolrunner adds it to every path), or
+    /// the HTTP client cannot be built.
     pub fn with_platform(mut self, base_url: &str, token: &str) -> Result<Reconciler> {
         let backoff = Backoff {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(2),
             attempts: 4,
         };
+        crate::net::platform::check_base_url_path(base_url)
+            .map_err(|m| Error::new(Kind::Builder, m))?;
         let client = Client::new(base_url, token, Duration::from_secs(10), backoff)
             .map_err(|e| Error::new(Kind::Builder, format!("cannot build the HTTP client: {e}")))?;
         self.client = Some(client);
@@ -574,13 +602,34 @@ impl Reconciler {
     /// # Errors
     /// The store failed.
     pub async fn list(&self, filter: &CallFilter) -> Result<Vec<CallSummary>> {
-        Ok(self
-            .store
-            .calls(filter)
-            .await?
+        let rows = self.store.calls(filter).await?;
+        let ended: Vec<(String, String)> = rows
             .iter()
-            .map(CallSummary::from_row)
+            .filter(|c| may_have_outcome(c.state))
+            .map(|c| (c.run_id.clone(), c.call_id.clone()))
+            .collect();
+        let mut outcomes = if ended.is_empty() {
+            std::collections::HashMap::new()
+        } else {
+            self.store.outcomes(&ended).await?
+        };
+        Ok(rows
+            .iter()
+            .map(|c| {
+                let mut summary = CallSummary::from_row(c);
+                summary.outcome = outcomes.remove(&(c.run_id.clone(), c.call_id.clone()));
+                summary
+            })
             .collect())
+    }
+
+    /// Every executor id whose calls this store holds (from their
+    /// attempts), sorted: the identity the console shows it by.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub(crate) async fn executor_ids(&self) -> Result<Vec<String>> {
+        Ok(self.store.executor_ids().await?)
     }
 
     async fn load(&self, run_id: &str, call_id: &str) -> Result<LocalCall> {
@@ -599,9 +648,15 @@ impl Reconciler {
         let receipts = self.store.receipts(run_id, call_id).await?;
         let events = self.store.events(run_id, call_id).await?;
         let attempts = self.store.attempts(run_id, call_id).await?;
+        let mut summary = CallSummary::from_row(&call);
+        summary.outcome = receipts
+            .iter()
+            .rev()
+            .find(|r| r.kind.is_final())
+            .map(|r| r.kind);
         Ok(Timeline {
             arguments: call.assignment.as_ref().map(|a| a.arguments.clone()),
-            call: CallSummary::from_row(&call),
+            call: summary,
             receipts: receipts.iter().map(ReceiptView::from_row).collect(),
             events,
             attempts,

@@ -22,6 +22,7 @@ fn calls_list_json_has_every_summary_field_and_no_grant() {
         "assignment_id",
         "subject",
         "reason",
+        "outcome",
         "created_at",
         "updated_at",
     ]);
@@ -93,6 +94,83 @@ fn calls_list_human_shows_a_table_and_a_count_without_the_grant() {
     ] {
         assert!(out.stdout.contains(s), "{s:?} in\n{}", out.stdout);
     }
+}
+
+/// Adds `run_4/call_failed`: delivered, its final receipt `failed`.
+fn add_failed_call(f: &Fixture) -> &'static str {
+    let call = local_call(
+        Some(assignment("run_4", "call_failed", TOOL, None)),
+        "run_4",
+        "call_failed",
+        TOOL,
+        LocalState::Delivered,
+        2,
+    );
+    let receipts = vec![
+        receipt(
+            &call,
+            ReceiptKind::Accepted,
+            0,
+            ReceiptStatus::Delivered,
+            json!({}),
+        ),
+        receipt(
+            &call,
+            ReceiptKind::Failed,
+            1,
+            ReceiptStatus::Delivered,
+            json!({"error": {"code": "declined", "message": "card declined"}}),
+        ),
+    ];
+    let mut changes = vec![Change::InsertCall(call)];
+    changes.extend(receipts.into_iter().map(Change::AddReceipt));
+    f.commit(changes);
+    "run_4/call_failed"
+}
+
+/// `delivered` says the final receipt reached the platform, not how the
+/// call ended: the list shows the outcome beside it.
+#[test]
+fn calls_list_shows_how_each_call_ended() {
+    let f = Fixture::seeded();
+    let failed = add_failed_call(&f);
+    let out = f.run(&["calls", "list", "--json"]);
+    out.code(0).no_grant();
+    let v = out.json();
+    let outcome = |id: &str| {
+        v["calls"]
+            .as_array()
+            .expect("calls")
+            .iter()
+            .find(|c| c["call_id"] == json!(id))
+            .unwrap_or_else(|| panic!("{id} listed: {v}"))["outcome"]
+            .clone()
+    };
+    assert_eq!(outcome("call_failed"), json!("failed"), "{v}");
+    assert_eq!(outcome("call_delivered"), json!("completed"));
+    assert_eq!(outcome("call_settled"), json!("completed"));
+    assert_eq!(outcome("call_rejected"), json!("completed"));
+    assert_eq!(outcome("call_recon"), Value::Null);
+    assert_eq!(outcome("call_claiming"), Value::Null);
+
+    let human = f.run(&["calls", "list"]);
+    human.code(0);
+    assert!(human.stdout.contains("outcome"), "{}", human.stdout);
+    let row = human
+        .stdout
+        .lines()
+        .find(|l| l.contains(failed))
+        .unwrap_or_else(|| panic!("{failed} in\n{}", human.stdout));
+    assert!(
+        row.contains(" delivered ") && row.contains(" failed "),
+        "the row says delivered and failed: {row}"
+    );
+    let row = human
+        .stdout
+        .lines()
+        .find(|l| l.contains(DELIVERED))
+        .expect("the delivered call");
+    assert!(row.contains(" completed "), "{row}");
 }
 
 #[test]
@@ -413,6 +491,7 @@ fn calls_show_json_is_the_whole_timeline() {
             "assignment_id",
             "subject",
             "reason",
+            "outcome",
             "created_at",
             "updated_at"
         ])
@@ -531,6 +610,32 @@ fn calls_show_human_prints_the_call_its_receipts_and_its_timeline() {
     let receipts_at = s.find("receipts").expect("receipts section");
     let timeline_at = s.find("timeline").expect("timeline section");
     assert!(receipts_at < timeline_at);
+}
+
+/// The arguments the model gave, as the console shows them; never the
+/// grant, and not in the stable JSON.
+#[test]
+fn calls_show_human_prints_the_arguments() {
+    let f = Fixture::seeded();
+    let out = f.run(&["calls", "show", RECON]);
+    out.code(0).no_grant();
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("arguments"))
+        .unwrap_or_else(|| panic!("no arguments line in\n{}", out.stdout));
+    assert_eq!(line, r#"arguments     {"amount":5}"#);
+    // A call not assigned yet has none.
+    let out = f.run(&["calls", "show", CLAIMING]);
+    out.code(0);
+    assert!(
+        out.stdout.lines().any(|l| l == "arguments     -"),
+        "{}",
+        out.stdout
+    );
+    // The stable JSON is unchanged: no arguments there.
+    let v = f.run(&["calls", "show", RECON, "--json"]).json();
+    assert!(v.get("arguments").is_none() && v["call"].get("arguments").is_none());
 }
 
 #[test]

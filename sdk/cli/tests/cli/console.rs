@@ -189,6 +189,37 @@ fn console_lists_links_and_refuses_a_post_without_its_csrf_token() {
     assert_eq!(f.call(RECON).state, LocalState::Settled);
 }
 
+/// A store is shown by the executor id that claimed its calls; one that
+/// records none yet (the seeded store: no attempts) by its file name.
+#[test]
+fn console_names_a_store_by_its_executor_id() {
+    let f = Fixture::seeded();
+    f.commit(vec![Change::AddAttempt(Attempt::seed(
+        "run_1",
+        "call_recon",
+        "op_call_recon",
+        Some(EXECUTOR),
+        Some("asg_call_recon"),
+        now(),
+    ))]);
+    let s = serve(f.db(), &[]);
+    let (status, _, list) = http(&s.addr, "GET", "/calls", &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        list.contains(&format!(
+            "href=\"/calls/run_1/call_recon?identity={EXECUTOR}\""
+        )),
+        "{list}"
+    );
+    assert!(!list.contains("identity=exec\""), "{list}");
+    let (status, _, overview) = http(&s.addr, "GET", "/", &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        overview.contains(&format!("data-identity=\"{EXECUTOR}\"")),
+        "{overview}"
+    );
+}
+
 #[test]
 fn a_read_only_console_shows_no_action_and_refuses_every_post() {
     let f = Fixture::seeded();

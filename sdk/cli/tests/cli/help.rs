@@ -24,6 +24,9 @@ fn help_of_the_binary_and_of_every_subcommand_exits_0() {
         &["tools", "publish"],
         &["budget"],
         &["devserver"],
+        &["dev"],
+        &["dev", "up"],
+        &["dev", "run"],
     ];
     for c in commands {
         let mut args = c.to_vec();
@@ -40,6 +43,7 @@ fn help_of_the_binary_and_of_every_subcommand_exits_0() {
         "tools",
         "budget",
         "devserver",
+        "dev ",
     ] {
         assert!(
             top.stdout.contains(sub),
@@ -61,6 +65,42 @@ fn help_of_the_binary_and_of_every_subcommand_exits_0() {
         "--json",
     ] {
         assert!(resolve.stdout.contains(flag), "resolve --help shows {flag}");
+    }
+    for (sub, flags) in [
+        (
+            "up",
+            &[
+                "--tools",
+                "--base-url",
+                "--token",
+                "--agent",
+                "--executor-id",
+                "--executor-token",
+                "TOOLRUNNER_BASE_URL",
+                "TOOLRUNNER_ADMIN_TOKEN",
+            ][..],
+        ),
+        (
+            "run",
+            &[
+                "--tool",
+                "--arguments",
+                "--agent",
+                "--base-url",
+                "--token",
+                "--wait",
+                "TOOLRUNNER_AGENT_ID",
+            ][..],
+        ),
+    ] {
+        let help = run(&["dev", sub, "--help"]);
+        for flag in flags {
+            assert!(
+                help.stdout.contains(flag),
+                "dev {sub} --help shows {flag}: {}",
+                help.stdout
+            );
+        }
     }
     run(&["--version"]).code(0);
 }

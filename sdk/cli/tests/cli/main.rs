@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use toolrunner::protocol::wire::{Assignment, Grant, ReceiptKind};
 use toolrunner::testing::store::{
-    Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus, SqliteStore,
-    Store,
+    Attempt, Change, Event, LocalCall, LocalState, OutboxReceipt, PendingReport, ReceiptStatus,
+    SqliteStore, Store,
 };
 use toolrunner_devserver::DevServer;
 
@@ -40,6 +40,8 @@ mod budget;
 mod calls;
 mod canary;
 mod console;
+mod dev;
+mod errors;
 mod help;
 mod outbox;
 mod platform;
@@ -124,6 +126,10 @@ fn toolrunner() -> Command {
         "TOOLRUNNER_DB",
         "TOOLRUNNER_BASE_URL",
         "TOOLRUNNER_TOKEN",
+        "TOOLRUNNER_ADMIN_TOKEN",
+        "TOOLRUNNER_AGENT_ID",
+        "TOOLRUNNER_EXECUTOR_ID",
+        "TOOLRUNNER_BINDING_ID",
         "RUST_LOG",
     ] {
         c.env_remove(v);

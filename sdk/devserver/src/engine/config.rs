@@ -170,6 +170,28 @@ impl State {
         Ok(version)
     }
 
+    /// Every published version of the agent, oldest first.
+    pub(crate) fn list_versions(&self, agent_id: &str) -> Result<Vec<AgentVersion>, ApiError> {
+        if !self.agents.contains_key(agent_id) {
+            return Err(ApiError::not_found(
+                "unknown_agent",
+                format!("no agent {agent_id}"),
+            ));
+        }
+        let mut list: Vec<AgentVersion> = self
+            .versions
+            .values()
+            .filter(|v| v.agent_id == agent_id)
+            .cloned()
+            .collect();
+        list.sort_by(|a, b| {
+            a.created_at
+                .cmp(&b.created_at)
+                .then(a.agent_version.cmp(&b.agent_version))
+        });
+        Ok(list)
+    }
+
     pub(crate) fn get_version(
         &self,
         agent_id: &str,

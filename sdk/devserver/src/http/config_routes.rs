@@ -58,6 +58,23 @@ pub(crate) async fn create_version(
         .await)
 }
 
+/// `GET /agents/{agent_id}/versions` (this platform's own): every
+/// published version of the agent, oldest first.
+pub(crate) async fn list_versions(
+    State(sh): S,
+    auth: Auth,
+    Path(agent_id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer<List<AgentVersion>> {
+    auth.require(&[Scope::ConfigurationRead])?;
+    super::query::only(&q, &[])?;
+    let list = sh.apply(|s, _| s.list_versions(&agent_id)).await;
+    ok(list.map(|data| List {
+        data,
+        next_cursor: None,
+    }))
+}
+
 fn agent_exists(s: &mut crate::engine::State, agent_id: &str) -> Result<(), ApiError> {
     if s.agents.contains_key(agent_id) {
         Ok(())

@@ -59,7 +59,10 @@ pub(crate) fn router(shared: Arc<Shared>, stream: bool) -> Router {
             "/executor-bindings",
             post(g::create_binding).get(g::list_bindings),
         )
-        .route("/agents/{agent_id}/versions", post(g::create_version))
+        .route(
+            "/agents/{agent_id}/versions",
+            post(g::create_version).get(g::list_versions),
+        )
         .route(
             "/agents/{agent_id}/versions/{agent_version}",
             get(g::get_version),
@@ -83,7 +86,18 @@ pub(crate) fn router(shared: Arc<Shared>, stream: bool) -> Router {
         .with_state(shared)
 }
 
-async fn unknown_route() -> Failure {
+async fn unknown_route(uri: axum::extract::OriginalUri) -> Failure {
+    let path = uri.path();
+    if path == "/v1/v1" || path.starts_with("/v1/v1/") {
+        // A client given a base URL that ends in /v1 adds it once more.
+        return ApiError::not_found(
+            "unknown_route",
+            format!(
+                "no such endpoint {path}: /v1 is in it twice, as when the base URL ends in /v1; remove /v1 from the base URL (clients add it to every path)"
+            ),
+        )
+        .into();
+    }
     ApiError::not_found("unknown_route", "no such endpoint; every path is under /v1").into()
 }
 

@@ -147,10 +147,11 @@ impl ConsoleBuilder {
     }
 
     /// The store at a URL: a SQLite file (`sqlite://PATH` or a path; one
-    /// per executor, shown by its file name), or a PostgreSQL database
-    /// (`postgres://…`, feature `postgres`) with every executor identity
-    /// on it, each shown by its executor id (identities that appear later
-    /// show up on the next page).
+    /// per executor, shown by the executor id its calls were claimed by, or
+    /// by its file name while it records none when the console starts), or
+    /// a PostgreSQL database (`postgres://…`, feature `postgres`) with
+    /// every executor identity on it, each shown by its executor id
+    /// (identities that appear later show up on the next page).
     pub fn database(mut self, url: impl Into<String>) -> Self {
         self.databases.push(url.into());
         self

@@ -22,8 +22,9 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// One executor's store, as the console shows it.
 #[derive(Clone)]
 pub(super) struct Source {
-    /// The identity: the executor id, the file's name, or the given label
-    /// (unique among the console's stores).
+    /// The identity: the executor id (a SQLite file's: the id its calls
+    /// were claimed by, or its file name while it has none), or the given
+    /// label (unique among the console's stores).
     pub(super) label: String,
     /// The operator's API over its store.
     pub(super) reconciler: Arc<Reconciler>,
@@ -103,7 +104,11 @@ impl Sources {
                 ));
             }
             let reconciler = with_platform(Reconciler::open(&sqlite_url(&url)).await?, &platform)?;
-            let label = unique(fixed.iter().map(|s| s.label.as_str()), file_label(&url));
+            let ids = reconciler.executor_ids().await.unwrap_or_default();
+            let label = unique(
+                fixed.iter().map(|s| s.label.as_str()),
+                store_label(&ids, &url),
+            );
             fixed.push(Source {
                 label,
                 reconciler: Arc::new(reconciler),
@@ -292,7 +297,19 @@ fn sqlite_url(db: &str) -> String {
     }
 }
 
-/// A SQLite store's label: its file name without the extension.
+/// A SQLite store's label: the executor id(s) its calls were claimed by
+/// (one store per executor: normally one), or its file name while it
+/// records none.
+fn store_label(executor_ids: &[String], db: &str) -> String {
+    if executor_ids.is_empty() {
+        file_label(db)
+    } else {
+        executor_ids.join(", ")
+    }
+}
+
+/// A SQLite store's label when it records no executor id: its file name
+/// without the extension.
 fn file_label(db: &str) -> String {
     let path = db.strip_prefix("sqlite://").unwrap_or(db);
     let path = path.split('?').next().unwrap_or(path);
@@ -316,6 +333,19 @@ fn unique<'a>(taken: impl Iterator<Item = &'a str> + Clone, label: String) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sqlite_store_is_labelled_by_its_executor_ids_else_its_file_name() {
+        assert_eq!(
+            store_label(&["exe-a".into()], "/var/lib/a/exec-1.db"),
+            "exe-a"
+        );
+        assert_eq!(
+            store_label(&["exe-a".into(), "exe-b".into()], "/var/lib/a/exec-1.db"),
+            "exe-a, exe-b"
+        );
+        assert_eq!(store_label(&[], "/var/lib/a/exec-1.db"), "exec-1");
+    }
 
     #[test]
     fn a_sqlite_store_is_labelled_by_its_file_name() {

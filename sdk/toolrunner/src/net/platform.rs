@@ -216,14 +216,49 @@ fn unreachable(detail: &str) -> Error {
     )
 }
 
+/// Refuses a base URL that ends in `/v1` (or `/v1/`): every path is put
+/// under `/v1` by toolrunner itself, so such a URL would ask for
+/// `/v1/v1/…`, which no platform serves. The message says what to set
+/// instead.
+///
+/// # Errors
+/// The URL ends in `/v1`; the message names it and the URL without it.
+pub(crate) fn check_base_url_path(url: &str) -> std::result::Result<(), String> {
+    let trimmed = url.trim_end_matches('/');
+    match trimmed.strip_suffix("/v1") {
+        Some(without) if without.contains("://") => Err(format!(
+            "the base URL `{url}` ends in /v1: remove it; toolrunner adds /v1 to every path (TOOLRUNNER_BASE_URL={without})"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The scope a request of this client needs (protocol §5.2 and §6), for
+/// the message of a `403 missing_scope`.
+fn scope_needed(method: &Method, path: &str) -> &'static str {
+    let path = path.split('?').next().unwrap_or(path);
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    match (method.as_str(), first) {
+        ("POST", "agents" | "executor-bindings") => "configuration:write",
+        ("GET", "agents" | "executor-bindings") => "configuration:read",
+        ("POST", "tools") => "runtime:read, configuration:read or tools:execute",
+        ("POST", "runs") => "runs:write",
+        ("GET", "runs") => "runtime:read",
+        ("PUT", "dev") => "every scope (a token given `*`)",
+        _ => "the scope of this endpoint (docs/protocol.md, section 6)",
+    }
+}
+
 impl Platform {
     /// A client for the platform at `base_url` (paths go under `/v1`) with
     /// `token`, which needs the scopes of the endpoints used
     /// (`configuration:write` to publish, `runs:write` to start runs, …).
     ///
     /// # Errors
-    /// The HTTP client cannot be built.
+    /// The base URL ends in `/v1` (toolrunner adds it to every path), or
+    /// the HTTP client cannot be built.
     pub fn new(base_url: &str, token: &str) -> Result<Platform> {
+        check_base_url_path(base_url).map_err(|m| Error::new(Kind::Builder, m))?;
         let builder = crate::net::tls::http_builder(base_url)
             .map_err(|e| Error::new(Kind::Builder, e))?
             .timeout(Duration::from_secs(30))
@@ -301,6 +336,18 @@ impl Platform {
                 String::from_utf8_lossy(&resp.body).into_owned(),
             ),
         };
+        if api.code() == "missing_scope" {
+            // The token's scopes are the caller's to fix, and which one is
+            // missing depends on the endpoint, not on an executor's needs.
+            let needed = scope_needed(&method, path);
+            return Err(Error::new(
+                Kind::Configuration,
+                format!(
+                    "{method} {path}: the token lacks the scope {needed} ({api}): give it {needed}"
+                ),
+            )
+            .with_api(api));
+        }
         Err(Error::from(crate::net::client::ClientError::Api(api))
             .context(&format!("{method} {path}")))
     }
@@ -362,6 +409,18 @@ impl Platform {
             Some(body),
         )
         .await
+    }
+
+    /// `GET /agents/{agent_id}/versions` (the development platform): the
+    /// agent's published versions, oldest first (the last is the latest).
+    ///
+    /// # Errors
+    /// The platform refused it (an unknown agent is `404`).
+    pub async fn versions(&self, agent_id: &str) -> Result<Vec<AgentVersion>> {
+        let list: List<AgentVersion> = self
+            .call(Method::GET, &format!("/agents/{agent_id}/versions"), None)
+            .await?;
+        Ok(list.data)
     }
 
     /// `GET /agents/{agent_id}/versions/{agent_version}`.
@@ -513,4 +572,65 @@ impl Platform {
 /// Whether a call will not change any more without an operator.
 pub fn settled(state: CallState) -> bool {
     state.is_terminal() || state == CallState::ReconciliationRequired
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_url_ending_in_v1_is_refused_with_the_url_to_use() {
+        for url in [
+            "http://127.0.0.1:8700/v1",
+            "http://127.0.0.1:8700/v1/",
+            "http://127.0.0.1:8700/v1//",
+        ] {
+            let message = check_base_url_path(url).expect_err(url);
+            assert_eq!(
+                message,
+                format!(
+                    "the base URL `{url}` ends in /v1: remove it; toolrunner adds /v1 to every path (TOOLRUNNER_BASE_URL=http://127.0.0.1:8700)"
+                )
+            );
+        }
+        let message = check_base_url_path("https://platform.example/api/v1").expect_err("v1");
+        assert!(message.contains("(TOOLRUNNER_BASE_URL=https://platform.example/api)"));
+        for url in [
+            "http://127.0.0.1:8700",
+            "http://127.0.0.1:8700/",
+            "https://platform.example/api",
+            "https://platform.example/v10",
+            "https://platform.example/xv1",
+            "https://v1",
+        ] {
+            assert_eq!(check_base_url_path(url), Ok(()), "{url}");
+        }
+        let e = Platform::new("http://127.0.0.1:8700/v1", "t").expect_err("refused");
+        assert!(e.is_builder() && e.to_string().contains("ends in /v1: remove it"));
+    }
+
+    #[test]
+    fn a_missing_scope_names_the_scope_of_the_endpoint() {
+        let cases = [
+            (Method::POST, "/agents", "configuration:write"),
+            (Method::POST, "/executor-bindings", "configuration:write"),
+            (
+                Method::POST,
+                "/agents/agt_1/versions",
+                "configuration:write",
+            ),
+            (Method::GET, "/agents/agt_1/versions", "configuration:read"),
+            (
+                Method::GET,
+                "/executor-bindings?agent_id=agt_1",
+                "configuration:read",
+            ),
+            (Method::POST, "/runs", "runs:write"),
+            (Method::POST, "/runs/run_1/cancel", "runs:write"),
+            (Method::GET, "/runs/run_1", "runtime:read"),
+        ];
+        for (method, path, want) in cases {
+            assert_eq!(scope_needed(&method, path), want, "{method} {path}");
+        }
+    }
 }

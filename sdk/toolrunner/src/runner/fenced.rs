@@ -118,4 +118,18 @@ impl Store for FencedStore {
     async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
         self.io(self.inner.outbox_summary()).await
     }
+
+    async fn outcomes(
+        &self,
+        calls: &[crate::store::CallKey],
+    ) -> Result<
+        std::collections::HashMap<crate::store::CallKey, toolrunner_protocol::wire::ReceiptKind>,
+        StoreError,
+    > {
+        self.io(self.inner.outcomes(calls)).await
+    }
+
+    async fn executor_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.io(self.inner.executor_ids()).await
+    }
 }

@@ -119,6 +119,35 @@ pub trait Store: Send + Sync + 'static {
         Ok(0)
     }
 
+    /// How each of `calls` ended, as far as this store knows: the kind of
+    /// its latest final receipt (`completed`, `failed` or `cancelled`),
+    /// for those that have one. The default reads each call's receipts.
+    ///
+    /// # Errors
+    /// The store failed.
+    async fn outcomes(
+        &self,
+        calls: &[CallKey],
+    ) -> Result<std::collections::HashMap<CallKey, ReceiptKind>, StoreError> {
+        let mut out = std::collections::HashMap::new();
+        for (run_id, call_id) in calls {
+            let receipts = self.receipts(run_id, call_id).await?;
+            if let Some(r) = receipts.iter().rev().find(|r| r.kind.is_final()) {
+                out.insert((run_id.clone(), call_id.clone()), r.kind);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every executor id this store's calls were claimed by (from their
+    /// attempts), sorted. The default knows none.
+    ///
+    /// # Errors
+    /// The store failed.
+    async fn executor_ids(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
     /// The receipts still to send (`pending`), without their bodies: how
     /// many, the oldest one's time, and the calls they belong to (an
     /// `accepted` counted, its call not listed: only the accept step sends
@@ -141,6 +170,51 @@ pub trait Store: Send + Sync + 'static {
             calls,
         })
     }
+}
+
+/// A call, as `(run_id, call_id)`.
+pub type CallKey = (String, String);
+
+/// How many calls [`Store::outcomes`] looks up one by one (by the
+/// receipts' call index) before it reads every final receipt's kind at
+/// once instead.
+pub(crate) const OUTCOMES_ONE_BY_ONE: usize = 64;
+
+/// The kind of one call's latest final receipt (`$1` run, `$2` call).
+pub(crate) const CALL_OUTCOME: &str = "SELECT kind FROM receipts
+     WHERE run_id = $1 AND call_id = $2 AND kind IN ('completed', 'failed', 'cancelled')
+     ORDER BY sequence DESC, created_at DESC LIMIT 1";
+
+/// Every final receipt's call and kind, each call's in sequence order
+/// (no bodies are read).
+pub(crate) const FINAL_KINDS: &str = "SELECT run_id, call_id, kind FROM receipts
+     WHERE kind IN ('completed', 'failed', 'cancelled')
+     ORDER BY run_id, call_id, sequence, created_at";
+
+/// Every executor id the store's calls were claimed by, sorted.
+pub(crate) const EXECUTOR_IDS: &str = "SELECT DISTINCT executor_id FROM attempts
+     WHERE executor_id IS NOT NULL ORDER BY executor_id";
+
+/// A stored receipt kind.
+pub(crate) fn parse_kind(kind: String) -> Result<ReceiptKind, StoreError> {
+    serde_json::from_value::<ReceiptKind>(serde_json::Value::String(kind)).map_err(columns::corrupt)
+}
+
+/// The outcomes of `calls` among `(run_id, call_id, kind)` rows of
+/// [`FINAL_KINDS`] (a call's later receipt wins).
+pub(crate) fn outcomes_among(
+    calls: &[CallKey],
+    rows: impl IntoIterator<Item = (String, String, ReceiptKind)>,
+) -> std::collections::HashMap<CallKey, ReceiptKind> {
+    let wanted: std::collections::HashSet<&CallKey> = calls.iter().collect();
+    let mut out = std::collections::HashMap::new();
+    for (run_id, call_id, kind) in rows {
+        let key = (run_id, call_id);
+        if wanted.contains(&key) {
+            out.insert(key, kind);
+        }
+    }
+    out
 }
 
 /// The receipts still to send, in brief (see [`Store::outbox_summary`]).

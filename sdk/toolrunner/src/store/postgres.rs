@@ -1061,6 +1061,40 @@ impl Store for PgStore {
         })
     }
 
+    async fn outcomes(
+        &self,
+        calls: &[super::CallKey],
+    ) -> Result<std::collections::HashMap<super::CallKey, super::ReceiptKind>, StoreError> {
+        if calls.len() <= super::OUTCOMES_ONE_BY_ONE {
+            let mut out = std::collections::HashMap::new();
+            for (run_id, call_id) in calls {
+                let kind: Option<String> = sqlx::query_scalar(super::CALL_OUTCOME)
+                    .bind(run_id)
+                    .bind(call_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                if let Some(kind) = kind {
+                    out.insert((run_id.clone(), call_id.clone()), super::parse_kind(kind)?);
+                }
+            }
+            return Ok(out);
+        }
+        let rows: Vec<(String, String, String)> = sqlx::query_as(super::FINAL_KINDS)
+            .fetch_all(&self.pool)
+            .await?;
+        let rows = rows
+            .into_iter()
+            .map(|(r, c, k)| Ok((r, c, super::parse_kind(k)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(super::outcomes_among(calls, rows))
+    }
+
+    async fn executor_ids(&self) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(super::EXECUTOR_IDS)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     async fn attempts(&self, run_id: &str, call_id: &str) -> Result<Vec<Attempt>, StoreError> {
         let rows = sqlx::query(
             "SELECT run_id, call_id, operation_key, executor_id, assignment_id, created_at
