@@ -598,15 +598,7 @@ fn check_base_url(url: &str, allow_insecure_http: bool) -> Result<()> {
     if host.is_empty() {
         return Err(bad("names no host"));
     }
-    if url.trim_end_matches('/').ends_with("/v1") {
-        return Err(Error::new(
-            Kind::Builder,
-            format!(
-                "base_url {url:?} ends in /v1: remove it (set TOOLRUNNER_BASE_URL={}); every path the executor asks for is under /v1 already",
-                url.trim_end_matches('/').trim_end_matches("/v1")
-            ),
-        ));
-    }
+    crate::net::platform::check_base_url_path(url).map_err(|m| Error::new(Kind::Builder, m))?;
     match scheme {
         "https" => Ok(()),
         "http" if allow_insecure_http || crate::net::tls::is_loopback(host) => Ok(()),
