@@ -723,13 +723,28 @@ fn first_run(_bin: &Path) -> Result<()> {
     // crates made absolute.
     let dir = tempfile::tempdir()?;
     let user = root.join("tests/user-crate");
-    let manifest = std::fs::read_to_string(user.join("Cargo.toml"))?.replace(
-        "../../target/packaged",
-        &root.join("target/packaged").display().to_string(),
-    );
-    std::fs::write(dir.path().join("Cargo.toml"), manifest)?;
+    // Its package and dependencies, and the patch; not the binaries of
+    // CI's own checks.
+    let manifest = std::fs::read_to_string(user.join("Cargo.toml"))?;
+    let own = manifest
+        .split("\n[features]")
+        .next()
+        .context("the user crate's manifest")?;
+    let patch = manifest
+        .split("\n[patch.crates-io]")
+        .nth(1)
+        .context("the user crate's manifest patches crates-io")?
+        .replace(
+            "../../target/packaged",
+            &root.join("target/packaged").display().to_string(),
+        );
+    std::fs::write(
+        dir.path().join("Cargo.toml"),
+        format!("{own}\n[patch.crates-io]{patch}"),
+    )?;
     std::fs::copy(user.join("Cargo.lock"), dir.path().join("Cargo.lock"))?;
-    copy_dir(&user.join("src"), &dir.path().join("src"))?;
+    std::fs::create_dir(dir.path().join("src"))?;
+    std::fs::copy(user.join("src/main.rs"), dir.path().join("src/main.rs"))?;
 
     let log = dir.path().join("first-run.log");
     let path = std::env::join_paths(
@@ -800,20 +815,5 @@ fn first_run(_bin: &Path) -> Result<()> {
         ledger.lines().count() == 1 && ledger.contains(" 5 \"first\""),
         "ledger.txt should hold the one entry: {ledger}"
     );
-    Ok(())
-}
-
-/// Copies a directory tree.
-fn copy_dir(from: &Path, to: &Path) -> Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_dir(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), target)?;
-        }
-    }
     Ok(())
 }

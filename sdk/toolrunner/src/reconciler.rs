@@ -624,11 +624,12 @@ impl Reconciler {
     }
 
     /// Every executor id whose calls this store holds (from their
-    /// attempts), sorted: the identity the console shows it by.
+    /// attempts), sorted: which executor a store file belongs to (the
+    /// console labels a store by them).
     ///
     /// # Errors
     /// The store failed.
-    pub(crate) async fn executor_ids(&self) -> Result<Vec<String>> {
+    pub async fn executor_ids(&self) -> Result<Vec<String>> {
         Ok(self.store.executor_ids().await?)
     }
 
