@@ -70,12 +70,6 @@ struct Finding {
     message: String,
 }
 
-#[derive(Debug, Serialize)]
-struct Warning {
-    param: String,
-    message: String,
-}
-
 fn read(source: &str) -> Result<String, Failure> {
     if source == "-" {
         let mut s = String::new();
@@ -97,58 +91,13 @@ pub(crate) fn inline_or_file(arg: &str) -> Result<Value, Failure> {
         .map_err(|e| Failure::Usage(format!("not acceptable JSON: {e}")))
 }
 
-/// Names that usually hold one of a few values.
-const CATEGORICAL: [&str; 14] = [
-    "status",
-    "state",
-    "type",
-    "kind",
-    "mode",
-    "currency",
-    "country",
-    "language",
-    "unit",
-    "priority",
-    "level",
-    "category",
-    "direction",
-    "role",
-];
-
-fn lint_schema(param: &str, schema: &Value, out: &mut Vec<Warning>) {
-    let Some(obj) = schema.as_object() else {
-        return;
-    };
-    if obj.get("type") == Some(&json!("object")) {
-        if obj.get("additionalProperties") != Some(&json!(false)) {
-            out.push(Warning {
-                param: param.into(),
-                message: "no \"additionalProperties\": false: unknown arguments pass unnoticed"
-                    .into(),
-            });
-        }
-        let props = obj.get("properties").and_then(Value::as_object);
-        if props.is_some_and(|p| !p.is_empty()) && !obj.contains_key("required") {
-            out.push(Warning {
-                param: param.into(),
-                message: "no \"required\": every argument is optional".into(),
-            });
-        }
-        for (name, prop) in props.into_iter().flatten() {
-            let p = format!("{param}.properties.{name}");
-            let free_string = prop.get("type") == Some(&json!("string"))
-                && !["enum", "const", "format", "pattern"]
-                    .iter()
-                    .any(|k| prop.get(k).is_some());
-            let described = prop
-                .get("description")
-                .and_then(Value::as_str)
-                .is_some_and(|d| d.to_lowercase().contains("one of"));
-            if free_string && (CATEGORICAL.contains(&name.to_lowercase().as_str()) || described) {
-                out.push(Warning { param: p.clone(), message: format!("free-form string {name}: an \"enum\" would tell the model the allowed values") });
-            }
-            lint_schema(&p, prop, out);
-        }
+/// A problem's text for a person: its message, which names where when the
+/// protocol's check wrote it so, else `param: message`.
+fn located(param: &str, message: &str) -> String {
+    if message.starts_with(param) {
+        message.to_owned()
+    } else {
+        format!("{param}: {message}")
     }
 }
 
@@ -178,22 +127,17 @@ fn check(file: &str, as_json: bool) -> Outcome {
             })
             .collect(),
     };
-    let mut warnings = Vec::new();
-    for (i, t) in tools.as_array().into_iter().flatten().enumerate() {
-        if let Some(s) = t.get("input_schema") {
-            lint_schema(&format!("tools[{i}].input_schema"), s, &mut warnings);
-        }
-    }
+    let warnings = toolrunner_protocol::tooldef::lint_version(&tools);
     if as_json {
         output::json(
             &json!({"valid": problems.is_empty(), "problems": problems, "warnings": warnings}),
         )?;
     } else {
         for p in &problems {
-            println!("error   {}: {} ({})", p.param, p.message, p.code);
+            println!("error   {} ({})", located(&p.param, &p.message), p.code);
         }
         for w in &warnings {
-            println!("warning {}: {}", w.param, w.message);
+            println!("warning {}", located(&w.param, &w.message));
         }
         println!("{} problems, {} warnings", problems.len(), warnings.len());
     }
@@ -251,7 +195,7 @@ pub(crate) fn checked(file: &str, tools: &Value, nothing: &str) -> Result<Checke
     check_version(tools, None).map_err(|problems| {
         let list: Vec<String> = problems
             .iter()
-            .map(|p| format!("{}: {}", p.param, p.message))
+            .map(|p| located(&p.param, &p.message))
             .collect();
         Failure::Refused(format!(
             "{} fails the protocol's checks ({nothing}): {}",
