@@ -228,6 +228,8 @@ async fn platformed(bin: &Path) -> Result<Platformed> {
     let dir = tempfile::tempdir()?;
     let printed = example_command(bin, dir.path())
         .env("TOOLRUNNER_BINDING_ID", &binding.binding_id)
+        // An argument that is not UTF-8 (a Latin-1 file name) beside it.
+        .arg(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"caf\xe9"))
         .arg("--print-definitions")
         .output()
         .context("the example prints its definitions")?;

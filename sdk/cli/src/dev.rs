@@ -264,9 +264,17 @@ async fn run_call(args: RunArgs) -> Outcome {
     let state = call.state.as_str();
     if !toolrunner::platform::settled(call.state) {
         println!("call {call_id} {state}");
+        let next = if call.state == CallState::Pending {
+            format!(
+                "no executor claimed it: one must be serving the binding of {} (TOOLRUNNER_BINDING_ID, as `toolrunner dev up` printed it); start it, then run this again",
+                args.tool
+            )
+        } else {
+            "an executor holds it and its handler has not finished: wait longer (--wait SECONDS), or read it with `toolrunner calls show`".to_owned()
+        };
         return Err(Failure::Usage(format!(
-            "the call {call_id} (run {}) is still {state} after {} s: an executor must be serving the binding of {} (TOOLRUNNER_BINDING_ID, as `toolrunner dev up` printed it); start it, then run this again",
-            run.run_id, args.wait, args.tool
+            "the call {call_id} (run {}) is still {state} after {} s: {next}",
+            run.run_id, args.wait
         )));
     }
     let detail = outcome(call);
@@ -280,7 +288,7 @@ async fn run_call(args: RunArgs) -> Outcome {
     let why = detail.map(|d| format!(": {d}")).unwrap_or_default();
     Err(Failure::Refused(match call.state {
         CallState::ReconciliationRequired => format!(
-            "the call {call_id} ended reconciliation_required: its executor does not know whether the effect happened; settle it with `toolrunner reconcile resolve {}/{call_id}`",
+            "the call {call_id} ended reconciliation_required: its executor does not know whether the effect happened; its reconcile hook settles it, or an operator does with `toolrunner reconcile resolve {}/{call_id} --db toolrunner.db (--completed RESULT.json | --failed CODE --message TEXT) --evidence \"WHAT YOU CHECKED\"` (see `toolrunner reconcile resolve --help`)",
             run.run_id
         ),
         _ => format!("the call {call_id} ended {state}{why}"),

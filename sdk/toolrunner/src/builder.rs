@@ -178,7 +178,7 @@ impl ExecutorBuilder {
             executor_id: var("TOOLRUNNER_EXECUTOR_ID"),
             binding_id: var("TOOLRUNNER_BINDING_ID"),
             store_url: var("TOOLRUNNER_STORE_URL").unwrap_or(defaults.store_url.clone()),
-            definitions_only: std::env::args().any(|a| a == PRINT_DEFINITIONS),
+            definitions_only: std::env::args_os().any(|a| a == PRINT_DEFINITIONS),
             ..defaults
         }
     }
@@ -701,8 +701,11 @@ impl Executor {
                 .map_err(|e| {
                 Error::new(Kind::Builder, format!("cannot print the definitions: {e}"))
             })?;
-            println!("{text}");
-            return Ok(());
+            // Written, not printed: a closed pipe (`| head`) is an error.
+            use std::io::Write;
+            return writeln!(std::io::stdout().lock(), "{text}").map_err(|e| {
+                Error::new(Kind::Builder, format!("cannot print the definitions: {e}"))
+            });
         }
         let running = self.start().await?;
         tokio::select! {

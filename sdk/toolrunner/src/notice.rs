@@ -50,3 +50,17 @@ pub(crate) fn needs_reconciliation(
         );
     }
 }
+
+/// At the first connect: how many calls of this store wait in
+/// `reconciliation_required` from before (nothing is said for none).
+pub(crate) fn waiting(executor_id: &str, calls: u64) {
+    if calls == 0 {
+        return;
+    }
+    tracing::warn!(executor_id, calls, "calls wait in reconciliation_required");
+    if unheard() {
+        eprintln!(
+            "toolrunner: {calls} call(s) of executor {executor_id} wait in reconciliation_required: their reconcile hook or an operator settles them (toolrunner calls list --state reconciliation_required)"
+        );
+    }
+}

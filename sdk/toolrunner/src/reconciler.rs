@@ -650,11 +650,14 @@ impl Reconciler {
         let events = self.store.events(run_id, call_id).await?;
         let attempts = self.store.attempts(run_id, call_id).await?;
         let mut summary = CallSummary::from_row(&call);
+        // As `list` says it: a call waiting for reconciliation has no
+        // outcome yet, whatever final receipt the platform refused.
         summary.outcome = receipts
             .iter()
             .rev()
             .find(|r| r.kind.is_final())
-            .map(|r| r.kind);
+            .map(|r| r.kind)
+            .filter(|_| may_have_outcome(call.state));
         Ok(Timeline {
             arguments: call.assignment.as_ref().map(|a| a.arguments.clone()),
             call: summary,

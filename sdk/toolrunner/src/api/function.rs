@@ -259,10 +259,6 @@ impl<O> std::fmt::Debug for FnTool<O> {
     }
 }
 
-fn schema_of<S: JsonSchema>() -> Value {
-    serde_json::to_value(schemars::schema_for!(S)).unwrap_or(Value::Null)
-}
-
 fn check_input<I: DeserializeOwned>(arguments: &Value) -> Result<(), String> {
     I::deserialize(arguments)
         .map(|_| ())
@@ -294,8 +290,8 @@ where
         name: name.to_owned(),
         description: String::new(),
         effect,
-        input_schema: schema_of::<I>(),
-        output_schema: schema_of::<O>(),
+        input_schema: super::handler::input_schema_of::<I>(),
+        output_schema: super::handler::output_schema_of::<O>(),
         type_names: (std::any::type_name::<I>(), std::any::type_name::<O>()),
         check_input: check_input::<I>,
         call,

@@ -359,8 +359,40 @@ pub(crate) trait ErasedTool: Send + Sync {
 
 pub(crate) struct Erased<T>(pub(crate) T);
 
-fn schema_of<S: JsonSchema>() -> Value {
+/// A tool's input type's schema, as the platform checks arguments against
+/// it (closed where `#[toolrunner::schema]` closed the type).
+pub(crate) fn input_schema_of<S: JsonSchema>() -> Value {
     serde_json::to_value(schemars::schema_for!(S)).unwrap_or(Value::Null)
+}
+
+/// A tool's output type's schema, as its values serialize (with the
+/// fields serde writes but never reads, and a struct's tag), and open: a
+/// result is what the tool's own serializer wrote, so a key the schema
+/// does not list must not turn a done effect into an unknown outcome
+/// (`#[toolrunner::schema]` closes a type for arguments only;
+/// `docs/protocol.md`, choice 74).
+pub(crate) fn output_schema_of<S: JsonSchema>() -> Value {
+    let generator = schemars::generate::SchemaSettings::default()
+        .for_serialize()
+        .into_generator();
+    let mut schema =
+        serde_json::to_value(generator.into_root_schema_for::<S>()).unwrap_or(Value::Null);
+    open(&mut schema);
+    schema
+}
+
+/// Removes every `"additionalProperties": false` of a schema.
+fn open(schema: &mut Value) {
+    match schema {
+        Value::Object(fields) => {
+            if fields.get("additionalProperties") == Some(&Value::Bool(false)) {
+                fields.remove("additionalProperties");
+            }
+            fields.values_mut().for_each(open);
+        }
+        Value::Array(items) => items.iter_mut().for_each(open),
+        _ => {}
+    }
 }
 
 fn to_value<O: Serialize>(output: O) -> Result<Value, ToolError> {
@@ -383,11 +415,11 @@ impl<T: Tool> ErasedTool for Erased<T> {
     }
 
     fn input_schema(&self) -> Value {
-        schema_of::<T::Input>()
+        input_schema_of::<T::Input>()
     }
 
     fn output_schema(&self) -> Value {
-        schema_of::<T::Output>()
+        output_schema_of::<T::Output>()
     }
 
     fn type_names(&self) -> (&'static str, &'static str) {

@@ -98,12 +98,24 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         }
     };
     tracing::info!(executor_id = %core.cfg.executor_id, connection_id = %connected.connection_id, outstanding = connected.outstanding.len(), "connected");
+    let first = patience != Patience::UntilStopped;
     crate::notice::serving(
         &core.cfg.executor_id,
         &core.cfg.binding_id,
         core.tools.keys().map(String::as_str),
-        patience != Patience::UntilStopped,
+        first,
     );
+    if first {
+        // What waits for a person from before this start (its own notice
+        // may have been lost with the process that filed it).
+        if let Ok(counts) = core.store.count_by_state().await {
+            let waiting = counts
+                .get(&crate::store::LocalState::ReconciliationRequired)
+                .copied()
+                .unwrap_or(0);
+            crate::notice::waiting(&core.cfg.executor_id, waiting);
+        }
+    }
     if patience == Patience::UntilStopped {
         super::telemetry::reconnected(&core.cfg.executor_id);
     }

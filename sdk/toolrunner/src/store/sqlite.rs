@@ -192,22 +192,38 @@ impl SqliteStore {
 
 /// Why a store file cannot be opened where it was asked for, naming the
 /// directory (the lock file beside the store is the first thing created
-/// there) and what to do.
+/// there), or the lock file when it is the lock file that is refused, and
+/// what to do.
 fn unusable_directory(store: &std::path::Path, e: &std::io::Error) -> String {
     let dir = match store.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => std::path::PathBuf::from("."),
     };
-    let why = if !dir.exists() {
-        "does not exist".to_owned()
-    } else if !dir.is_dir() {
-        "is not a directory".to_owned()
-    } else {
-        format!("cannot be written to ({e})")
+    let mut lock = store.as_os_str().to_owned();
+    lock.push("-lock");
+    let lock = std::path::PathBuf::from(lock);
+    let what = match std::fs::metadata(&dir) {
+        Err(m) if m.kind() == std::io::ErrorKind::NotFound => {
+            format!("the store's directory {} does not exist", dir.display())
+        }
+        Err(m) => format!(
+            "the store's directory {} cannot be reached ({m})",
+            dir.display()
+        ),
+        Ok(m) if !m.is_dir() => {
+            format!("the store's directory {} is not a directory", dir.display())
+        }
+        Ok(_) if lock.exists() => format!(
+            "the store's lock file {} cannot be opened for writing ({e}): let this process write it (or remove it while no executor runs)",
+            lock.display()
+        ),
+        Ok(_) => format!(
+            "the store's directory {} cannot be written to ({e})",
+            dir.display()
+        ),
     };
     format!(
-        "the store's directory {} {why}: create it and let this process write there, or set TOOLRUNNER_STORE_URL (or .store_url(..)) to a file in a writable directory (the store is {})",
-        dir.display(),
+        "{what}: create the directory and let this process write there, or set TOOLRUNNER_STORE_URL (or .store_url(..)) to a file in a writable directory (the store is {})",
         store.display()
     )
 }

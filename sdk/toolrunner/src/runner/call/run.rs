@@ -365,9 +365,10 @@ pub(super) fn outcome_event(
 
 /// A read tool's outcome: a read has no effect to be unsure about (the
 /// contract lets reads run again, §"Recovery" 7), so what would page a
-/// person for a write (an error, a panic, a timeout, a result its schema
-/// refuses), retried first as [`ToolError::Retry`] is, fails the call
-/// with a code and a message safe for the model; the cause is logged
+/// person for a write (an error, a panic, a timeout, each retried first as
+/// [`ToolError::Retry`] is by `attempt_handler`; a result its schema
+/// refuses) fails the call with a code and a message safe for the model;
+/// the cause is logged
 /// (`docs/protocol.md`, choice 75).
 fn read_outcome_event(asg: &Assignment, outcome: Result<Value, ToolError>) -> Event {
     match outcome_event_of(asg, outcome) {
