@@ -1162,6 +1162,118 @@ fn outstanding_running_call_unknown_to_the_store_is_reported_and_never_filed() {
     });
 }
 
+/// Row "`accepted` confirmed" with the handler not started (local state
+/// still `assigned`), while another store of the same executor id (a lost
+/// store's replacement, a twin on another database) connected meanwhile and
+/// reported the call it does not know `reconciliation_required`
+/// (`unknown_to_executor`). The saved `accepted`, replayed on restart, is
+/// answered `accepted: false` with `replayed: true` and the call
+/// `reconciliation_required`: the platform confirmed it once and waits for
+/// a final receipt under this assignment, which only this store can send.
+/// The call is resumed as the crash table's "`accepted` confirmed" row says
+/// (never settled `abandoned`, which left the platform holding it for ever:
+/// simulation seed 205). Returns the platform's call once `tool`'s call
+/// settled here, and the handler invocations of both stores.
+async fn reported_by_another_store_then_restarted(tool: &str) -> (Row, Value, Log) {
+    let mut row = Row::new(tool, None).await;
+    fail::cfg("after_accepted_confirmed", "return").unwrap();
+    let a = row.start().await;
+    row.wait_platform("running").await;
+    tokio::time::sleep(GRACE).await;
+    assert_eq!(
+        row.local_call().await.expect("known").state,
+        LocalState::Assigned
+    );
+    drop(a);
+    fail::remove("after_accepted_confirmed");
+
+    // Another store of the identity reports the call it does not know.
+    let dir_b = tempfile::tempdir().expect("tempdir");
+    let store_b = fresh_store(dir_b.path()).await;
+    let log_b = Log::default();
+    let b = row.start_with(&Options::new(&store_b, &log_b)).await;
+    row.wait_platform("reconciliation_required").await;
+    let inspect_b = open_store(&store_b).await;
+    eventually("B's report answered", LIMIT, || async {
+        inspect_b
+            .call(&row.run_id, &row.call_id)
+            .await
+            .expect("readable")
+            .filter(|c| c.state == LocalState::Abandoned && c.report.is_none())
+    })
+    .await;
+    drop(b);
+
+    // The store that holds the call starts again; its hook can look.
+    let o = Options {
+        hook: Some(Duration::from_millis(10)),
+        ..Options::new(&row.store_url, &row.log)
+    };
+    let again = row.start_custom(&o).await;
+    let local = eventually("the call settled here", LIMIT, || async {
+        row.local_call().await.filter(|c| {
+            matches!(
+                c.state,
+                LocalState::Delivered | LocalState::Abandoned | LocalState::Released
+            )
+        })
+    })
+    .await;
+    let timeline: Vec<String> = row
+        .store()
+        .events(&row.run_id, &row.call_id)
+        .await
+        .expect("readable")
+        .into_iter()
+        .map(|e| format!("{} {:?}", e.what(), e.detail()))
+        .collect();
+    let call = row.platform_call().await;
+    assert_eq!(
+        local.state,
+        LocalState::Delivered,
+        "reason {:?}, platform {call}, timeline {timeline:#?}",
+        local.reason,
+    );
+    let outbox = row.local_receipts().await;
+    assert!(
+        outbox.iter().all(|r| r.status == ReceiptStatus::Delivered),
+        "{outbox:#?}"
+    );
+    drop(again);
+    (row, call, log_b)
+}
+
+/// A write tool's call: `reconciliation_required` here, and its hook
+/// (which finds nothing done) settles it `failed` / `not_performed`; the
+/// handler never runs.
+#[test]
+fn after_accepted_confirmed_reported_by_another_store_is_settled_here() {
+    with_failpoints(async {
+        let (row, call, log_b) = reported_by_another_store_then_restarted(WRITE_TOOL).await;
+        assert_eq!(call["state"], "failed", "{call}");
+        assert_eq!(receipt_kinds(&call), ["accepted", "failed"], "{call}");
+        let failed = receipts_of_kind(&call, "failed")[0];
+        assert_eq!(failed["body"]["error"]["code"], "not_performed", "{call}");
+        assert_eq!(row.log.checks().len(), 1, "the hook was asked once");
+        assert_eq!(row.log.len(), 0, "{:?}", row.log.all());
+        assert_eq!(log_b.len(), 0, "{:?}", log_b.all());
+    });
+}
+
+/// A read tool's call runs again here (under its assignment, same key) and
+/// completes; its hook is never asked.
+#[test]
+fn after_accepted_confirmed_reported_by_another_store_read_tool_runs_here() {
+    with_failpoints(async {
+        let (row, call, log_b) = reported_by_another_store_then_restarted(READ_TOOL).await;
+        assert_eq!(call["state"], "completed", "{call}");
+        assert_eq!(receipt_kinds(&call), ["accepted", "completed"], "{call}");
+        assert_eq!(row.log.checks().len(), 0, "the hook was asked");
+        assert_eq!(row.log.len(), 1, "{:?}", row.log.all());
+        assert_eq!(log_b.len(), 0, "{:?}", log_b.all());
+    });
+}
+
 /// Row "`accepted` confirmed, no final receipt saved", write tool whose
 /// `reconcile` hook can look the operation key up → the automatic check
 /// settles the call `completed` once: one hook call, one final receipt,
@@ -1464,6 +1576,24 @@ fn transactional_resumed_call_whose_run_ended_unseen_is_not_run_again() {
         transactional::a_resumed_call_whose_run_ended_unseen_is_not_run_again(&url, store)
             .await
             .expect("not run again");
+    });
+}
+
+/// A transactional call whose `accepted` was confirmed as its process was
+/// lost, reported `reconciliation_required` by another store of the
+/// executor id meanwhile, runs here once on restart and completes with one
+/// order row (simulation seed 205).
+#[test]
+fn transactional_call_reported_by_another_store_runs_here() {
+    with_failpoints(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = fresh_store(dir.path()).await;
+        let other_dir = tempfile::tempdir().expect("temp dir");
+        let other = fresh_store(other_dir.path()).await;
+        let store = open_store(&url).await;
+        transactional::a_call_reported_by_another_store_runs_here(&url, &other, store)
+            .await
+            .expect("run here once");
     });
 }
 

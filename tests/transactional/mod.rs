@@ -1713,6 +1713,125 @@ pub(crate) async fn a_resumed_call_whose_run_ended_unseen_is_not_run_again(
     Ok(())
 }
 
+/// An order whose `accepted` was confirmed as its process was lost (the
+/// call still `assigned` in its store, `running` on the platform), which
+/// another store of the same executor id (`other_store_url`: a lost
+/// store's replacement, a twin on another database) then reported
+/// `reconciliation_required` because it did not know the call: on restart
+/// the replayed `accepted` is answered `false` (`replayed`, the call
+/// `reconciliation_required`). The call is this store's, and none of its
+/// writes committed: it runs here once and completes with one order row,
+/// never `abandoned` with the platform holding it for ever, never
+/// `reconciliation_required` (simulation seed 205).
+pub(crate) async fn a_call_reported_by_another_store_runs_here(
+    store_url: &str,
+    other_store_url: &str,
+    store: Arc<dyn Store>,
+) -> Result<()> {
+    create_orders(store_url).await?;
+    let bench = Bench::start(store_url).await?;
+    let crashed = Arc::new(AtomicBool::new(false));
+    let first = bench
+        .executor(Some(("after_accepted_confirmed", crashed.clone())))?
+        .start()
+        .await?;
+    let run_id = bench
+        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 5}))])
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !crashed.load(Ordering::SeqCst) {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the executor never reached after_accepted_confirmed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Gone, as a lost process: nothing more is written or sent.
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let platform_state = |bench: &Bench| {
+        let (admin, run_id) = (bench.admin.clone(), run_id.clone());
+        async move {
+            let call = admin
+                .run(&run_id)
+                .await?
+                .tool_calls
+                .into_iter()
+                .next()
+                .context("the run's call")?;
+            Ok::<_, anyhow::Error>((call.call_id, call.state.as_str().to_owned()))
+        }
+    };
+    let (call_id, state) = platform_state(&bench).await?;
+    ensure!(state == "running", "the platform holds the call {state}");
+    let row = store
+        .call(&run_id, &call_id)
+        .await?
+        .context("the call's row")?;
+    ensure!(
+        row.state == LocalState::Assigned,
+        "the call is {} here",
+        row.state
+    );
+    let key = row.operation_key.clone();
+
+    // Another store of the identity reports the call it does not know.
+    let other = bench
+        .executor_with(None, |b| b.store_url(other_store_url))?
+        .start()
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, state) = platform_state(&bench).await?;
+        if state == "reconciliation_required" {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the other store never reported the call (the platform holds it {state})"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    drop(other);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let running = bench.executor(None)?.start().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let row = loop {
+        let row = store
+            .call(&run_id, &call_id)
+            .await?
+            .context("the call's row")?;
+        if matches!(
+            row.state,
+            LocalState::Delivered | LocalState::Abandoned | LocalState::Released
+        ) || tokio::time::Instant::now() > deadline
+        {
+            break row;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, state) = platform_state(&bench).await?;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    let stored = orders(store_url, &key).await?;
+    ensure!(
+        row.state == LocalState::Delivered && state == "completed",
+        "the call is {} here ({:?}) and {state} on the platform, with {stored} order rows",
+        row.state,
+        row.reason
+    );
+    ensure!(stored == 1, "{stored} order rows were stored");
+    let starts = starts_of(&key);
+    ensure!(starts == 1, "the handler started {starts} times");
+    bench.server.shutdown().await;
+    Ok(())
+}
+
 /// Submits an order whose handler pauses its call the first time (its
 /// store cut off: the settlement cannot be stored, and the call stays
 /// `running`), and waits until it did: the run, the call and the

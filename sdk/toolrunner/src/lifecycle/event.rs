@@ -66,6 +66,15 @@ pub(crate) enum Event {
         receipt_id: String,
         why: String,
     },
+    /// The saved `accepted`, replayed, is answered `accepted: false` with
+    /// `replayed: true` and the call `reconciliation_required`: the
+    /// platform confirmed it once (the answer was lost) and waits for a
+    /// final receipt under this assignment (another store of this executor
+    /// id reported the call it did not know, `unknown_to_executor`).
+    /// Nothing started here: the call is resumed as after a crash.
+    AcceptFoundReconciling {
+        receipt_id: String,
+    },
     ClaimLapsed,
     ProgressSaved {
         progress: Value,
@@ -168,6 +177,7 @@ impl Event {
             Event::AcceptConfirmed { .. } => "accept_confirmed",
             Event::AcceptRefusedPending { .. } => "accept_refused_pending",
             Event::AcceptRefused { .. } => "accept_refused",
+            Event::AcceptFoundReconciling { .. } => "accept_found_reconciling",
             Event::ClaimLapsed => "claim_lapsed",
             Event::ProgressSaved { .. } => "progress_saved",
             Event::HandlerFinished { .. } => "handler_finished",

@@ -407,6 +407,15 @@ pub(super) fn apply_event(
             ));
             d.call.reason = Some(why);
         }
+        Event::AcceptFoundReconciling { receipt_id } => {
+            // The platform holds this very `accepted` (a replay): it was
+            // confirmed once, and the call is this assignment's.
+            d.changes
+                .push(mark(&receipt_id, ReceiptStatus::Delivered, None, true));
+            d.call.reason = Some(
+                "accepted was confirmed and its answer lost; the platform holds the call reconciliation_required (another store of this executor id reported it): resumed as after a crash".into(),
+            );
+        }
         Event::ClaimLapsed => {
             d.call.reason = Some("the claim may have lapsed while the executor was away".into());
         }

@@ -110,6 +110,12 @@ pub(crate) const TABLE: &[Rule] = &[
         writes: "`accepted` rejected; nothing ran",
     },
     Rule {
+        event: "accept_found_reconciling",
+        from: &[Assigned],
+        to: To::State(Running),
+        writes: "`accepted` delivered: a replay answered false with the call `reconciliation_required` (the platform confirmed it once, the answer was lost, and another store of this executor id reported the call since); resumed as after a crash, never started as confirmed",
+    },
+    Rule {
         event: "claim_lapsed",
         from: &[Assigned],
         to: To::State(Claiming),

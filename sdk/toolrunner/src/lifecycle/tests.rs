@@ -57,6 +57,9 @@ fn one_of_each() -> Vec<Event> {
             receipt_id: "rcp_1".into(),
             why: "x".into(),
         },
+        Event::AcceptFoundReconciling {
+            receipt_id: "rcp_1".into(),
+        },
         Event::ClaimLapsed,
         Event::ProgressSaved {
             progress: json!({}),
@@ -383,6 +386,44 @@ fn a_replay_answered_running_moves_the_sequence_past_accepted() {
     .unwrap();
     assert_eq!(p.call.next_sequence, 1);
     assert_eq!(p.call.report, Some(PendingReport::ReconciliationRequired));
+}
+
+/// An `accepted` replay answered false with the call
+/// `reconciliation_required` (another store of the identity reported it):
+/// the platform holds the `accepted`, so it is marked delivered, before the
+/// sweep of pending ones; the call is `running` here, resumed as after a
+/// crash, with nothing to report yet (simulation seed 205).
+#[test]
+fn an_accepted_replay_answered_reconciling_keeps_the_call() {
+    let mut s = stored(Assigned);
+    s.call.as_mut().unwrap().next_sequence = 1;
+    let p = plan(
+        &s,
+        KEY,
+        Event::AcceptFoundReconciling {
+            receipt_id: "rcp_1".into(),
+        },
+        "e",
+    )
+    .unwrap();
+    assert_eq!(p.call.state, Running);
+    assert_eq!(p.call.next_sequence, 1);
+    assert_eq!(p.call.report, None);
+    assert!(p.call.assignment.is_some());
+    let delivered = p.changes.iter().position(|c| {
+        matches!(
+            c,
+            Change::ReceiptStatus {
+                status: ReceiptStatus::Delivered,
+                ..
+            }
+        )
+    });
+    let swept = p
+        .changes
+        .iter()
+        .position(|c| matches!(c, Change::SettlePending { .. }));
+    assert!(delivered.is_some() && delivered < swept, "{:?}", p.changes);
 }
 
 #[test]

@@ -106,6 +106,26 @@ pub(super) async fn accept(
                 receipt_id: accepted.receipt_id,
             }
         }
+        // A replay answered false while the platform holds the call
+        // `reconciliation_required`: this `accepted` was confirmed once
+        // (the call went `running` under this assignment; its answer was
+        // lost: a crash, a dropped answer) and another store of this
+        // executor id, which does not know the call, reported it since (a
+        // lost store's replacement, a twin on another database: protocol
+        // §4, "a call the local store does not know"). The platform waits
+        // for a final receipt under this assignment, which only this store
+        // holds: the call is where the crash table's "`accepted`
+        // confirmed, no final receipt saved" leaves it, and is resumed so
+        // (a write tool goes to `reconciliation_required`, a read tool runs
+        // again, a transactional one runs again while the platform holds
+        // it), never `abandoned` (docs/protocol.md, choice 76). It is not
+        // `mine`: no handler starts as after its own confirmation.
+        Ok(answer) if answer.replayed && answer.call_state == CallState::ReconciliationRequired => {
+            tracing::warn!(run_id = %call.run_id, call_id = %call.call_id, "the platform holds this accepted and the call reconciliation_required (another store of this executor id reported it): resumed as after a crash");
+            Event::AcceptFoundReconciling {
+                receipt_id: accepted.receipt_id,
+            }
+        }
         Ok(answer) => {
             let why = format!(
                 "accepted answered false (call {})",
