@@ -762,10 +762,14 @@ async fn awaiting_reconciliation(world: &World) -> (RunningExecutor, String, Str
     // The report too: until the platform has it, a test that ends or
     // forgets the run races the report's delivery (a report the platform
     // answers `400 unknown_call` leaves the outcome unknown, rightly).
-    eventually("the platform heard reconciliation_required", LIMIT, || async {
-        let c = world.platform_call(&run_id, &call_id).await;
-        (c["state"] == "reconciliation_required").then_some(())
-    })
+    eventually(
+        "the platform heard reconciliation_required",
+        LIMIT,
+        || async {
+            let c = world.platform_call(&run_id, &call_id).await;
+            (c["state"] == "reconciliation_required").then_some(())
+        },
+    )
     .await;
     (a, run_id, call_id, store)
 }

@@ -121,7 +121,10 @@ pub(crate) async fn publish(core: &Core) {
                 .set(renewed.elapsed().as_secs_f64());
         });
     }
-    if let Ok(counts) = core.store.count_by_state().await {
+    // Each read is bounded too: a read that hangs (a half-open connection,
+    // a frozen process) must not hold the round, or no probe would run
+    // again and the store would stay "ready" while it answers nothing.
+    if let Some(Ok(counts)) = within(core.store.count_by_state()).await {
         core.gauges.set(|| {
             for state in crate::store::ALL_STATES {
                 let n = counts.get(&state).copied().unwrap_or(0) as f64;
@@ -134,7 +137,7 @@ pub(crate) async fn publish(core: &Core) {
         states: vec![LocalState::ReconciliationRequired],
         ..CallFilter::default()
     };
-    if let Ok(calls) = core.store.calls(&waiting).await {
+    if let Some(Ok(calls)) = within(core.store.calls(&waiting)).await {
         // Every served tool, so that a tool whose last call was settled
         // goes back to zero.
         let mut by_tool: BTreeMap<&str, (u64, Duration)> = core
@@ -156,7 +159,7 @@ pub(crate) async fn publish(core: &Core) {
         });
         core.health.reconciliation_required(calls.len() as u64);
     }
-    if let Ok(outbox) = core.store.outbox_summary().await {
+    if let Some(Ok(outbox)) = within(core.store.outbox_summary()).await {
         let oldest = outbox.oldest.as_ref().map(age);
         core.gauges.set(|| {
             metrics::gauge!(metric::UNDELIVERED, "executor_id" => id.clone())
@@ -166,4 +169,10 @@ pub(crate) async fn publish(core: &Core) {
         });
         core.health.outbox(outbox.pending, oldest);
     }
+}
+
+/// `read`'s answer, if it comes back within [`PROBE_WITHIN`]; else `None`
+/// (the next round's probe tells whether the store answers).
+async fn within<T>(read: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(PROBE_WITHIN, read).await.ok()
 }
