@@ -354,6 +354,22 @@ mod suite {
                     })
                 },
             ),
+            (
+                "counts::the_call_counts_agree_with_the_calls_when_reads_are_cut_off",
+                |s, u| {
+                    Box::pin(the_call_counts_agree_with_the_calls_when_reads_are_cut_off(
+                        s, u,
+                    ))
+                },
+            ),
+            (
+                "counts::a_transaction_cut_off_at_its_begin_leaves_no_connection_inside_it",
+                |s, u| {
+                    Box::pin(
+                        a_transaction_cut_off_at_its_begin_leaves_no_connection_inside_it(s, u),
+                    )
+                },
+            ),
         ];
         let mut trials: Vec<Trial> = tests
             .into_iter()
@@ -664,6 +680,168 @@ mod suite {
             .execute(&mut conn)
             .await?;
         conn.close().await?;
+        Ok(())
+    }
+
+    /// The call counts (`call_counts` and its deltas, kept by triggers and
+    /// folded by every count and prune) agree with the calls themselves
+    /// while writers commit, and counts and prunes are cut off at any
+    /// point (as a gauge round's bounded reads are).
+    async fn the_call_counts_agree_with_the_calls_when_reads_are_cut_off(
+        store: Arc<dyn Store>,
+        url: String,
+    ) -> Result<()> {
+        use rand::Rng;
+        use toolrunner::testing::store::{Change, Timestamp};
+        let long_ago: Timestamp = "2026-01-01T00:00:00.000Z".parse()?;
+        let end = std::time::Instant::now() + Duration::from_secs(8);
+        let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let mut tasks = Vec::new();
+        for w in 0..6 {
+            let store = store.clone();
+            let failures = failures.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut i = 0;
+                while std::time::Instant::now() < end {
+                    i += 1;
+                    let id = format!("call_{w}_{i}");
+                    let mut c = toolrunner::testing::store::LocalCall {
+                        updated_at: long_ago,
+                        ..store_contract::rows::call(&id, LocalState::Claiming, 0)
+                    };
+                    let mut steps = vec![Change::InsertCall(c.clone())];
+                    for (v, state) in [
+                        (1, LocalState::Assigned),
+                        (2, LocalState::Running),
+                        (3, LocalState::Delivered),
+                    ] {
+                        let prev = c.version;
+                        c.state = state;
+                        c.version = v;
+                        steps.push(Change::UpdateCall {
+                            expect_version: prev,
+                            call: c.clone(),
+                        });
+                    }
+                    for step in steps {
+                        if let Err(e) = store.commit(vec![step]).await {
+                            failures.lock().unwrap().push(format!("commit: {e}"));
+                            return;
+                        }
+                    }
+                }
+            }));
+        }
+        for r in 0..3 {
+            let store = store.clone();
+            let failures = failures.clone();
+            tasks.push(tokio::spawn(async move {
+                while std::time::Instant::now() < end {
+                    let within = Duration::from_micros(rand::rng().random_range(0..4000));
+                    let outcome = if r == 0 {
+                        tokio::time::timeout(within, async {
+                            store
+                                .prune(Timestamp::from(std::time::SystemTime::now()), 20)
+                                .await
+                                .map(|_| ())
+                        })
+                        .await
+                    } else {
+                        tokio::time::timeout(within, async {
+                            store.count_by_state().await.map(|_| ())
+                        })
+                        .await
+                    };
+                    if let Ok(Err(e)) = outcome {
+                        failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("count or prune: {e}"));
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await?;
+        }
+        let counted = store.count_by_state().await?;
+        let failures = failures.lock().unwrap().clone();
+        if !failures.is_empty() {
+            bail!(
+                "{} failures, the first: {:?}",
+                failures.len(),
+                &failures[..failures.len().min(5)]
+            );
+        }
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&url).await?;
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT state, COUNT(*) FROM calls GROUP BY state ORDER BY state")
+                .fetch_all(&mut conn)
+                .await?;
+        let truth: std::collections::BTreeMap<String, u64> =
+            rows.into_iter().map(|(s, n)| (s, n as u64)).collect();
+        let counted: std::collections::BTreeMap<String, u64> = counted
+            .into_iter()
+            .map(|(s, n)| (s.as_str().to_owned(), n))
+            .collect();
+        if truth != counted {
+            bail!("the counts {counted:?} are not the calls' {truth:?}");
+        }
+        Ok(())
+    }
+
+    /// A store transaction cut off at its `BEGIN` (a bounded gauge read
+    /// that gave up, a task aborted) leaves no connection of the store's
+    /// pool inside a transaction: the next request on it would run in that
+    /// transaction (an autocommit write not committed, locks held) until
+    /// the server ends the session.
+    async fn a_transaction_cut_off_at_its_begin_leaves_no_connection_inside_it(
+        _seed: Arc<dyn Store>,
+        url: String,
+    ) -> Result<()> {
+        use rand::Rng;
+        let application = format!("cut_begin_{:08x}", rand::random::<u32>());
+        let store = PgStore::connect(&format!("{url}&application_name={application}")).await?;
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&url).await?;
+        let mut cut = 0;
+        for _ in 0..400 {
+            let within = Duration::from_micros(rand::rng().random_range(0..1500));
+            if tokio::time::timeout(within, store.count_by_state())
+                .await
+                .is_ok()
+            {
+                continue;
+            }
+            cut += 1;
+            // The pool takes a connection back (and sends the `ROLLBACK`
+            // its transaction queued) in a task of its own: a moment
+            // later none may be left inside a transaction (the server
+            // would end such a session only after 5 s idle).
+            let given = std::time::Instant::now() + Duration::from_millis(1500);
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let inside: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pg_stat_activity
+                      WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+                )
+                .bind(&application)
+                .fetch_one(&mut conn)
+                .await?;
+                if inside == 0 {
+                    break;
+                }
+                if std::time::Instant::now() > given {
+                    bail!(
+                        "{inside} connections of the store's pool are idle inside a transaction 1.5 s after read {cut} was cut off"
+                    );
+                }
+            }
+        }
+        if cut == 0 {
+            bail!("no read was cut off: the test shows nothing");
+        }
         Ok(())
     }
 
