@@ -1797,6 +1797,7 @@ impl Seed {
                 && !receipts.iter().any(|r| r.status == ReceiptStatus::Pending);
             before.push((c, receipts, for_good));
         }
+        let mut problems = miscounted_in(&url, &self.slots[slot].id).await?;
         let pruned = store.prune(began, 10_000).await.map_err(err)?;
         let after: std::collections::HashSet<(String, String)> = store
             .calls(&CallFilter::default())
@@ -1805,7 +1806,7 @@ impl Seed {
             .into_iter()
             .map(|c| (c.run_id, c.call_id))
             .collect();
-        let mut problems = Vec::new();
+        problems.extend(miscounted_in(&url, &self.slots[slot].id).await?);
         for (c, receipts, for_good) in before {
             if after.contains(&(c.run_id.clone(), c.call_id.clone())) {
                 continue;
@@ -2276,6 +2277,58 @@ async fn execute_on(url: &str, sql: &'static str) -> Result<(), String> {
     sqlx::query(sql).execute(&mut conn).await.map_err(err)?;
     let _ = conn.close().await;
     Ok(())
+}
+
+/// The states whose count in the store at `url` (`call_counts`, plus on
+/// PostgreSQL the deltas its triggers appended and no fold took yet) is
+/// not the number of its calls in that state: `(state, counted, calls)`.
+/// One statement, so one snapshot, whatever the executors write meanwhile.
+async fn miscounted(url: &str) -> Result<Vec<(String, i64, i64)>, String> {
+    use sqlx::Connection;
+    let err = |e: sqlx::Error| format!("the call counts of {url}: {e}");
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(url).await.map_err(err)?;
+        let rows = sqlx::query_as(
+            "SELECT COALESCE(k.state, t.state), COALESCE(k.n, 0)::BIGINT, COALESCE(t.n, 0)::BIGINT
+             FROM (SELECT c.state, c.n + COALESCE((SELECT SUM(d.n) FROM call_count_deltas d
+                                                   WHERE d.state = c.state), 0) AS n
+                   FROM call_counts c) k
+             FULL JOIN (SELECT state, COUNT(*) AS n FROM calls GROUP BY state) t ON t.state = k.state
+             WHERE COALESCE(k.n, 0) <> COALESCE(t.n, 0)",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .map_err(err)?;
+        let _ = conn.close().await;
+        return Ok(rows);
+    }
+    let mut conn = sqlx::SqliteConnection::connect(url).await.map_err(err)?;
+    let rows = sqlx::query_as(
+        "SELECT COALESCE(k.state, t.state), COALESCE(k.n, 0), COALESCE(t.n, 0)
+         FROM call_counts k
+         FULL JOIN (SELECT state, COUNT(*) AS n FROM calls GROUP BY state) t ON t.state = k.state
+         WHERE COALESCE(k.n, 0) <> COALESCE(t.n, 0)",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .map_err(err)?;
+    let _ = conn.close().await;
+    Ok(rows)
+}
+
+/// [`miscounted`] as violations of executor `id`'s store: the counts the
+/// gauges read must be the calls' own (checked before and after each
+/// retention pass, whose fold would refuse a count that drifted below
+/// zero).
+async fn miscounted_in(url: &str, id: &str) -> Result<Vec<String>, String> {
+    Ok(miscounted(url)
+        .await?
+        .into_iter()
+        .map(|(state, counted, calls)| {
+            format!("{id}'s store counts {counted} calls {state} but holds {calls}")
+        })
+        .collect())
 }
 
 /// The transactional tool's rows in the store at `url`: `(call_id,
