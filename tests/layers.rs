@@ -806,6 +806,102 @@ fn only_the_dispatch_queue_starts_a_drive() {
     );
 }
 
+/// Each `Result<…, String>` in `code` (comments and strings already out):
+/// the line it starts on. Generic arguments are split at the top level, so
+/// `Result<Vec<String>, E>` and `Result<(A, Option<String>), E>` are not
+/// one, and a signature over several lines is.
+fn string_results(code: &str) -> Vec<usize> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("Result<") {
+        let start = from + at;
+        from = start + "Result<".len();
+        let word_before = code[..start]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_');
+        if word_before {
+            continue;
+        }
+        let mut depth = 1;
+        let mut args = vec![String::new()];
+        for c in code[from..].chars() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 1 => {
+                    args.push(String::new());
+                    continue;
+                }
+                _ => {}
+            }
+            if depth == 0 {
+                break;
+            }
+            args.last_mut().expect("one at least").push(c);
+        }
+        // A trailing comma ends no argument.
+        if args.last().is_some_and(|a| a.trim().is_empty()) {
+            args.pop();
+        }
+        if args.len() == 2 && args[1].trim() == "String" {
+            found.push(code[..start].lines().count().max(1));
+        }
+    }
+    found
+}
+
+/// Every `Result<…, String>` under `runner/` in `files`.
+fn string_results_in_runner(files: &BTreeMap<String, String>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (file, source) in files {
+        if !file.starts_with("runner/") {
+            continue;
+        }
+        for line in string_results(&code_only(source)) {
+            found.push(format!("{file}:{line}"));
+        }
+    }
+    found
+}
+
+/// No step of the runner stops with a `String`: why a call paused, a
+/// panic, a result that cannot be a receipt are typed (`runner::Pause`,
+/// `unwind::Panicked`, `checks::Unfit`), so control flow matches a kind,
+/// never compares the text of a message.
+#[test]
+fn the_runner_returns_no_string_errors() {
+    let found = string_results_in_runner(&sources(&repo().join("sdk/toolrunner/src")));
+    assert!(
+        found.is_empty(),
+        "a typed error instead of Result<_, String> in runner/:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn a_string_error_in_the_runner_is_caught() {
+    let files: BTreeMap<String, String> = [
+        (
+            "runner/call.rs",
+            "fn a() -> Result<(), String> { Ok(()) }\n\
+             fn b(\n) -> Result<\n    (LocalCall, Option<String>),\n    String,\n> { todo!() }\n\
+             fn c() -> Result<Vec<String>, Pause> { todo!() }\n\
+             // fn d() -> Result<(), String>\n\
+             fn e() -> MyResult<(), String> { todo!() }\n\
+             fn f() -> Result<(&'static str, Option<String>), Pause> { todo!() }\n",
+        ),
+        ("api/tool.rs", "fn g() -> Result<(), String> { Ok(()) }\n"),
+    ]
+    .into_iter()
+    .map(|(f, s)| (f.to_owned(), s.to_owned()))
+    .collect();
+    assert_eq!(
+        string_results_in_runner(&files),
+        vec!["runner/call.rs:1".to_owned(), "runner/call.rs:3".to_owned()]
+    );
+}
+
 /// The names at the SDK's root: its re-exports, and its `pub mod NAME;`
 /// and `pub fn NAME` items (the hidden `__private` is no name of the API).
 fn root_names(lib: &str) -> BTreeSet<String> {

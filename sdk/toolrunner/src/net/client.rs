@@ -26,6 +26,10 @@ pub(crate) enum ClientError {
     /// No usable answer after the retries (network, 5xx, 429, timeouts).
     #[error("platform unreachable: {0}")]
     Unreachable(String),
+    /// Not sent: right before an attempt went out, its caller's `ready`
+    /// said no (the executor's lease is not live). Names the request.
+    #[error("{0}: not sent, the executor's lease is not live (it could not be renewed)")]
+    NotReady(String),
 }
 
 impl ClientError {
@@ -33,7 +37,7 @@ impl ClientError {
     pub(crate) fn code(&self) -> Option<&str> {
         match self {
             ClientError::Api(e) => Some(e.code()),
-            ClientError::Unreachable(_) => None,
+            ClientError::Unreachable(_) | ClientError::NotReady(_) => None,
         }
     }
 
@@ -41,7 +45,7 @@ impl ClientError {
     pub(crate) fn status(&self) -> Option<u16> {
         match self {
             ClientError::Api(e) => Some(e.status),
-            ClientError::Unreachable(_) => None,
+            ClientError::Unreachable(_) | ClientError::NotReady(_) => None,
         }
     }
 }
@@ -171,7 +175,7 @@ impl Client {
         body: Option<Vec<u8>>,
         grant: Option<&Grant>,
     ) -> Result<T, ClientError> {
-        self.send_if(method, path, body, grant, &|| Ok(())).await
+        self.send_if(method, path, body, grant, &|| true).await
     }
 
     /// [`send`](Self::send), each attempt only if `ready` says so right
@@ -182,7 +186,7 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
         grant: Option<&Grant>,
-        ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
+        ready: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<T, ClientError> {
         let url = format!("{}/v1{path}", self.base);
         let mut last = String::new();
@@ -199,8 +203,8 @@ impl Client {
                     "{method} {path}: the executor has stopped"
                 )));
             }
-            if let Err(why) = ready() {
-                return Err(ClientError::Unreachable(format!("{method} {path}: {why}")));
+            if !ready() {
+                return Err(ClientError::NotReady(format!("{method} {path}")));
             }
             let mut req = self
                 .http
@@ -272,7 +276,7 @@ impl Client {
     pub(crate) async fn connect(
         &self,
         body: &Connect,
-        ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
+        ready: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<Connected, ClientError> {
         let bytes =
             serde_json::to_vec(body).map_err(|e| ClientError::Unreachable(e.to_string()))?;
@@ -337,7 +341,7 @@ impl Client {
         run_id: &str,
         call_id: &str,
         body: &Claim,
-        ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
+        ready: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<Claimed, ClientError> {
         let bytes =
             serde_json::to_vec(body).map_err(|e| ClientError::Unreachable(e.to_string()))?;
@@ -356,7 +360,7 @@ impl Client {
         grant: &Grant,
         body: &str,
     ) -> Result<ReceiptAnswer, ClientError> {
-        self.receipt_if(run_id, call_id, grant, body, &|| Ok(()))
+        self.receipt_if(run_id, call_id, grant, body, &|| true)
             .await
     }
 
@@ -369,7 +373,7 @@ impl Client {
         call_id: &str,
         grant: &Grant,
         body: &str,
-        ready: &(dyn Fn() -> Result<(), String> + Send + Sync),
+        ready: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<ReceiptAnswer, ClientError> {
         let path = format!("/runs/{run_id}/tool-calls/{call_id}/receipts");
         // Never closed: a permit always comes.
@@ -476,6 +480,9 @@ impl From<ClientError> for crate::Error {
                 crate::error::Kind::Unreachable,
                 format!("{m}; check that the platform runs and that base_url points at it"),
             ),
+            e @ ClientError::NotReady(_) => {
+                crate::Error::new(crate::error::Kind::Unreachable, e.to_string())
+            }
         }
     }
 }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use toolrunner_protocol::wire::{Assignment, CallState, Claim, ReceiptKind};
 use tracing::Instrument;
 
-use super::{Active, CallKey, Core, checks, connection, outbox, telemetry};
+use super::{Active, CallKey, Core, Pause, checks, connection, outbox, telemetry};
 use crate::api::context::{CallContext, ProgressError};
 use crate::api::handler::{Effect, ErasedTool, ToolError};
 use crate::lifecycle::{self, Advanced, Event, FinalReceipt, InTransaction, Reads};
@@ -74,10 +74,8 @@ pub(super) async fn drive(
             Ok((outcome, error_type)) => {
                 telemetry::finish(&tracing::Span::current(), outcome, error_type.as_deref())
             }
-            Err(e) if e != super::CRASH => {
-                telemetry::finish(&tracing::Span::current(), "paused", None)
-            }
-            Err(_) => {}
+            Err(Pause::Halted) => {}
+            Err(_) => telemetry::finish(&tracing::Span::current(), "paused", None),
         }
         ended.map(|_| ())
     };
@@ -92,10 +90,10 @@ pub(super) async fn drive(
         r = work.instrument(span.clone()) => r,
     };
     if let Err(e) = result
-        && e != super::CRASH
+        && e != Pause::Halted
     {
         tracing::warn!(run_id = %key.run_id, call_id = %key.call_id, error = %e, "call paused; it resumes from the store");
-        if e.starts_with(DEFERRED) {
+        if matches!(e, Pause::Deferred(_)) {
             // The platform has no capacity (or this executor drains): give
             // the slot to another call, and keep this one off for a while
             // rather than asking again at once.
@@ -115,37 +113,24 @@ pub(super) async fn drive(
     drop(permit);
 }
 
-/// How a claim the platform asked to defer ends its step.
-const DEFERRED: &str = "claim deferred";
-
-/// How a step that would take work ends while the lease is not live.
-const LEASE_NOT_LIVE: &str =
-    "the executor's lease is not live (it could not be renewed): the call waits";
-
-/// Right before a request that takes work goes out (each attempt of it):
-/// the lease is live.
-fn lease_live(core: &Core) -> Result<(), String> {
-    if core.lease_live() {
-        Ok(())
-    } else {
-        Err(LEASE_NOT_LIVE.into())
-    }
-}
-
 /// The stored row of a call.
-async fn read(core: &Core, key: &CallKey) -> Result<LocalCall, String> {
+async fn read(core: &Core, key: &CallKey) -> Result<LocalCall, Pause> {
     core.store
         .call(&key.run_id, &key.call_id)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("call {}/{} is not in the store", key.run_id, key.call_id))
+        .await?
+        .ok_or_else(|| {
+            Pause::waits(format!(
+                "call {}/{} is not in the store",
+                key.run_id, key.call_id
+            ))
+        })
 }
 
 /// The row after a transition (moved or not).
-fn row(advanced: Advanced) -> Result<LocalCall, String> {
+fn row(advanced: Advanced) -> Result<LocalCall, Pause> {
     match advanced {
         Advanced::Moved { call, .. } | Advanced::Stayed(Some(call)) => Ok(call),
-        Advanced::Stayed(None) => Err("the call left the store".into()),
+        Advanced::Stayed(None) => Err(Pause::waits("the call left the store")),
     }
 }
 
@@ -160,7 +145,7 @@ async fn steps(
     mut call: LocalCall,
     mut confirmed: bool,
     cancel: &CancellationToken,
-) -> Result<(&'static str, Option<String>), String> {
+) -> Result<(&'static str, Option<String>), Pause> {
     let mut checked = false;
     // The `accepted` this task's claim just saved with the assignment.
     let mut saved_accepted: Option<OutboxReceipt> = None;
@@ -265,10 +250,10 @@ async fn outcome_in_store(core: &Core, call: &LocalCall) -> (&'static str, Optio
 }
 
 /// The call's current assignment, or an error naming the state.
-fn assignment(call: &LocalCall) -> Result<&Assignment, String> {
+fn assignment(call: &LocalCall) -> Result<&Assignment, Pause> {
     call.assignment
         .as_ref()
-        .ok_or_else(|| format!("an {} call has its assignment", call.state.as_str()))
+        .ok_or_else(|| Pause::waits(format!("an {} call has no assignment", call.state.as_str())))
 }
 
 /// Decides `event` if the call is still in `state` with `assignment_id`.

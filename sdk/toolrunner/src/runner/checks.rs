@@ -23,13 +23,14 @@ static COMPILED: LazyLock<Mutex<HashMap<String, Arc<Schema>>>> = LazyLock::new(M
 /// afresh).
 const COMPILED_MAX: usize = 256;
 
-/// `schema` compiled, from the cache when it was compiled before.
-fn compiled(schema: &Value) -> Result<Arc<Schema>, String> {
+/// `schema` compiled, from the cache when it was compiled before; why it
+/// cannot be used otherwise.
+fn compiled(schema: &Value) -> Result<Arc<Schema>, Unfit> {
     let text = schema.to_string();
     if let Some(s) = COMPILED.lock().expect("not poisoned").get(&text) {
         return Ok(s.clone());
     }
-    let s = Arc::new(Schema::compile(schema)?);
+    let s = Arc::new(Schema::compile(schema).map_err(Unfit)?);
     let mut cache = COMPILED.lock().expect("not poisoned");
     if cache.len() >= COMPILED_MAX {
         cache.clear();
@@ -108,25 +109,39 @@ fn input_mismatch(tool: &dyn ErasedTool, asg: &Assignment, error: &str) -> Strin
     )
 }
 
+/// Why a result cannot be a final receipt's (the outcome is unknown).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unfit(pub(crate) String);
+
+impl std::fmt::Display for Unfit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A final result must match `output_schema`, fit 4 MiB and nest at most
 /// 128 deep; otherwise the outcome is unknown.
-pub(crate) fn check_output(asg: &Assignment, result: &Value) -> Result<(), String> {
+pub(crate) fn check_output(asg: &Assignment, result: &Value) -> Result<(), Unfit> {
     use toolrunner_protocol::json::{MAX_BODY_BYTES, MAX_DEPTH, compact_len, depth};
     // The receipt body wraps the result one level deeper.
     if depth(result) >= MAX_DEPTH {
-        return Err(format!("the result nests deeper than {MAX_DEPTH} levels"));
+        return Err(Unfit(format!(
+            "the result nests deeper than {MAX_DEPTH} levels"
+        )));
     }
     if compact_len(result) > MAX_BODY_BYTES - 4096 {
-        return Err("the result does not fit in a 4 MiB receipt".to_owned());
+        return Err(Unfit(
+            "the result does not fit in a 4 MiB receipt".to_owned(),
+        ));
     }
     if let Some(schema) = &asg.output_schema {
-        let schema =
-            compiled(schema).map_err(|e| format!("the output schema cannot be used: {e}"))?;
+        let schema = compiled(schema)
+            .map_err(|e| Unfit(format!("the output schema cannot be used: {e}")))?;
         if let Some(v) = schema.violations(result).first() {
-            return Err(format!(
+            return Err(Unfit(format!(
                 "the result does not match output_schema at '{}': {}",
                 v.path, v.masked
-            ));
+            )));
         }
     }
     Ok(())

@@ -5,9 +5,9 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::{CallKey, Core, connection, dispatch};
+use super::{CallKey, Core, Pause, connection, dispatch};
 use crate::lifecycle::{self, Advanced, Event, Reads};
-use crate::store::{CallFilter, LocalCall, LocalState};
+use crate::store::{CallFilter, LocalCall, LocalState, StoreError};
 
 pub(crate) async fn claim_loop(core: Arc<Core>) {
     let mut resumed_at = tokio::time::Instant::now();
@@ -71,14 +71,14 @@ async fn resume_waiting(core: &Arc<Core>) {
     }
 }
 
-async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
+async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
     let free = core.slots.available_permits();
     if free == 0 {
         return Ok(());
     }
     let connection_id = connection::connection_id(core)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Pause::waits(e.to_string()))?;
     let page = match core
         .client
         .pending(&core.cfg.executor_id, &connection_id, free.min(100))
@@ -87,7 +87,7 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), String> {
         Ok(p) => p,
         Err(e) => {
             connection::handle_refusal(core, &connection_id, &e).await;
-            return Err(e.to_string());
+            return Err(e.into());
         }
     };
     // Each new call's operation key is saved before its claim is sent. The
@@ -126,7 +126,7 @@ async fn save_key(
     key: CallKey,
     tool_name: String,
     permit: OwnedSemaphorePermit,
-) -> Result<Option<(LocalCall, OwnedSemaphorePermit)>, String> {
+) -> Result<Option<(LocalCall, OwnedSemaphorePermit)>, StoreError> {
     // Usually a call this store has never seen: try the insert at once (it
     // is refused if the row exists, and then decided on a fresh read).
     let moved = core
@@ -143,8 +143,7 @@ async fn save_key(
             }
             Some(_) => None,
         })
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     Ok(match moved {
         Advanced::Moved { call, .. } => Some((call, permit)),
         Advanced::Stayed(_) => None,

@@ -66,10 +66,10 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         let lapsed = std::sync::atomic::AtomicBool::new(false);
         let live = || {
             if PLANTED_ZOMBIE || core.lease_live() {
-                Ok(())
+                true
             } else {
                 lapsed.store(true, Ordering::SeqCst);
-                Err("the executor's lease is not live: it is confirmed again first".to_owned())
+                false
             }
         };
         match core.client.connect(&body, &live).await {
@@ -80,9 +80,10 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
                     "the executor's lease lapsed before it could connect to the platform (the database answered too slowly): check the connection to PostgreSQL, then start again",
                 ));
             }
-            Err(ClientError::Unreachable(m))
+            Err(e @ (ClientError::Unreachable(_) | ClientError::NotReady(_)))
                 if patience == Patience::UntilStopped && !core.done.is_cancelled() =>
             {
+                let m = e.to_string();
                 core.health.platform(Err(m.clone()));
                 tracing::warn!(error = %m, "cannot reach the platform; retrying connect");
                 tokio::time::sleep(super::pause(core, attempt.min(6))).await;

@@ -12,6 +12,7 @@ pub(crate) mod fenced;
 mod gauges;
 mod host;
 pub(crate) mod outbox;
+mod pause;
 mod reconcile;
 mod recovery;
 #[cfg(feature = "postgres")]
@@ -63,6 +64,7 @@ pub(crate) struct Config {
 }
 
 pub(crate) use crate::api::context::CallKey;
+pub(crate) use pause::Pause;
 
 /// The live connection.
 #[derive(Debug, Clone)]
@@ -183,7 +185,7 @@ impl Core {
 
     /// Waits until the lease is live (at once, almost always); `Err` when
     /// the executor stopped meanwhile.
-    pub(crate) async fn lease_live_or_stopped(&self) -> Result<(), String> {
+    pub(crate) async fn lease_live_or_stopped(&self) -> Result<(), Pause> {
         let mut said = false;
         while !self.lease_live() {
             if !said {
@@ -191,7 +193,7 @@ impl Core {
                 said = true;
             }
             tokio::select! {
-                _ = self.done.cancelled() => return Err(CRASH.into()),
+                _ = self.done.cancelled() => return Err(Pause::Halted),
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }
@@ -225,7 +227,7 @@ impl Core {
     ///
     /// # Errors
     /// The database could not tell (try again later).
-    pub(crate) async fn superseded_by_a_holder(&self, message: &str) -> Result<bool, String> {
+    pub(crate) async fn superseded_by_a_holder(&self, message: &str) -> Result<bool, StoreError> {
         #[cfg(feature = "postgres")]
         if let Some(replica) = &self.replica {
             return replica.holds_or_held(message).await;
@@ -354,7 +356,7 @@ impl Core {
 
     /// A fail point after a durable step: `Err` (and the process halted)
     /// when a test stops the executor here.
-    pub(crate) fn crash_point(&self, name: &str) -> Result<(), String> {
+    pub(crate) fn crash_point(&self, name: &str) -> Result<(), Pause> {
         let global = || -> bool {
             fail::fail_point!(name, |_| true);
             false
@@ -363,7 +365,7 @@ impl Core {
         if planned || global() {
             tracing::warn!(step = name, "simulated crash (fail point)");
             self.halt();
-            return Err(CRASH.into());
+            return Err(Pause::Halted);
         }
         Ok(())
     }
@@ -566,9 +568,6 @@ impl RunningExecutor {
         result
     }
 }
-
-/// What a fail point returns to simulate the process dying at that step.
-pub(crate) const CRASH: &str = "simulated crash (fail point)";
 
 impl Drop for RunningExecutor {
     /// Dropping without [`shutdown`](RunningExecutor::shutdown) stops every

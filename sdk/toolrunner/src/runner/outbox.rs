@@ -140,7 +140,7 @@ pub(crate) async fn deliver(
         .await;
     let outcome = match &answer {
         Ok(_) => "delivered",
-        Err(ClientError::Unreachable(_)) => "unreachable",
+        Err(ClientError::Unreachable(_) | ClientError::NotReady(_)) => "unreachable",
         Err(ClientError::Api(e)) if e.status == 404 => "not_found",
         Err(ClientError::Api(_)) => "refused",
     };
@@ -161,7 +161,7 @@ pub(crate) async fn deliver(
             mark(store, r, ReceiptStatus::Pending, error).await;
             return Delivery::Later;
         }
-        Err(ClientError::Unreachable(_)) => {
+        Err(ClientError::Unreachable(_) | ClientError::NotReady(_)) => {
             mark(store, r, ReceiptStatus::Pending, error).await;
             if is_final {
                 let settled_without_report =

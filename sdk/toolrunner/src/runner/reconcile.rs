@@ -1,6 +1,8 @@
 //! Automatic reconciliation: a call whose outcome is unknown is looked up by
 //! its operation key through the tool's `reconcile` hook, at once, again on
 //! a schedule with backoff, and at start-up.
+use super::Pause;
+use crate::store::StoreError;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,12 +29,8 @@ pub(crate) enum Checked {
 
 /// Whether `accepted` of the call's current assignment was confirmed to
 /// this store.
-async fn accepted_confirmed(core: &Core, call: &LocalCall) -> Result<bool, String> {
-    let receipts = core
-        .store
-        .receipts(&call.run_id, &call.call_id)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn accepted_confirmed(core: &Core, call: &LocalCall) -> Result<bool, StoreError> {
+    let receipts = core.store.receipts(&call.run_id, &call.call_id).await?;
     let snapshot = Snapshot {
         call: Some(call.clone()),
         receipts: Some(receipts),
@@ -47,7 +45,7 @@ pub(crate) async fn check(
     core: &Arc<Core>,
     call: LocalCall,
     cancel: &CancellationToken,
-) -> Result<Checked, String> {
+) -> Result<Checked, Pause> {
     let span = super::telemetry::call_work_span!(
         "toolrunner.reconcile",
         core.cfg.executor_id.as_str(),
@@ -70,7 +68,7 @@ async fn check_now(
     core: &Arc<Core>,
     call: LocalCall,
     cancel: &CancellationToken,
-) -> Result<Checked, String> {
+) -> Result<Checked, Pause> {
     let (Some(tool), Some(asg)) = (
         core.tools.get(&call.tool_name).cloned(),
         call.assignment.clone(),
@@ -105,7 +103,7 @@ async fn check_now(
                 core.store.as_ref(),
                 at,
                 "automatic check: the hook panicked",
-                Some(panic),
+                Some(panic.0),
             )
             .await;
             return Ok(Checked::Stays);
@@ -123,7 +121,7 @@ async fn check_now(
                     core.store.as_ref(),
                     at,
                     "automatic check: result refused",
-                    Some(e),
+                    Some(e.0),
                 )
                 .await;
                 return Ok(Checked::Stays);
@@ -191,8 +189,7 @@ async fn check_now(
                 })
                 .map(|_| event.clone())
         })
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     match moved {
         Advanced::Moved { call, receipt } => {
             if receipt.is_some() {
@@ -236,7 +233,9 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                 };
                 let checked = super::unwind::catch(check(&core, c, &active.token))
                     .await
-                    .unwrap_or_else(|panic| Err(format!("the check panicked: {panic}")));
+                    .unwrap_or_else(|panic| {
+                        Err(Pause::waits(format!("the check panicked: {panic}")))
+                    });
                 match checked {
                     Ok(Checked::Moved(moved)) => {
                         next.remove(&key);

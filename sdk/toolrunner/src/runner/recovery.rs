@@ -7,7 +7,7 @@ use toolrunner_protocol::wire::{CallState, Outstanding};
 
 use super::{CallKey, Core, outbox};
 use crate::lifecycle::{Event, Reads};
-use crate::store::{CallFilter, LocalState};
+use crate::store::{CallFilter, LocalState, StoreError};
 
 /// `outstanding` is the connect answer's list; `asked_at` when
 /// the connect was sent: a call changed since may have been claimed on the
@@ -144,7 +144,7 @@ async fn on_listed_row(
     core: &Arc<Core>,
     listed: &crate::store::LocalCall,
     event: Event,
-) -> Result<(), String> {
+) -> Result<(), StoreError> {
     core.advance(&CallKey::of(listed), Reads::Row, |s| {
         s.call
             .as_ref()
@@ -153,5 +153,4 @@ async fn on_listed_row(
     })
     .await
     .map(drop)
-    .map_err(|e| e.to_string())
 }

@@ -159,11 +159,8 @@ impl Replica {
     ///
     /// # Errors
     /// The database could not tell.
-    pub(crate) async fn holds_or_held(&self, message: &str) -> Result<bool, String> {
-        let holders = self
-            .io(self.store.recorded_holders())
-            .await
-            .map_err(|e| e.to_string())?;
+    pub(crate) async fn holds_or_held(&self, message: &str) -> Result<bool, StoreError> {
+        let holders = self.io(self.store.recorded_holders()).await?;
         Ok(super::connection::names_instance(message, &holders))
     }
 

@@ -10,7 +10,7 @@ pub(super) async fn accept(
     core: &Arc<Core>,
     call: LocalCall,
     saved: Option<OutboxReceipt>,
-) -> Result<(LocalCall, bool), String> {
+) -> Result<(LocalCall, bool), Pause> {
     let key = CallKey::of(&call);
     let asg = assignment(&call)?;
     let id = asg.assignment_id.clone();
@@ -19,8 +19,7 @@ pub(super) async fn accept(
     } else {
         core.store
             .receipts(&call.run_id, &call.call_id)
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .into_iter()
             .find(|r| r.assignment_id == id && r.kind == ReceiptKind::Accepted)
     };
@@ -38,8 +37,7 @@ pub(super) async fn accept(
             };
             let moved = core
                 .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             return Ok((row(moved)?, false));
         }
         None => {
@@ -54,8 +52,7 @@ pub(super) async fn accept(
                 };
                 let moved = core
                     .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    .await?;
                 let call = row(moved)?;
                 if call.state == LocalState::Settled {
                     core.crash_point("after_final_saved")?;
@@ -69,8 +66,7 @@ pub(super) async fn accept(
                     Reads::Row,
                     while_in(LocalState::Assigned, id.clone(), Event::AcceptedSaved),
                 )
-                .await
-                .map_err(|e| e.to_string())?
+                .await?
             {
                 Advanced::Moved {
                     receipt: Some(r),
@@ -87,7 +83,7 @@ pub(super) async fn accept(
     // No handler may start on a lease that lapsed: the call waits,
     // `assigned`, with its `accepted` saved.
     if !core.lease_live() {
-        return Err(LEASE_NOT_LIVE.into());
+        return Err(Pause::LeaseNotLive);
     }
     let answer = core
         .client
@@ -96,7 +92,7 @@ pub(super) async fn accept(
             &call.call_id,
             &asg.grant,
             &accepted.body,
-            &|| lease_live(core),
+            &|| core.lease_live(),
         )
         .await;
     let event = match answer {
@@ -143,12 +139,12 @@ pub(super) async fn accept(
                 }
             }
         }
-        Err(ClientError::Unreachable(m)) => return Err(m),
+        Err(e @ (ClientError::Unreachable(_) | ClientError::NotReady(_))) => return Err(e.into()),
         Err(e) if e.status() == Some(401) || e.code() == Some("missing_scope") => {
             // Not a verdict on the call: keep the assignment and the saved
             // `accepted`, stop claiming, surface the configuration error.
             core.fail(crate::Error::from(e.clone()));
-            return Err(e.to_string());
+            return Err(Pause::waits(e.to_string()));
         }
         Err(e) => {
             let why = format!("accepted refused: {e}");
@@ -173,8 +169,7 @@ pub(super) async fn accept(
             Reads::Row,
             while_in(LocalState::Assigned, id, event),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let mine = confirming && matches!(moved, Advanced::Moved { .. });
     Ok((row(moved)?, mine))
 }

@@ -9,13 +9,15 @@ use super::*;
 pub(super) async fn claim(
     core: &Arc<Core>,
     call: LocalCall,
-) -> Result<(LocalCall, Option<OutboxReceipt>), String> {
+) -> Result<(LocalCall, Option<OutboxReceipt>), Pause> {
     if core.stop.is_cancelled() {
         // The key stays saved: the next start claims with it.
-        return Err("shutting down: the claim waits for the next start".into());
+        return Err(Pause::waits(
+            "shutting down: the claim waits for the next start",
+        ));
     }
     if !core.lease_live() {
-        return Err(LEASE_NOT_LIVE.into());
+        return Err(Pause::LeaseNotLive);
     }
     let key = CallKey::of(&call);
     let used = call.operation_key.clone();
@@ -24,23 +26,28 @@ pub(super) async fn claim(
         if tries > 0 && core.stop.is_cancelled() {
             // A drain began while the claim was asked again: it waits, with
             // its key, for the next start.
-            return Err("shutting down: the claim waits for the next start".into());
+            return Err(Pause::waits(
+                "shutting down: the claim waits for the next start",
+            ));
         }
         let connection_id = connection::connection_id(core)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Pause::waits(e.to_string()))?;
         let body = Claim {
             executor_id: core.cfg.executor_id.clone(),
             connection_id: connection_id.clone(),
             operation_key: used.clone(),
         };
-        let live = || lease_live(core);
+        let live = || core.lease_live();
         let sent = std::time::Instant::now();
         let answer = core
             .client
             .claim(&call.run_id, &call.call_id, &body, &live)
             .await;
-        let answered = !matches!(answer, Err(ClientError::Unreachable(_)));
+        let answered = !matches!(
+            answer,
+            Err(ClientError::Unreachable(_) | ClientError::NotReady(_))
+        );
         if answered {
             let id = &core.cfg.executor_id;
             telemetry::claim_answered(id, &call.tool_name, sent.elapsed().as_secs_f64());
@@ -119,8 +126,7 @@ pub(super) async fn claim(
                 },
             })
         })
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let (call, receipt) = match moved {
         Advanced::Moved { call, receipt } => (call, receipt),
         other => (row(other)?, None),
@@ -144,17 +150,17 @@ async fn claim_failed(
     key: &CallKey,
     used: &str,
     e: ClientError,
-) -> Result<(LocalCall, Option<OutboxReceipt>), String> {
-    if let ClientError::Unreachable(m) = e {
-        return Err(m);
+) -> Result<(LocalCall, Option<OutboxReceipt>), Pause> {
+    if matches!(e, ClientError::Unreachable(_) | ClientError::NotReady(_)) {
+        return Err(e.into());
     }
     if e.status() == Some(401) || e.code() == Some("missing_scope") {
         core.fail(crate::Error::from(e.clone()));
-        return Err(e.to_string());
+        return Err(Pause::waits(e.to_string()));
     }
     match e.code() {
-        Some("capacity_exhausted" | "executor_draining") => Err(format!("{DEFERRED}: {e}")),
-        Some("lease_expired" | "connection_superseded") => Err(e.to_string()),
+        Some("capacity_exhausted" | "executor_draining") => Err(Pause::Deferred(e.to_string())),
+        Some("lease_expired" | "connection_superseded") => Err(Pause::waits(e.to_string())),
         _ => {
             let why = format!("claim refused, nothing ran: {e}");
             let event = Event::ClaimRefused { why };
@@ -165,8 +171,7 @@ async fn claim_failed(
                         .filter(|c| c.state == LocalState::Claiming && c.operation_key == used)
                         .map(|_| event.clone())
                 })
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             row(moved).map(|c| (c, None))
         }
     }
@@ -177,8 +182,7 @@ async fn claim_failed(
 /// `unreachable` / `other`.
 fn refusal_reason(e: &ClientError) -> String {
     match e {
-        // The client names the request before why it was not sent.
-        ClientError::Unreachable(m) if m.ends_with(LEASE_NOT_LIVE) => "lease_not_live".into(),
+        ClientError::NotReady(_) => "lease_not_live".into(),
         ClientError::Unreachable(_) => "unreachable".into(),
         _ => match (e.code(), e.status()) {
             (Some(code), _) if telemetry::REFUSAL_CODES.contains(&code) => code.into(),
@@ -222,9 +226,7 @@ mod tests {
 
     #[test]
     fn a_claim_not_sent_for_a_lapsed_lease_is_its_own_reason() {
-        let not_sent = ClientError::Unreachable(format!(
-            "POST /v1/runs/r/tool-calls/c/claim: {LEASE_NOT_LIVE}"
-        ));
+        let not_sent = ClientError::NotReady("POST /v1/runs/r/tool-calls/c/claim".into());
         assert_eq!(refusal_reason(&not_sent), "lease_not_live");
         let down = ClientError::Unreachable(
             "POST /v1/runs/r/tool-calls/c/claim: connection refused".into(),

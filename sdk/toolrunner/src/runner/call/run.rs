@@ -15,7 +15,7 @@ pub(super) async fn run(
     call: LocalCall,
     resumed: bool,
     cancel: &CancellationToken,
-) -> Result<(LocalCall, Option<OutboxReceipt>), String> {
+) -> Result<(LocalCall, Option<OutboxReceipt>), Pause> {
     let key = CallKey::of(&call);
     let asg = assignment(&call)?;
     let id = asg.assignment_id.clone();
@@ -40,7 +40,9 @@ pub(super) async fn run(
         // the platform is asked too, right before the handler runs again.
         Some(t) if resumed && t.effect() == Effect::Transactional => {
             if super::super::connection::lease_check(core).await.is_err() {
-                return Err("a transactional call to run again waits for a live lease".into());
+                return Err(Pause::waits(
+                    "a transactional call to run again waits for a live lease",
+                ));
             }
             let cancelled = cancel.is_cancelled() || core.was_cancelled(&key);
             if super::super::recovery::PLANTED_RESUME {
@@ -61,7 +63,9 @@ pub(super) async fn run(
                         Some(Event::TransactionalForgotten)
                     }
                     None => {
-                        return Err("a transactional call to run again waits until the platform says that it still runs".into());
+                        return Err(Pause::waits(
+                            "a transactional call to run again waits until the platform says that it still runs",
+                        ));
                     }
                 }
             }
@@ -72,12 +76,11 @@ pub(super) async fn run(
         let event = stop.unwrap_or_else(|| unknown("no tool"));
         let moved = core
             .advance(&key, Reads::Row, while_in(LocalState::Running, id, event))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         return Ok((row(moved)?, None));
     };
     if core.fence.is_cancelled() {
-        return Err(super::super::CRASH.into());
+        return Err(Pause::Halted);
     }
     let ctx = super::super::host::context_of(core, &call, asg, cancel.clone());
     // Dropped before the transaction is ended below (the executor stopped
@@ -143,15 +146,15 @@ pub(super) async fn run(
     };
     let moved = match transaction {
         Some(tx) => commit_in(core, &key, asg, tx, event.clone(), transactional).await?,
-        None => core
-            .advance_from(
+        None => {
+            core.advance_from(
                 &key,
                 Some(Some(call.clone())),
                 Reads::Row,
                 while_in(LocalState::Running, id, event.clone()),
             )
-            .await
-            .map_err(|e| e.to_string())?,
+            .await?
+        }
     };
     // Counted once its outcome is stored, as stored (a transactional
     // tool's `completed` whose transaction could not be written is a
@@ -184,7 +187,7 @@ pub(super) async fn run(
             )
             .await;
             now.map(|c| (c, None))
-                .ok_or_else(|| "the call left the store".into())
+                .ok_or_else(|| Pause::waits("the call left the store"))
         }
     }
 }
@@ -215,7 +218,7 @@ async fn still_runs(core: &Arc<Core>, call: &LocalCall, asg: &Assignment) -> Opt
             connection_id: connection_id.clone(),
             operation_key: call.operation_key.clone(),
         };
-        let live = || lease_live(core);
+        let live = || core.lease_live();
         match core
             .client
             .claim(&call.run_id, &call.call_id, &body, &live)
@@ -293,7 +296,7 @@ pub(super) async fn commit_in(
     tx: StoreTransaction,
     event: Event,
     transactional: bool,
-) -> Result<Advanced, String> {
+) -> Result<Advanced, Pause> {
     let id = asg.assignment_id.clone();
     // Nothing of the transaction is stored: the call settles as a handler
     // whose writes were lost (a transactional tool fails; a write tool's
@@ -322,17 +325,17 @@ pub(super) async fn commit_in(
         InTransaction::Done(advanced) => Ok(advanced),
         InTransaction::NotWritten(e) => {
             let event = not_written(e.to_string());
-            core.advance(key, Reads::Row, while_in(LocalState::Running, id, event))
-                .await
-                .map_err(|e| e.to_string())
+            Ok(core
+                .advance(key, Reads::Row, while_in(LocalState::Running, id, event))
+                .await?)
         }
-        InTransaction::Refused(e) => Err(e),
-        InTransaction::Halted => Err(super::super::CRASH.into()),
+        InTransaction::Refused(e) => Err(Pause::Waits(e)),
+        InTransaction::Halted => Err(Pause::Halted),
         // Not stored: the call waits in `running`, and is resumed as after
         // a crash (a transactional tool runs again).
-        InTransaction::Lost(e) => Err(format!(
+        InTransaction::Lost(e) => Err(Pause::waits(format!(
             "the handler's transaction did not commit, so nothing of it is stored: {e}"
-        )),
+        ))),
     }
 }
 
@@ -401,7 +404,7 @@ pub(super) fn outcome_event_of(asg: &Assignment, outcome: Result<Value, ToolErro
                 },
             },
             Err(why) => Event::OutcomeUnknown {
-                why,
+                why: why.0,
                 evidence: Some(result.to_string()),
             },
         },
@@ -436,7 +439,7 @@ pub(super) async fn attempt_handler(
         // A handler starts only on a live lease: whoever takes the identity
         // over waits the tool's commit window from its lapse.
         if let Err(e) = core.lease_live_or_stopped().await {
-            return Err(ToolError::unknown(e));
+            return Err(ToolError::unknown(e.to_string()));
         }
         let result = tokio::time::timeout(
             core.cfg.handler_timeout,
