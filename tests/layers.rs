@@ -806,6 +806,130 @@ fn only_the_dispatch_queue_starts_a_drive() {
     );
 }
 
+/// The module path of a source file (`runner/call.rs` → `runner::call`,
+/// `runner/mod.rs` → `runner`).
+fn module_of(file: &str) -> Vec<String> {
+    let mut m: Vec<String> = file
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(str::to_owned)
+        .collect();
+    if m.last().is_some_and(|l| l == "mod" || l == "lib") {
+        m.pop();
+    }
+    m
+}
+
+/// The circles of imports between the files under `tree/` in `files`:
+/// each path a file names is resolved to the longest module path that is
+/// a file of the tree; an edge to the file itself, or from a file to one
+/// of its own descendants (a parent declares its children), does not
+/// count. Each circle as its files' module paths (`runner/call`), sorted.
+fn import_circles(files: &BTreeMap<String, String>, tree: &str) -> Vec<Vec<String>> {
+    let modules: BTreeMap<Vec<String>, &str> = files
+        .iter()
+        .filter(|(f, _)| f.starts_with(&format!("{tree}/")))
+        .map(|(f, s)| (module_of(f), s.as_str()))
+        .collect();
+    let mut edges: BTreeMap<&Vec<String>, BTreeSet<&Vec<String>>> = BTreeMap::new();
+    for (module, source) in &modules {
+        let to = edges.entry(module).or_default();
+        for path in crate_paths(module, source) {
+            let target = (1..=path.len())
+                .rev()
+                .find_map(|n| modules.get_key_value(&path[..n]).map(|(k, _)| k));
+            if let Some(target) = target
+                && target != module
+                && !target.starts_with(module)
+            {
+                to.insert(target);
+            }
+        }
+    }
+    // Everything each file reaches; a circle is the files that reach each
+    // other.
+    let reach = |from: &Vec<String>| {
+        let mut seen: BTreeSet<&Vec<String>> = BTreeSet::new();
+        let mut todo: Vec<&Vec<String>> = edges[from].iter().copied().collect();
+        while let Some(m) = todo.pop() {
+            if seen.insert(m) {
+                todo.extend(edges[m].iter().copied());
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&Vec<String>, BTreeSet<&Vec<String>>> =
+        edges.keys().map(|m| (*m, reach(m))).collect();
+    let mut circles: Vec<Vec<String>> = Vec::new();
+    for (m, from_m) in &reached {
+        if !from_m.contains(m) {
+            continue;
+        }
+        let mut circle: Vec<String> = from_m
+            .iter()
+            .filter(|other| reached[**other].contains(m))
+            .map(|other| other.join("/"))
+            .collect();
+        circle.sort();
+        if !circles.contains(&circle) {
+            circles.push(circle);
+        }
+    }
+    circles
+}
+
+/// No two files of the runner import each other, directly or through
+/// others (an edge from a file to its own child module does not count):
+/// the lower file of a pair that must call up owns a small trait or goes
+/// through `Core` (`replicas::Adopter`, `Core::recover`).
+#[test]
+fn no_import_circle_inside_the_runner() {
+    let circles = import_circles(&sources(&repo().join("sdk/toolrunner/src")), "runner");
+    assert!(
+        circles.is_empty(),
+        "files of runner/ that import each other:\n  {}",
+        circles
+            .iter()
+            .map(|c| c.join(", "))
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
+}
+
+#[test]
+fn an_import_circle_in_the_runner_is_caught() {
+    let files: BTreeMap<String, String> = [
+        (
+            "runner/mod.rs",
+            "mod a; mod b; mod c; mod d; pub(crate) struct Core;\n",
+        ),
+        ("runner/a.rs", "use super::{Core, b};\nfn f() { b::g() }\n"),
+        ("runner/b.rs", "use crate::runner::c::h;\n"),
+        // A comment names a; a child names its parent: neither counts.
+        (
+            "runner/c.rs",
+            "// super::a::f\nmod e;\nfn h() { super::a::f() }\n",
+        ),
+        ("runner/c/e.rs", "use super::super::d;\n"),
+        ("runner/d.rs", "use super::c::e;\n"),
+        ("api/x.rs", "use crate::runner::a;\n"),
+    ]
+    .into_iter()
+    .map(|(f, s)| (f.to_owned(), s.to_owned()))
+    .collect();
+    assert_eq!(
+        import_circles(&files, "runner"),
+        vec![
+            vec![
+                "runner/a".to_owned(),
+                "runner/b".to_owned(),
+                "runner/c".to_owned()
+            ],
+            vec!["runner/c/e".to_owned(), "runner/d".to_owned()],
+        ]
+    );
+}
+
 /// Each `Result<…, String>` in `code` (comments and strings already out):
 /// the line it starts on. Generic arguments are split at the top level, so
 /// `Result<Vec<String>, E>` and `Result<(A, Option<String>), E>` are not

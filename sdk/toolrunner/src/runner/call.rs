@@ -11,7 +11,7 @@ use toolrunner_protocol::wire::{Assignment, CallState, Claim, ReceiptKind};
 use tracing::Instrument;
 
 use super::{Active, CallKey, Core, Pause, checks, connection, outbox, telemetry};
-use crate::api::context::{CallContext, ProgressError};
+use crate::api::context::CallContext;
 use crate::api::handler::{Effect, ErasedTool, ToolError};
 use crate::lifecycle::{self, Advanced, Event, FinalReceipt, InTransaction, Reads};
 use crate::net::client::ClientError;
@@ -19,12 +19,12 @@ use crate::store::{LocalCall, LocalState, OutboxReceipt, ReceiptStatus, StoreTra
 
 mod accept;
 mod claim;
-mod progress;
+mod reconcile;
 mod run;
 
 use accept::accept;
 use claim::claim;
-pub(crate) use progress::progress;
+pub(crate) use reconcile::{Checked, check};
 use run::run;
 
 /// Drives one call until it is final or must wait (platform unreachable,
@@ -214,12 +214,12 @@ async fn steps(
             }
             LocalState::ReconciliationRequired if !checked => {
                 checked = true;
-                match Box::pin(super::reconcile::check(core, call.clone(), cancel)).await? {
-                    super::reconcile::Checked::Moved(next) => {
+                match Box::pin(reconcile::check(core, call.clone(), cancel)).await? {
+                    Checked::Moved(next) => {
                         confirmed = next.state == LocalState::Running;
                         next
                     }
-                    super::reconcile::Checked::Stays | super::reconcile::Checked::NotYet(_) => call,
+                    Checked::Stays | Checked::NotYet(_) => call,
                 }
             }
             _ => {

@@ -55,7 +55,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         if !PLANTED_ZOMBIE && let Err(e) = core.confirm_lease().await {
             if patience == Patience::UntilStopped && !core.done.is_cancelled() {
                 tracing::warn!(error = %e, "not connecting before the executor's lease is confirmed; retrying");
-                tokio::time::sleep(super::pause(core, attempt.min(6))).await;
+                tokio::time::sleep(super::retry_delay(core, attempt.min(6))).await;
                 attempt += 1;
                 continue;
             }
@@ -86,7 +86,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
                 let m = e.to_string();
                 core.health.platform(Err(m.clone()));
                 tracing::warn!(error = %m, "cannot reach the platform; retrying connect");
-                tokio::time::sleep(super::pause(core, attempt.min(6))).await;
+                tokio::time::sleep(super::retry_delay(core, attempt.min(6))).await;
                 attempt += 1;
             }
             Err(e) => {
@@ -128,7 +128,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         stream_path: connected.stream_path.clone(),
     });
     drop(_guard);
-    super::recovery::resume(core, connected.outstanding, asked_at).await;
+    core.recover(connected.outstanding, asked_at).await;
     Ok(())
 }
 

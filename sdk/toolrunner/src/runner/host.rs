@@ -19,7 +19,7 @@ impl CallHost for Arc<Core> {
         fraction: Option<f64>,
         data: serde_json::Value,
     ) -> Result<(), ProgressError> {
-        super::call::progress(self, key, assignment_id, message, fraction, data).await
+        super::progress::progress(self, key, assignment_id, message, fraction, data).await
     }
 
     fn crashes_at(&self, point: &str) -> bool {

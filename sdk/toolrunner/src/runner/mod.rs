@@ -13,6 +13,7 @@ mod gauges;
 mod host;
 pub(crate) mod outbox;
 mod pause;
+mod progress;
 mod reconcile;
 mod recovery;
 #[cfg(feature = "postgres")]
@@ -354,6 +355,19 @@ impl Core {
         }
     }
 
+    /// After each connect, before it returns: the crash table over the
+    /// calls the platform lists (`outstanding`, as of `asked_at`) and the
+    /// store holds ([`recovery`]). The connection calls up through here,
+    /// so it names no module that drives calls (no import cycle leads
+    /// from it back into a call's drive).
+    pub(crate) async fn recover(
+        self: &Arc<Self>,
+        outstanding: Vec<toolrunner_protocol::wire::Outstanding>,
+        asked_at: crate::store::Timestamp,
+    ) {
+        recovery::resume(self, outstanding, asked_at).await;
+    }
+
     /// A fail point after a durable step: `Err` (and the process halted)
     /// when a test stops the executor here.
     pub(crate) fn crash_point(&self, name: &str) -> Result<(), Pause> {
@@ -579,7 +593,7 @@ impl Drop for RunningExecutor {
 }
 
 /// The wait before retrying a step that could not reach the platform.
-pub(crate) fn pause(core: &Core, attempt: u32) -> Duration {
+pub(crate) fn retry_delay(core: &Core, attempt: u32) -> Duration {
     core.client.backoff.delay(attempt)
 }
 

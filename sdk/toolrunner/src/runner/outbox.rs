@@ -475,7 +475,7 @@ pub(crate) async fn outbox_loop(core: Arc<Core>) {
         let wait = if attempt == 0 {
             Duration::from_secs(1)
         } else {
-            super::pause(&core, attempt.min(6))
+            super::retry_delay(&core, attempt.min(6))
         };
         tokio::select! {
             _ = core.done.cancelled() => return,

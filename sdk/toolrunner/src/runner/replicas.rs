@@ -31,6 +31,23 @@ use crate::error::{Error, Kind};
 use crate::gate::{self, Gate, Reach};
 use crate::store::{PgStore, StoreError};
 
+/// How this process starts an executor as an identity it adopted: its own
+/// settings and tools under that id. The template implements it (this
+/// module names no template: the template starts replicas, not the
+/// reverse).
+pub(crate) trait Adopter: Send + Sync {
+    /// The longest commit window of the tools it serves.
+    fn longest_commit_window(&self) -> Duration;
+    /// Starts an executor as `executor_id` on its adopted (fenced) store.
+    fn start_as(
+        &self,
+        executor_id: &str,
+        store: PgStore,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = crate::error::Result<RunningExecutor>> + Send>,
+    >;
+}
+
 /// How long an identity whose store would not open is left alone before
 /// an adoption tries it again.
 const SKIP_FOR: Duration = Duration::from_secs(30);
@@ -43,7 +60,7 @@ pub(crate) struct Replica {
     pub(crate) grace: Option<Duration>,
     /// How to start an executor as an adopted identity (this one's
     /// settings and tools under another id).
-    pub(crate) template: Option<super::template::Template>,
+    pub(crate) template: Option<Box<dyn Adopter>>,
     /// The executors of the identities this process adopted.
     pub(crate) adopted: StdMutex<Vec<RunningExecutor>>,
     /// When the last renewal that succeeded was sent, by the monotonic
@@ -63,7 +80,7 @@ impl Replica {
     pub(crate) fn new(
         store: PgStore,
         grace: Option<Duration>,
-        template: Option<super::template::Template>,
+        template: Option<Box<dyn Adopter>>,
         gate: Option<Arc<Gate>>,
     ) -> Replica {
         let taken = store.lease_taken_at().unwrap_or_else(Instant::now);
@@ -295,7 +312,7 @@ pub(crate) async fn adoption_loop(core: Arc<Core>) {
         }
         let_go(replica).await;
         if replica.live() {
-            adopt(&core, replica, template, grace, &mut watch).await;
+            adopt(&core, replica, template.as_ref(), grace, &mut watch).await;
         }
     }
 }
@@ -304,7 +321,7 @@ pub(crate) async fn adoption_loop(core: Arc<Core>) {
 async fn adopt(
     core: &Core,
     replica: &Replica,
-    template: &super::template::Template,
+    template: &dyn Adopter,
     grace: Duration,
     watch: &mut crate::store::LapseWatch,
 ) {
@@ -357,7 +374,7 @@ async fn adopt(
         return;
     }
     tracing::warn!(executor_id = %core.cfg.executor_id, adopted = %id, grace_ms = grace.as_millis() as u64, "adopting an executor identity whose lease lapsed: finishing its calls, then letting it go");
-    let started = template.adopted_as(&id).start_adopted(adopted).await;
+    let started = template.start_as(&id, adopted).await;
     match started {
         // Stopped with this one, unless this one stops first.
         Ok(running) if !core.stop.is_cancelled() => lock(&replica.adopted).push(running),

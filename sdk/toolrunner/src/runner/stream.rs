@@ -30,7 +30,7 @@ pub(crate) async fn stream_loop(core: Arc<Core>) {
         core.wake.notify_one();
         tokio::select! {
             _ = core.stop.cancelled() => return,
-            _ = tokio::time::sleep(super::pause(&core, attempt.min(6)).max(Duration::from_millis(100))) => {}
+            _ = tokio::time::sleep(super::retry_delay(&core, attempt.min(6)).max(Duration::from_millis(100))) => {}
         }
     }
 }

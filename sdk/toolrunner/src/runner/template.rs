@@ -98,7 +98,10 @@ impl Template {
             self.longest_commit_window(),
         )
         .await?;
-        let template = self.takeover_grace.is_some().then(|| self.template());
+        let template = self
+            .takeover_grace
+            .is_some()
+            .then(|| Box::new(self.template()) as Box<dyn super::replicas::Adopter>);
         let replica = super::replicas::Replica::new(
             store.clone(),
             self.takeover_grace,
@@ -221,5 +224,20 @@ impl Template {
             replica,
         });
         super::start(core).await
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl super::replicas::Adopter for Template {
+    fn longest_commit_window(&self) -> Duration {
+        Template::longest_commit_window(self)
+    }
+
+    fn start_as(
+        &self,
+        executor_id: &str,
+        store: crate::store::PgStore,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<RunningExecutor>> + Send>> {
+        self.adopted_as(executor_id).start_adopted(store)
     }
 }

@@ -481,7 +481,7 @@ pub(super) async fn attempt_handler(
                     ended => ended.discard().await,
                 }
                 current = current.next_attempt();
-                tokio::time::sleep(super::super::pause(core, attempt)).await;
+                tokio::time::sleep(super::super::retry_delay(core, attempt)).await;
                 attempt += 1;
             }
             Err(ToolError::Retry { reason, .. }) => {

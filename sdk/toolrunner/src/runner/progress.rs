@@ -1,6 +1,13 @@
-//! Progress receipts: stored, then sent.
+//! Progress receipts: stored, then sent (a handler's
+//! `CallContext::progress`, through the runner's `CallHost`).
+use std::sync::Arc;
 
-use super::*;
+use serde_json::{Value, json};
+
+use super::{CallKey, Core, outbox};
+use crate::api::context::ProgressError;
+use crate::lifecycle::{Advanced, Event, Reads};
+use crate::store::LocalState;
 
 /// Stores, then sends, a progress receipt (`CallContext::progress`).
 pub(crate) async fn progress(
