@@ -930,6 +930,94 @@ fn an_import_circle_in_the_runner_is_caught() {
     );
 }
 
+/// What the call machine (`runner/machine/`) may name of its own crate:
+/// itself, the lifecycle's events, a tool's effect and the store's plain
+/// states; never the store's I/O, the client, `Core` or another file of
+/// the runner.
+const MACHINE_MAY_NAME: [&[&str]; 4] = [
+    &["runner", "machine"],
+    &["lifecycle"],
+    &["api", "handler", "Effect"],
+    &["store", "LocalState"],
+];
+
+/// Why each file under `runner/machine/` in `files` is not a machine with
+/// no I/O: an `async` item, an `.await`, tokio, or a path of its crate
+/// outside [`MACHINE_MAY_NAME`].
+fn machine_findings(files: &BTreeMap<String, String>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (file, source) in files {
+        if !file.starts_with("runner/machine/") {
+            continue;
+        }
+        let code = code_only(source);
+        let words: Vec<&str> = code
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .collect();
+        for word in ["async", "await", "tokio"] {
+            if words.contains(&word) {
+                found.push(format!("{file} uses {word}"));
+            }
+        }
+        for path in crate_paths(&module_of(file), source) {
+            let allowed = MACHINE_MAY_NAME.iter().any(|prefix| {
+                path.len() >= prefix.len() && path.iter().zip(prefix.iter()).all(|(a, b)| a == b)
+            });
+            if !allowed {
+                found.push(format!("{file} names crate::{}", path.join("::")));
+            }
+        }
+    }
+    found
+}
+
+/// The call machine does no I/O: nothing under `runner/machine/` is
+/// `async`, awaits, names tokio, the store's I/O, the client or `Core`
+/// (the driver performs what it decides).
+#[test]
+fn the_call_machine_does_no_io() {
+    let found = machine_findings(&sources(&repo().join("sdk/toolrunner/src")));
+    assert!(
+        found.is_empty(),
+        "the call machine must do no I/O:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn io_in_the_call_machine_is_caught() {
+    let files: BTreeMap<String, String> = [
+        (
+            "runner/machine/claim.rs",
+            "use super::{Pause, Reply};\nuse crate::lifecycle::Event;\n\
+             use crate::store::LocalState;\nuse crate::api::handler::Effect;\n\
+             // async fn in a comment, tokio too\nfn f() -> &'static str { \"async\" }\n",
+        ),
+        (
+            "runner/machine/bad.rs",
+            "use super::super::Core;\nuse crate::store::StoreError;\n\
+             async fn g(c: &Core) { tokio::task::yield_now().await }\n",
+        ),
+        (
+            "runner/call.rs",
+            "async fn h() { tokio::task::yield_now().await }\n",
+        ),
+    ]
+    .into_iter()
+    .map(|(f, s)| (f.to_owned(), s.to_owned()))
+    .collect();
+    assert_eq!(
+        machine_findings(&files),
+        vec![
+            "runner/machine/bad.rs uses async".to_owned(),
+            "runner/machine/bad.rs uses await".to_owned(),
+            "runner/machine/bad.rs uses tokio".to_owned(),
+            "runner/machine/bad.rs names crate::runner::Core".to_owned(),
+            "runner/machine/bad.rs names crate::store::StoreError".to_owned(),
+        ]
+    );
+}
+
 /// Each `Result<…, String>` in `code` (comments and strings already out):
 /// the line it starts on. Generic arguments are split at the top level, so
 /// `Result<Vec<String>, E>` and `Result<(A, Option<String>), E>` are not

@@ -20,7 +20,7 @@ impl FinalReceipt {
 }
 
 /// Something that happened to a call. Each names one row of [`TABLE`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 #[allow(clippy::large_enum_variant)] // short-lived
 pub(crate) enum Event {
     /// A pending call this executor will claim.

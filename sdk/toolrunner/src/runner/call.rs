@@ -7,10 +7,16 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
-use toolrunner_protocol::wire::{Assignment, CallState, Claim, ReceiptKind};
+use toolrunner_protocol::wire::{Assignment, CallState, Claim, Claimed, ReceiptKind};
 use tracing::Instrument;
 
-use super::{Active, CallKey, Core, Pause, checks, connection, outbox, telemetry};
+use super::machine::accept::{OnAccepted, OnSaved, Saved};
+use super::machine::claim::OnClaim;
+use super::machine::resume::{Again, OnRunning, StillRuns};
+use super::machine::step::Step;
+use super::{
+    Active, CallKey, Core, Pause, answers, checks, connection, machine, outbox, telemetry,
+};
 use crate::api::context::CallContext;
 use crate::api::handler::{Effect, ErasedTool, ToolError};
 use crate::lifecycle::{self, Advanced, Event, FinalReceipt, InTransaction, Reads};
@@ -156,8 +162,8 @@ async fn steps(
     let mut final_seen: Option<OutboxReceipt> = None;
     loop {
         let before = (call.state, call.version);
-        let next = match call.state {
-            LocalState::Claiming => {
+        let next = match machine::step::next(call.state, checked) {
+            Step::Claim => {
                 confirmed = false;
                 let (next, saved) =
                     Box::pin(claim(core, call).instrument(tracing::info_span!("toolrunner.claim")))
@@ -168,14 +174,14 @@ async fn steps(
                 saved_accepted = saved.filter(|r| r.kind == ReceiptKind::Accepted);
                 next
             }
-            LocalState::Assigned => {
+            Step::Accept => {
                 let accepting = accept(core, call, saved_accepted.take())
                     .instrument(tracing::info_span!("toolrunner.accepted"));
                 let (next, mine) = Box::pin(accepting).await?;
                 confirmed = mine;
                 next
             }
-            LocalState::Running => {
+            Step::Run => {
                 let (next, receipt) = Box::pin(run(core, call, !confirmed, cancel)).await?;
                 // One confirmation starts one handler: a call found
                 // `running` again is resumed as after a crash.
@@ -186,7 +192,7 @@ async fn steps(
                 saved_final = receipt;
                 next
             }
-            LocalState::Settled => {
+            Step::Deliver => {
                 // A call whose final receipt went out has nothing to
                 // report; one that could not deliver may (the outbox loop
                 // sends other calls' reports).
@@ -212,7 +218,7 @@ async fn steps(
                 }
                 return Ok(outcome);
             }
-            LocalState::ReconciliationRequired if !checked => {
+            Step::Check => {
                 checked = true;
                 match Box::pin(reconcile::check(core, call.clone(), cancel)).await? {
                     Checked::Moved(next) => {
@@ -222,7 +228,7 @@ async fn steps(
                     Checked::Stays | Checked::NotYet(_) => call,
                 }
             }
-            _ => {
+            Step::Done => {
                 Box::pin(outbox::flush_reports(core)).await;
                 return Ok(outcome_in_store(core, &call).await);
             }

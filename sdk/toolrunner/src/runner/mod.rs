@@ -3,6 +3,7 @@
 //! Every step that the crash table names is committed to the store before
 //! the matching request goes out; see `docs/protocol.md` §14.
 
+mod answers;
 pub(crate) mod call;
 mod checks;
 mod claimer;
@@ -11,8 +12,8 @@ mod dispatch;
 pub(crate) mod fenced;
 mod gauges;
 mod host;
+pub(crate) mod machine;
 pub(crate) mod outbox;
-mod pause;
 mod progress;
 mod reconcile;
 mod recovery;
@@ -65,7 +66,7 @@ pub(crate) struct Config {
 }
 
 pub(crate) use crate::api::context::CallKey;
-pub(crate) use pause::Pause;
+pub(crate) use machine::Pause;
 
 /// The live connection.
 #[derive(Debug, Clone)]

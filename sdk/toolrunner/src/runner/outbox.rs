@@ -10,7 +10,8 @@ use std::time::Duration;
 use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportOutcome, ReportState};
 use tracing::Instrument;
 
-use super::{CallKey, Core, connection};
+use super::machine::deliver::{Mark, OnDelivery};
+use super::{CallKey, Core, connection, machine};
 use crate::lifecycle::{self, Event, Reads};
 use crate::net::client::{Client, ClientError};
 use crate::store::{
@@ -145,25 +146,21 @@ pub(crate) async fn deliver(
         Err(ClientError::Api(_)) => "refused",
     };
     metrics::counter!(super::telemetry::metric::DELIVERIES, "executor_id" => executor_id.to_owned(), "kind" => r.kind.as_str(), "outcome" => outcome).increment(1);
-    let is_final = r.kind.is_final();
     let error = answer.as_ref().err().map(ToString::to_string);
-    let event = match answer {
-        Ok(_) if is_final => Event::Delivered {
-            receipt_id: r.receipt_id.clone(),
-        },
-        Ok(_) => {
+    let reply = super::answers::reply(&answer);
+    let event = match machine::deliver::on_reply(&reply, r.kind, r.sequence, &r.receipt_id) {
+        OnDelivery::Settle(event) => event,
+        OnDelivery::Mark(Mark::Delivered) => {
             mark(store, r, ReceiptStatus::Delivered, None).await;
             return Delivery::Delivered;
         }
-        // Not a verdict on the receipt: the credentials are wrong. Keep it
-        // pending and say so; a configuration error is surfaced elsewhere.
-        Err(ClientError::Api(e)) if e.status == 401 || e.code() == "missing_scope" => {
-            mark(store, r, ReceiptStatus::Pending, error).await;
-            return Delivery::Later;
+        OnDelivery::Mark(Mark::Rejected) => {
+            mark(store, r, ReceiptStatus::Rejected, error).await;
+            return Delivery::Dropped;
         }
-        Err(ClientError::Unreachable(_) | ClientError::NotReady(_)) => {
+        OnDelivery::Later { defer } => {
             mark(store, r, ReceiptStatus::Pending, error).await;
-            if is_final {
+            if defer {
                 let settled_without_report =
                     |c: &LocalCall| c.state == LocalState::Settled && c.report.is_none();
                 let _ = lifecycle::advance(store, executor_id, key, Reads::Row, |s| {
@@ -175,26 +172,6 @@ pub(crate) async fn deliver(
                 .await;
             }
             return Delivery::Later;
-        }
-        Err(_) if !is_final => {
-            mark(store, r, ReceiptStatus::Rejected, error).await;
-            return Delivery::Dropped;
-        }
-        Err(e) => {
-            let receipt_id = r.receipt_id.clone();
-            let error = e.to_string();
-            match (e.status(), e.code()) {
-                // A sequence-0 `failed` settles a call refused before start:
-                // nothing ran, so a refusal of it leaves nothing unknown.
-                _ if r.kind == ReceiptKind::Failed && r.sequence == 0 => {
-                    Event::FinalRefusedNothingRan { receipt_id, error }
-                }
-                (_, Some("run_terminated" | "call_already_terminal")) => {
-                    Event::FinalRejected { receipt_id, error }
-                }
-                (Some(404), _) => Event::FinalOrphaned { receipt_id, error },
-                _ => Event::FinalRefused { receipt_id, error },
-            }
         }
     };
     let delivered = matches!(event, Event::Delivered { .. });

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use toolrunner_protocol::wire::{CallState, Outstanding};
 
+use super::machine::resume::PLANTED_RESUME;
 use super::{CallKey, Core, outbox};
 use crate::lifecycle::{Event, Reads};
 use crate::store::{CallFilter, LocalState, StoreError};
@@ -131,12 +132,6 @@ pub(crate) async fn resume(
     }
     outbox::spawn_flush_reports(core.clone());
 }
-
-/// Whether this build runs a transactional call again after the platform
-/// ended it while the process was away: a deliberate bug, compiled only
-/// with `RUSTFLAGS='--cfg toolrunner_planted="resume"'`, which the
-/// simulation must catch (`docs/simulation.md`).
-pub(crate) const PLANTED_RESUME: bool = cfg!(toolrunner_planted = "resume");
 
 /// Applies `event` to the call only while its row is still as recovery
 /// listed it (same state, same version): a newer row is left alone.

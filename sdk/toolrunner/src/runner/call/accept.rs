@@ -25,22 +25,27 @@ pub(super) async fn accept(
     };
     // The row as this task last saw it (the next transitions start from it).
     let mut known = call.clone();
-    let accepted = match stored {
-        Some(r) if matches!(r.status, ReceiptStatus::Pending | ReceiptStatus::Delivered) => r,
-        Some(r) => {
-            // Refused before, or never to be sent: claim again, and let the
-            // platform's answer decide.
-            let why = format!("the saved accepted is {}", r.status.as_str());
-            let event = Event::AcceptRefusedPending {
-                receipt_id: r.receipt_id,
-                why,
-            };
+    let saved = match &stored {
+        None => Saved::None,
+        Some(r) if matches!(r.status, ReceiptStatus::Pending | ReceiptStatus::Delivered) => {
+            Saved::Sendable
+        }
+        Some(r) => Saved::Spent {
+            receipt_id: r.receipt_id.clone(),
+            status: r.status.as_str().to_owned(),
+        },
+    };
+    let accepted = match (machine::accept::on_saved(&saved), stored) {
+        (OnSaved::Send, Some(r)) => r,
+        // Refused before, or never to be sent: claim again, and let the
+        // platform's answer decide.
+        (OnSaved::Reclaim(event), _) => {
             let moved = core
                 .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
                 .await?;
             return Ok((row(moved)?, false));
         }
-        None => {
+        (OnSaved::Send | OnSaved::CheckThenSave, _) => {
             let refusal = super::claim::first_checks(core, &call.tool_name, asg)
                 .await
                 .err();
@@ -95,70 +100,25 @@ pub(super) async fn accept(
             &|| core.lease_live(),
         )
         .await;
-    let event = match answer {
-        Ok(answer) if answer.accepted == Some(true) => {
+    let event = match machine::accept::on_reply(&answers::reply(&answer), &accepted.receipt_id) {
+        OnAccepted::Confirmed(event) => {
             core.crash_point("after_accepted_confirmed")?;
-            Event::AcceptConfirmed {
-                receipt_id: accepted.receipt_id,
-            }
+            event
         }
-        // A replay answered false while the platform holds the call
-        // `reconciliation_required`: this `accepted` was confirmed once
-        // (the call went `running` under this assignment; its answer was
-        // lost: a crash, a dropped answer) and another store of this
-        // executor id, which does not know the call, reported it since (a
-        // lost store's replacement, a twin on another database: protocol
-        // §4, "a call the local store does not know"). The platform waits
-        // for a final receipt under this assignment, which only this store
-        // holds: the call is where the crash table's "`accepted`
-        // confirmed, no final receipt saved" leaves it, and is resumed so
-        // (a write tool goes to `reconciliation_required`, a read tool runs
-        // again, a transactional one runs again while the platform holds
-        // it), never `abandoned` (docs/protocol.md, choice 76). It is not
-        // `mine`: no handler starts as after its own confirmation.
-        Ok(answer) if answer.replayed && answer.call_state == CallState::ReconciliationRequired => {
-            tracing::warn!(run_id = %call.run_id, call_id = %call.call_id, "the platform holds this accepted and the call reconciliation_required (another store of this executor id reported it): resumed as after a crash");
-            Event::AcceptFoundReconciling {
-                receipt_id: accepted.receipt_id,
+        OnAccepted::Record(event) => {
+            if matches!(event, Event::AcceptFoundReconciling { .. }) {
+                tracing::warn!(run_id = %call.run_id, call_id = %call.call_id, "the platform holds this accepted and the call reconciliation_required (another store of this executor id reported it): resumed as after a crash");
             }
+            event
         }
-        Ok(answer) => {
-            let why = format!(
-                "accepted answered false (call {})",
-                answer.call_state.as_str()
-            );
-            if answer.call_state == CallState::Pending {
-                Event::AcceptRefusedPending {
-                    receipt_id: accepted.receipt_id,
-                    why,
-                }
-            } else {
-                Event::AcceptRefused {
-                    receipt_id: accepted.receipt_id,
-                    why,
-                }
-            }
-        }
-        Err(e @ (ClientError::Unreachable(_) | ClientError::NotReady(_))) => return Err(e.into()),
-        Err(e) if e.status() == Some(401) || e.code() == Some("missing_scope") => {
+        OnAccepted::Wait(pause) => return Err(pause),
+        OnAccepted::Configuration(pause) => {
             // Not a verdict on the call: keep the assignment and the saved
             // `accepted`, stop claiming, surface the configuration error.
-            core.fail(crate::Error::from(e.clone()));
-            return Err(Pause::waits(e.to_string()));
-        }
-        Err(e) => {
-            let why = format!("accepted refused: {e}");
-            if e.code() == Some("invalid_grant") {
-                Event::AcceptRefusedPending {
-                    receipt_id: accepted.receipt_id,
-                    why,
-                }
-            } else {
-                Event::AcceptRefused {
-                    receipt_id: accepted.receipt_id,
-                    why,
-                }
+            if let Err(e) = answer {
+                core.fail(crate::Error::from(e));
             }
+            return Err(pause);
         }
     };
     let confirming = matches!(event, Event::AcceptConfirmed { .. });

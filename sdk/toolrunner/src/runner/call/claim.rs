@@ -107,24 +107,8 @@ pub(super) async fn claim(
             s.call
                 .as_ref()
                 .filter(|c| c.state == LocalState::Claiming && c.operation_key == used)?;
-            let assignment = claimed.assignment.clone();
-            Some(match claimed.call_state {
-                CallState::Claimed if s.accepted_refused(&assignment.assignment_id) => {
-                    Event::ClaimReturnedRefused { assignment }
-                }
-                CallState::Claimed => Event::ClaimAnswered { assignment },
-                CallState::Pending => Event::ClaimRefused {
-                    why: "the claim came back pending: nothing ran".into(),
-                },
-                st if st.is_terminal() => Event::ClaimFoundEnded {
-                    assignment,
-                    platform: st,
-                },
-                st => Event::ClaimFoundRunning {
-                    assignment,
-                    platform: st,
-                },
-            })
+            let refused_before = s.accepted_refused(&claimed.assignment.assignment_id);
+            Some(machine::claim::answered(&claimed, refused_before))
         })
         .await?;
     let (call, receipt) = match moved {
@@ -151,19 +135,18 @@ async fn claim_failed(
     used: &str,
     e: ClientError,
 ) -> Result<(LocalCall, Option<OutboxReceipt>), Pause> {
-    if matches!(e, ClientError::Unreachable(_) | ClientError::NotReady(_)) {
-        return Err(e.into());
-    }
-    if e.status() == Some(401) || e.code() == Some("missing_scope") {
-        core.fail(crate::Error::from(e.clone()));
-        return Err(Pause::waits(e.to_string()));
-    }
-    match e.code() {
-        Some("capacity_exhausted" | "executor_draining") => Err(Pause::Deferred(e.to_string())),
-        Some("lease_expired" | "connection_superseded") => Err(Pause::waits(e.to_string())),
-        _ => {
-            let why = format!("claim refused, nothing ran: {e}");
-            let event = Event::ClaimRefused { why };
+    let failed: Result<Claimed, ClientError> = Err(e);
+    match machine::claim::on_reply(&answers::reply(&failed)) {
+        // (Only an answer is recorded; a failure never comes here.)
+        OnClaim::Record => Err(Pause::waits("the claim failed without an answer")),
+        OnClaim::Wait(pause) => Err(pause),
+        OnClaim::Configuration(pause) => {
+            if let Err(e) = failed {
+                core.fail(crate::Error::from(e));
+            }
+            Err(pause)
+        }
+        OnClaim::Refused(event) => {
             let moved = core
                 .advance(key, Reads::Row, |s| {
                     s.call

@@ -4,11 +4,6 @@
 use super::*;
 use crate::api::transaction::Ended;
 
-/// Whether this build re-runs a write tool after a crash: a deliberate
-/// bug, compiled only with `RUSTFLAGS='--cfg toolrunner_planted="rerun"'`,
-/// which the simulation must catch (`docs/simulation.md`).
-const PLANTED_RERUN: bool = cfg!(toolrunner_planted = "rerun");
-
 /// Runs the handler (after `accepted: true`) and saves its outcome.
 pub(super) async fn run(
     core: &Arc<Core>,
@@ -20,60 +15,53 @@ pub(super) async fn run(
     let asg = assignment(&call)?;
     let id = asg.assignment_id.clone();
     let tool = core.tools.get(&call.tool_name).cloned();
-    let unknown = |why: &str| Event::OutcomeUnknown {
-        why: why.to_owned(),
-        evidence: None,
-    };
-    let stop = match &tool {
-        None => Some(unknown(
-            "running call of a tool this executor does not serve",
-        )),
-        // A transactional tool's writes commit with its final receipt: a
-        // `running` row means none of them is stored, so it runs again.
-        Some(t) if resumed && t.effect() == Effect::Write && !PLANTED_RERUN => Some(unknown(
-            "the process stopped after accepted: the outcome is unknown",
-        )),
+    let effect = tool.as_ref().map(|t| t.effect());
+    let stop = match machine::resume::on_running(effect, resumed) {
+        OnRunning::Run => None,
+        OnRunning::Settle(event) => Some(event),
         // A transactional tool runs again by the rule of a re-run: after a
         // live heartbeat (which also brings any cancellation of its run),
-        // with no cancellation seen.
-        // The cancel notice comes once and may have been lost (choice 68):
-        // the platform is asked too, right before the handler runs again.
-        Some(t) if resumed && t.effect() == Effect::Transactional => {
+        // with no cancellation seen, and the platform asked right before.
+        OnRunning::CheckLease => {
             if super::super::connection::lease_check(core).await.is_err() {
                 return Err(Pause::waits(
                     "a transactional call to run again waits for a live lease",
                 ));
             }
             let cancelled = cancel.is_cancelled() || core.was_cancelled(&key);
-            if super::super::recovery::PLANTED_RESUME {
-                None
-            } else if cancelled {
-                Some(Event::TransactionalEnded)
-            } else {
-                match still_runs(core, &call, asg).await {
-                    Some(StillRuns::Yes) => None,
+            let mut again = machine::resume::transactional_again(cancelled, None)?;
+            if again == Again::AskPlatform {
+                let said = still_runs(core, &call, asg).await;
+                again = machine::resume::transactional_again(cancelled, Some(said))?;
+                match said {
                     Some(StillRuns::Ended) => {
                         tracing::info!(run_id = %key.run_id, call_id = %key.call_id, "the platform ended the transactional call: not run again");
                         core.remember_ended(&key);
-                        Some(Event::TransactionalEnded)
                     }
                     Some(StillRuns::Forgotten) => {
                         tracing::info!(run_id = %key.run_id, call_id = %key.call_id, "the platform no longer knows the transactional call's run: not run again");
                         core.remember_ended(&key);
-                        Some(Event::TransactionalForgotten)
                     }
-                    None => {
-                        return Err(Pause::waits(
-                            "a transactional call to run again waits until the platform says that it still runs",
-                        ));
-                    }
+                    _ => {}
+                }
+            }
+            match again {
+                Again::Settle(event) => Some(event),
+                Again::Run => None,
+                // (The platform was asked: it is never asked twice.)
+                Again::AskPlatform => {
+                    return Err(Pause::waits(
+                        "a transactional call to run again waits until the platform says that it still runs",
+                    ));
                 }
             }
         }
-        Some(_) => None,
     };
     let Some(tool) = tool.filter(|_| stop.is_none()) else {
-        let event = stop.unwrap_or_else(|| unknown("no tool"));
+        let event = stop.unwrap_or_else(|| Event::OutcomeUnknown {
+            why: "no tool".to_owned(),
+            evidence: None,
+        });
         let moved = core
             .advance(&key, Reads::Row, while_in(LocalState::Running, id, event))
             .await?;
@@ -195,20 +183,8 @@ pub(super) async fn run(
 /// Whether the platform still has the call running under this assignment,
 /// asked right now with a replay of its claim (the same operation key:
 /// idempotent, it changes nothing, and it answers the call's current state
-/// even after its run ended, §10). `Some(false)`: the call ended there
-/// (its run cancelled or expired, or settled) or is no longer this
-/// assignment's; `None`: it cannot tell now (asked again when the call is
-/// resumed next).
-/// What the platform says of a transactional call to run again.
-enum StillRuns {
-    /// Running (or waiting for reconciliation) under this assignment.
-    Yes,
-    /// Ended, or not this assignment's any more.
-    Ended,
-    /// The platform no longer knows the run (`404`, `400 unknown_call`).
-    Forgotten,
-}
-
+/// even after its run ended, §10). `None`: it cannot tell now (asked again
+/// when the call is resumed next).
 async fn still_runs(core: &Arc<Core>, call: &LocalCall, asg: &Assignment) -> Option<StillRuns> {
     // Once more after a reconnect (a lapsed lease, a superseded connection).
     for _ in 0..2 {

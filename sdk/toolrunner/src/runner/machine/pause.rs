@@ -1,8 +1,6 @@
 //! Why a step of a call stopped before the call was final. The call
 //! resumes from the store; what the step's caller does next depends on the
 //! kind of pause, never on the text of a message.
-use crate::net::client::ClientError;
-use crate::store::StoreError;
 
 /// Why a step of a call stopped short (the call resumes from the store).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,36 +39,5 @@ impl std::fmt::Display for Pause {
             ),
             Pause::Waits(why) => f.write_str(why),
         }
-    }
-}
-
-impl From<StoreError> for Pause {
-    fn from(e: StoreError) -> Pause {
-        Pause::Waits(e.to_string())
-    }
-}
-
-impl From<ClientError> for Pause {
-    /// A request that did not go out for a lapsed lease is that pause;
-    /// any other failure waits with its message.
-    fn from(e: ClientError) -> Pause {
-        match e {
-            ClientError::NotReady(_) => Pause::LeaseNotLive,
-            ClientError::Unreachable(m) => Pause::Waits(m),
-            e => Pause::Waits(e.to_string()),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_not_sent_for_a_lapsed_lease_is_that_pause() {
-        let not_sent = ClientError::NotReady("POST /v1/runs/r/tool-calls/c/claim".into());
-        assert_eq!(Pause::from(not_sent), Pause::LeaseNotLive);
-        let down = ClientError::Unreachable("connection refused".into());
-        assert_eq!(Pause::from(down), Pause::waits("connection refused"));
     }
 }
