@@ -347,6 +347,26 @@ mod suite {
                 },
             ),
             (
+                "transactional::a_handler_cut_off_while_its_closure_is_released_rolls_back",
+                |_, u| {
+                    Box::pin(async move {
+                        let proxy = super::replicas::pause::Proxy::start(
+                            super::replicas::pause::address_of(&u),
+                        )
+                        .await?;
+                        let through = proxy.url(&u);
+                        super::transactional::a_handler_cut_off_while_its_closure_is_released_rolls_back(
+                            &u,
+                            &through,
+                            || proxy.pause_behind(b"RELEASE SAVEPOINT toolrunner_closure"),
+                            || proxy.is_paused(),
+                            || proxy.resume(),
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
                 "transactional::an_error_rolls_the_business_write_back",
                 |s, u| {
                     Box::pin(async move {

@@ -31,6 +31,9 @@ struct Trigger(Arc<Mutex<Option<Armed>>>);
 
 struct Armed {
     after: Vec<u8>,
+    /// Pause right behind the chunk holding `after` itself, not behind
+    /// the next one.
+    itself: bool,
 }
 
 impl Trigger {
@@ -46,9 +49,14 @@ impl Trigger {
             *armed = None;
             return true;
         }
-        *seen = chunk
+        let holds = chunk
             .windows(a.after.len())
             .any(|w| w == a.after.as_slice());
+        if holds && a.itself {
+            *armed = None;
+            return true;
+        }
+        *seen = holds;
         false
     }
 }
@@ -130,6 +138,16 @@ impl Proxy {
     pub(crate) fn pause_after_next(&self, after: &[u8]) {
         *self.trigger.0.lock().expect("lock") = Some(Armed {
             after: after.to_vec(),
+            itself: false,
+        });
+    }
+
+    /// Pauses once a client's chunk holding `after` has passed, right
+    /// behind it (the server runs that statement; its answer waits).
+    pub(crate) fn pause_behind(&self, after: &[u8]) {
+        *self.trigger.0.lock().expect("lock") = Some(Armed {
+            after: after.to_vec(),
+            itself: true,
         });
     }
 

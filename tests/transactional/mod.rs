@@ -1927,3 +1927,68 @@ pub(crate) async fn a_resumed_call_whose_run_was_forgotten_is_orphaned(
     bench.server.shutdown().await;
     Ok(())
 }
+
+/// A handler cut off (its timeout) while the executor releases the
+/// savepoint of a closure that returned `Ok` holds a transaction that is
+/// still the executor's: it is rolled back and the call fails
+/// (`transaction_rolled_back`), never taken for a closure that ended the
+/// transaction itself (an unknown outcome). The store's traffic goes
+/// through a pausable proxy (`through` is its URL for the store): `arm`
+/// pauses it right behind the closure's `RELEASE SAVEPOINT` (the server
+/// releases it; its answer waits), `held` says whether it is paused,
+/// `resume` lets everything through again.
+pub(crate) async fn a_handler_cut_off_while_its_closure_is_released_rolls_back(
+    store_url: &str,
+    through: &str,
+    arm: impl Fn(),
+    held: impl Fn() -> bool,
+    resume: impl Fn(),
+) -> Result<()> {
+    let mut bench = Bench::start(store_url).await?;
+    create_orders(store_url).await?;
+    bench.store_url = through.to_owned();
+    let timeout = Duration::from_millis(800);
+    let running = bench
+        .executor_with(None, |b| b.handler_timeout(timeout))?
+        .start()
+        .await?;
+    arm();
+    let run = bench
+        .submit(vec![NewToolCall::new("orders.place", json!({"amount": 7}))])
+        .await?;
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while !held() {
+        ensure!(
+            std::time::Instant::now() < until,
+            "the store's traffic never paused behind the closure's release"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The handler times out while the release waits for its answer.
+    tokio::time::sleep(timeout + Duration::from_millis(700)).await;
+    resume();
+    let call = settled(&bench, &run).await?;
+    running
+        .shutdown(Shutdown::Drain {
+            deadline: Duration::from_secs(10),
+        })
+        .await?;
+    let text = serde_json::to_string(&call)?;
+    ensure!(
+        call.state.as_str() == "failed" && text.contains("transaction_rolled_back"),
+        "the call ended {}: {text}",
+        call.state.as_str()
+    );
+    let key = STARTS
+        .lock()
+        .expect("lock")
+        .last()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        orders(store_url, &key).await? == 0,
+        "the order of the cut-off handler was stored"
+    );
+    bench.server.shutdown().await;
+    Ok(())
+}

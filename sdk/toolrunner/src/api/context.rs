@@ -583,7 +583,7 @@ impl CallContext {
             ));
         }
         if slot.tx.is_none() {
-            let begun = self.host.begin().await.map_err(|e| {
+            let mut begun = self.host.begin().await.map_err(|e| {
                 let why = format!("the store's transaction could not begin: {e}");
                 // Nothing happened only if the tool's effects all go
                 // through this transaction; a write tool may have done
@@ -594,6 +594,16 @@ impl CallContext {
                     ToolError::unknown(why)
                 }
             })?;
+            // The executor's own savepoint, before any closure runs (cut
+            // off here, the transaction is dropped and rolls back).
+            if let Err(e) = begun.open_call().await {
+                let why = format!("the store's transaction could not begin: {e}");
+                return Err(if self.transactional {
+                    ToolError::retry(why)
+                } else {
+                    ToolError::unknown(why)
+                });
+            }
             if begun.backend() == "SQLite" {
                 self.sqlite_open
                     .store(true, std::sync::atomic::Ordering::SeqCst);

@@ -33,6 +33,15 @@ pub(super) enum Inner {
 /// The savepoint each handler closure runs in.
 const CLOSURE: &str = "toolrunner_closure";
 
+/// The executor's own savepoint, opened right after the transaction's
+/// `BEGIN` and never touched by a closure: while it is there, the
+/// transaction is still the executor's (a closure that ended it with a
+/// `COMMIT` or `ROLLBACK` of its own took it along). Unlike a closure's
+/// savepoint, which the executor itself releases when the closure returns,
+/// it tells this even of a closure cut off while its savepoint was being
+/// released.
+const CALL: &str = "toolrunner_call";
+
 /// How a handler closure's savepoint ended
 /// ([`StoreTransaction::close_closure`]).
 #[derive(Debug)]
@@ -85,6 +94,17 @@ impl StoreTransaction {
             }
         }
         Ok(())
+    }
+
+    /// Opens the executor's own savepoint ([`CALL`]), right after the
+    /// transaction began (before any closure runs in it).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub(crate) async fn open_call(&mut self) -> Result<(), StoreError> {
+        self.statement(&format!("SAVEPOINT {CALL}"))
+            .await
+            .map_err(StoreError::from)
     }
 
     /// Opens the savepoint a handler closure runs in.
@@ -147,13 +167,15 @@ impl StoreTransaction {
 
     /// Whether the transaction of a closure that did not come back (it
     /// panicked, was dropped or cut off, or ran past its bound) is still
-    /// the executor's: its savepoint is there, and rolled back to (none of
-    /// the closure's writes stay; `Kept`), or gone (`Broken`: the closure
-    /// ended the transaction itself before it stopped, and what it wrote
-    /// may be stored).
+    /// the executor's: the executor's own savepoint ([`CALL`]) is there,
+    /// and rolled back to (nothing of the call's transaction stays, and it
+    /// is rolled back whole; `Kept`), or gone (`Broken`: the closure ended
+    /// the transaction itself before it stopped, and what it wrote may be
+    /// stored). Not the closure's own savepoint: a closure cut off while
+    /// the executor released it would look as if it ended the transaction.
     pub(crate) async fn probe_closure(&mut self) -> Closed {
         match self
-            .statement(&format!("ROLLBACK TO SAVEPOINT {CLOSURE}"))
+            .statement(&format!("ROLLBACK TO SAVEPOINT {CALL}"))
             .await
         {
             Ok(()) => Closed::Kept,
