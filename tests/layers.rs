@@ -1018,6 +1018,65 @@ fn io_in_the_call_machine_is_caught() {
     );
 }
 
+/// The requests that make, keep and end the executor's connection.
+const CONNECTION_REQUESTS: [&str; 3] = ["connect", "heartbeat", "disconnect"];
+
+/// Each place outside `runner/connection.rs` (and the client itself,
+/// `net/`) that sends one of [`CONNECTION_REQUESTS`] through the client
+/// (`client.connect(`, `client\n    .heartbeat(`).
+fn connection_requests_outside(files: &BTreeMap<String, String>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (file, source) in files {
+        if file == "runner/connection.rs" || file.starts_with("net/") {
+            continue;
+        }
+        let code: String = code_only(source)
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        for request in CONNECTION_REQUESTS {
+            if code.contains(&format!("client.{request}(")) {
+                found.push(format!("{file} sends {request}"));
+            }
+        }
+    }
+    found
+}
+
+/// Only the connection (`runner/connection.rs`) connects, heartbeats and
+/// disconnects: it publishes what it learnt, and everything else asks it
+/// for the connection.
+#[test]
+fn only_the_connection_connects_heartbeats_and_disconnects() {
+    let found = connection_requests_outside(&sources(&repo().join("sdk/toolrunner/src")));
+    assert!(
+        found.is_empty(),
+        "only runner/connection.rs sends connect, heartbeat and disconnect:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn a_connection_request_outside_the_connection_is_caught() {
+    let files: BTreeMap<String, String> = [
+        ("runner/connection.rs", "core.client.connect(&body, &live)"),
+        ("net/client.rs", "self.client.heartbeat(x)"),
+        ("runner/call.rs", "core\n    .client\n    .heartbeat(&id, &body)"),
+        ("runner/outbox.rs", "// core.client.disconnect(\nlet s = \"client.connect(\";"),
+        ("runner/stream.rs", "core.client.disconnect(&id, &body)"),
+    ]
+    .into_iter()
+    .map(|(f, s)| (f.to_owned(), s.to_owned()))
+    .collect();
+    assert_eq!(
+        connection_requests_outside(&files),
+        vec![
+            "runner/call.rs sends heartbeat".to_owned(),
+            "runner/stream.rs sends disconnect".to_owned(),
+        ]
+    );
+}
+
 /// Each `Result<…, String>` in `code` (comments and strings already out):
 /// the line it starts on. Generic arguments are split at the top level, so
 /// `Result<Vec<String>, E>` and `Result<(A, Option<String>), E>` are not
