@@ -1061,8 +1061,14 @@ fn a_connection_request_outside_the_connection_is_caught() {
     let files: BTreeMap<String, String> = [
         ("runner/connection.rs", "core.client.connect(&body, &live)"),
         ("net/client.rs", "self.client.heartbeat(x)"),
-        ("runner/call.rs", "core\n    .client\n    .heartbeat(&id, &body)"),
-        ("runner/outbox.rs", "// core.client.disconnect(\nlet s = \"client.connect(\";"),
+        (
+            "runner/call.rs",
+            "core\n    .client\n    .heartbeat(&id, &body)",
+        ),
+        (
+            "runner/outbox.rs",
+            "// core.client.disconnect(\nlet s = \"client.connect(\";",
+        ),
         ("runner/stream.rs", "core.client.disconnect(&id, &body)"),
     ]
     .into_iter()
@@ -1074,6 +1080,136 @@ fn a_connection_request_outside_the_connection_is_caught() {
             "runner/call.rs sends heartbeat".to_owned(),
             "runner/stream.rs sends disconnect".to_owned(),
         ]
+    );
+}
+
+/// At most this many fields in a struct of the runner.
+const MOST_FIELDS: usize = 12;
+
+/// Each struct under `runner/` in `files` with more than [`MOST_FIELDS`]
+/// named fields, with its count (a field is a `name:` at the struct's own
+/// brace depth; attributes and comments do not count).
+fn wide_structs(files: &BTreeMap<String, String>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (file, source) in files {
+        if !file.starts_with("runner/") {
+            continue;
+        }
+        let code = code_only(source);
+        let mut from = 0;
+        while let Some(at) = code[from..].find("struct ") {
+            let start = from + at;
+            from = start + "struct ".len();
+            let word_before = code[..start]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_');
+            if word_before {
+                continue;
+            }
+            let name: String = code[from..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            // A struct with named fields: `{` before any `;` or `(`.
+            let rest = &code[from..];
+            let Some(open) = rest.find('{') else { continue };
+            if rest[..open].contains(';') || rest[..open].contains('(') {
+                continue;
+            }
+            // The body's items, split at its own commas.
+            let mut depth = 0;
+            let mut items = vec![String::new()];
+            for c in rest[open..].chars() {
+                match c {
+                    '{' | '(' | '[' | '<' => depth += 1,
+                    '}' | ')' | ']' | '>' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    break;
+                }
+                if depth == 1 && c == ',' {
+                    items.push(String::new());
+                } else if depth > 1 || c != '{' {
+                    items.last_mut().expect("one at least").push(c);
+                }
+            }
+            let fields = items.iter().filter(|item| is_field(item)).count();
+            if fields > MOST_FIELDS {
+                found.push(format!("{file}: struct {name} has {fields} fields"));
+            }
+        }
+    }
+    found
+}
+
+/// Whether a struct body's item is a named field: attributes, then an
+/// optional visibility, then a name and a single `:`.
+fn is_field(item: &str) -> bool {
+    let mut rest = item.trim_start();
+    while let Some(attr) = rest.strip_prefix("#[") {
+        let mut depth = 1;
+        let end = attr
+            .char_indices()
+            .find_map(|(k, c)| {
+                match c {
+                    '[' => depth += 1,
+                    ']' => depth -= 1,
+                    _ => {}
+                }
+                (depth == 0).then_some(k)
+            })
+            .unwrap_or(attr.len().saturating_sub(1));
+        rest = attr[end + 1..].trim_start();
+    }
+    if let Some(after) = rest.strip_prefix("pub") {
+        rest = after.trim_start();
+        if let Some(scoped) = rest.strip_prefix('(') {
+            rest = scoped.split_once(')').map_or("", |(_, r)| r).trim_start();
+        }
+    }
+    let name_len = rest
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .count();
+    let after = rest[name_len..].trim_start();
+    name_len > 0 && after.starts_with(':') && !after.starts_with("::")
+}
+
+/// No struct of the runner has more than twelve fields: a wide one is
+/// split into parts that each say what they hold (`Core`: `Link`, `Calls`,
+/// `Phase`; `Config`: `Timing`).
+#[test]
+fn no_struct_of_the_runner_has_more_than_twelve_fields() {
+    let found = wide_structs(&sources(&repo().join("sdk/toolrunner/src")));
+    assert!(
+        found.is_empty(),
+        "split these structs of runner/ (at most {MOST_FIELDS} fields):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn a_wide_struct_in_the_runner_is_caught() {
+    let thirteen: String = (0..13)
+        .map(|i| format!("    /// Field {i}.\n    #[allow(dead_code)]\n    pub(crate) f{i}: HashMap<String, Vec<u8>>,\n"))
+        .collect();
+    let twelve: String = (0..12)
+        .map(|i| format!("    f{i}: Option<(u8, u8)>,\n"))
+        .collect();
+    let files: BTreeMap<String, String> = [
+        (
+            "runner/mod.rs".to_owned(),
+            format!("pub(crate) struct Wide {{\n{thirteen}}}\nstruct Narrow {{\n{twelve}}}\nstruct Tuple(u8, u8);\n"),
+        ),
+        ("api/x.rs".to_owned(), format!("struct Elsewhere {{\n{thirteen}}}\n")),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(
+        wide_structs(&files),
+        vec!["runner/mod.rs: struct Wide has 13 fields".to_owned()]
     );
 }
 

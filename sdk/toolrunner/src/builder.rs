@@ -13,7 +13,7 @@ use crate::error::{Error, Kind, Result};
 use crate::gate::Gate;
 use crate::net::client::{Backoff, Client};
 use crate::runner::template::Template;
-use crate::runner::{Config, CrashPlan, RunningExecutor};
+use crate::runner::{Config, CrashPlan, RunningExecutor, Timing};
 use crate::store::DEFAULT_LEASE_TTL;
 
 /// How long a handler's transaction may stay open on a SQLite store by
@@ -555,16 +555,18 @@ impl ExecutorBuilder {
                     binding_id,
                     capacity: self.capacity,
                     instance_id: format!("ins_{}", uuid::Uuid::new_v4().simple()),
-                    poll_interval: self.poll_interval,
-                    handler_timeout: self.handler_timeout,
-                    sqlite_transaction_timeout: self
-                        .sqlite_transaction_timeout
-                        .unwrap_or(DEFAULT_SQLITE_TRANSACTION_TIMEOUT),
-                    retry_attempts: self.retry_attempts.max(1),
+                    timing: Timing {
+                        poll_interval: self.poll_interval,
+                        handler_timeout: self.handler_timeout,
+                        sqlite_transaction_timeout: self
+                            .sqlite_transaction_timeout
+                            .unwrap_or(DEFAULT_SQLITE_TRANSACTION_TIMEOUT),
+                        retry_attempts: self.retry_attempts.max(1),
+                        reconcile_interval: self.reconcile_interval,
+                        retention: self.retention,
+                    },
                     use_stream: self.use_stream,
                     auto_reconcile: self.auto_reconcile,
-                    reconcile_interval: self.reconcile_interval,
-                    retention: self.retention,
                     adopted: false,
                     lease_ttl: self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL),
                 },

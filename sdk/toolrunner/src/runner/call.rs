@@ -89,7 +89,7 @@ pub(super) async fn drive(
         biased;
         // The executor stopped (dropped, crashed, detached): stop where we
         // are, as a lost process would; the span says the work was cut.
-        _ = core.done.cancelled() => {
+        _ = core.phase.done.cancelled() => {
             telemetry::finish(&span, "interrupted", None);
             return;
         }
@@ -105,15 +105,17 @@ pub(super) async fn drive(
             // rather than asking again at once.
             drop(permit.take());
             tokio::select! {
-                _ = core.done.cancelled() => {}
-                _ = tokio::time::sleep(core.cfg.poll_interval.clamp(
+                _ = core.phase.done.cancelled() => {}
+                _ = tokio::time::sleep(core.cfg.timing.poll_interval.clamp(
                     std::time::Duration::from_millis(50),
                     std::time::Duration::from_secs(1),
                 )) => {}
             }
         }
         // The claim loop resumes it (the guard's drop wakes the loop).
-        core.paused.store(true, std::sync::atomic::Ordering::SeqCst);
+        core.calls
+            .paused
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
     drop(active);
     drop(permit);

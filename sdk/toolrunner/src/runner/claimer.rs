@@ -13,18 +13,18 @@ pub(crate) async fn claim_loop(core: Arc<Core>) {
     let mut resumed_at = tokio::time::Instant::now();
     loop {
         tokio::select! {
-            _ = core.stop.cancelled() => return,
-            _ = core.wake.notified() => {}
-            _ = tokio::time::sleep(core.cfg.poll_interval) => {}
+            _ = core.phase.stop.cancelled() => return,
+            _ = core.calls.wake.notified() => {}
+            _ = tokio::time::sleep(core.cfg.timing.poll_interval) => {}
         }
-        if !core.claiming.load(Ordering::SeqCst) {
+        if !core.phase.claiming.load(Ordering::SeqCst) {
             continue;
         }
         // Calls wait only when a task paused one (or, rarely, lost one):
         // look for them then, and once per poll interval; not at each
         // wake-up, which a finished call gives.
-        if core.paused.swap(false, Ordering::SeqCst)
-            || resumed_at.elapsed() >= core.cfg.poll_interval
+        if core.calls.paused.swap(false, Ordering::SeqCst)
+            || resumed_at.elapsed() >= core.cfg.timing.poll_interval
         {
             resumed_at = tokio::time::Instant::now();
             resume_waiting(&core).await;
@@ -62,7 +62,7 @@ async fn resume_waiting(core: &Arc<Core>) {
         if core.is_active(&CallKey::of(&c)) {
             continue;
         }
-        let Ok(permit) = core.slots.clone().try_acquire_owned() else {
+        let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
             return;
         };
         // A `running` call that no task drives lost its task to an error:
@@ -72,7 +72,7 @@ async fn resume_waiting(core: &Arc<Core>) {
 }
 
 async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
-    let free = core.slots.available_permits();
+    let free = core.calls.slots.available_permits();
     if free == 0 {
         return Ok(());
     }
@@ -94,7 +94,9 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
     // saves go to the store together, so they share one commit.
     let mut saves = Vec::new();
     for candidate in page.data {
-        if !core.tools.contains_key(&candidate.tool_name) || !core.claiming.load(Ordering::SeqCst) {
+        if !core.tools.contains_key(&candidate.tool_name)
+            || !core.phase.claiming.load(Ordering::SeqCst)
+        {
             continue;
         }
         let key = CallKey {
@@ -104,7 +106,7 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
         if core.is_active(&key) {
             continue;
         }
-        let Ok(permit) = core.slots.clone().try_acquire_owned() else {
+        let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
             break;
         };
         saves.push(save_key(core, key, candidate.tool_name, permit));

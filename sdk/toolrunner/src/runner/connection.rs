@@ -31,8 +31,8 @@ pub(crate) enum Patience {
 
 /// Connects and resumes the calls the platform and the store know.
 pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), Error> {
-    let _guard = core.reconnecting.lock().await;
-    if core.conn.read().await.is_some() {
+    let _guard = core.link.reconnecting.lock().await;
+    if core.link.conn.read().await.is_some() {
         // Another task connected while this one waited.
         return Ok(());
     }
@@ -53,7 +53,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         // A process whose identity moved on never connects: it would
         // supersede the replica that holds the identity now.
         if !PLANTED_ZOMBIE && let Err(e) = core.confirm_lease().await {
-            if patience == Patience::UntilStopped && !core.done.is_cancelled() {
+            if patience == Patience::UntilStopped && !core.phase.done.is_cancelled() {
                 tracing::warn!(error = %e, "not connecting before the executor's lease is confirmed; retrying");
                 tokio::time::sleep(super::retry_delay(core, attempt.min(6))).await;
                 attempt += 1;
@@ -81,9 +81,9 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
                 ));
             }
             Err(e @ (ClientError::Unreachable(_) | ClientError::NotReady(_)))
-                if patience == Patience::UntilStopped && !core.done.is_cancelled() =>
+                if patience == Patience::UntilStopped && !core.phase.done.is_cancelled() =>
             {
-                let m = e.to_string();
+                let m = unreachable_why(&e);
                 core.health.platform(Err(m.clone()));
                 tracing::warn!(error = %m, "cannot reach the platform; retrying connect");
                 tokio::time::sleep(super::retry_delay(core, attempt.min(6))).await;
@@ -121,7 +121,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         super::telemetry::reconnected(&core.cfg.executor_id);
     }
     core.health.platform(Ok(()));
-    *core.conn.write().await = Some(Conn {
+    *core.link.conn.write().await = Some(Conn {
         connection_id: connected.connection_id.clone(),
         heartbeat_interval: beat(connected.heartbeat_interval_ms, connected.lease_ttl_ms),
         lease_ttl_ms: connected.lease_ttl_ms,
@@ -181,11 +181,12 @@ fn beat(advised_ms: u64, lease_ttl_ms: u64) -> Duration {
 
 /// The current connection id, connecting first if there is none.
 pub(crate) async fn connection_id(core: &Arc<Core>) -> Result<String, Error> {
-    if let Some(c) = core.conn.read().await.as_ref() {
+    if let Some(c) = core.link.conn.read().await.as_ref() {
         return Ok(c.connection_id.clone());
     }
     connect(core, Patience::UntilStopped).await?;
-    core.conn
+    core.link
+        .conn
         .read()
         .await
         .as_ref()
@@ -223,7 +224,7 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
                 match core.superseded_by_a_holder(message).await {
                     Ok(true) => {}
                     Ok(false) => {
-                        if !core.done.is_cancelled() {
+                        if !core.phase.done.is_cancelled() {
                             core.fail(Error::new(
                                 Kind::Superseded,
                                 format!(
@@ -242,7 +243,7 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
                     }
                 }
                 if core.confirm_lease().await.is_err() {
-                    if !core.done.is_cancelled() {
+                    if !core.phase.done.is_cancelled() {
                         core.fail(Error::new(
                             Kind::Superseded,
                             format!("another process connected as executor {} ({e}), and this process could not confirm that it still holds the identity's lease: check the connection to PostgreSQL", core.cfg.executor_id),
@@ -262,24 +263,25 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
         _ => return false,
     }
     {
-        let mut conn = core.conn.write().await;
+        let mut conn = core.link.conn.write().await;
         if conn.as_ref().is_some_and(|c| c.connection_id == used) {
             *conn = None;
         }
     }
-    !core.done.is_cancelled() && connection_id(core).await.is_ok()
+    !core.phase.done.is_cancelled() && connection_id(core).await.is_ok()
 }
 
 pub(crate) async fn heartbeat_loop(core: Arc<Core>) {
     loop {
         let interval = core
+            .link
             .conn
             .read()
             .await
             .as_ref()
             .map_or(Duration::from_secs(1), |c| c.heartbeat_interval);
         tokio::select! {
-            _ = core.done.cancelled() => return,
+            _ = core.phase.done.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
         match heartbeat(&core).await {
@@ -316,6 +318,7 @@ async fn beat_now(core: &Arc<Core>, connection_id: &str) -> Result<(), ClientErr
     };
     let answer = core.client.heartbeat(&core.cfg.executor_id, &body).await?;
     if let Some(conn) = core
+        .link
         .conn
         .write()
         .await
@@ -336,6 +339,7 @@ async fn beat_now(core: &Arc<Core>, connection_id: &str) -> Result<(), ClientErr
 /// `commit_point()`: a heartbeat right now, which must succeed.
 pub(crate) async fn lease_check(core: &Arc<Core>) -> Result<(), CommitPointError> {
     let connection_id = core
+        .link
         .conn
         .read()
         .await
@@ -356,7 +360,8 @@ pub(crate) async fn lease_check(core: &Arc<Core>) -> Result<(), CommitPointError
 
 /// The calls this process is driving, for `in_flight`.
 fn in_flight(core: &Core) -> Vec<InFlight> {
-    core.active
+    core.calls
+        .active
         .lock()
         .expect("not poisoned")
         .keys()
@@ -371,8 +376,8 @@ fn in_flight(core: &Core) -> Vec<InFlight> {
 /// when the platform answered, so it holds no call of this executor that
 /// did not start (a drain gives them back).
 pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<bool, Error> {
-    core.claiming.store(false, Ordering::SeqCst);
-    let Some(conn) = core.conn.read().await.clone() else {
+    core.phase.claiming.store(false, Ordering::SeqCst);
+    let Some(conn) = core.link.conn.read().await.clone() else {
         return Ok(false);
     };
     let mode = match how {
@@ -415,9 +420,34 @@ pub(crate) fn names_instance(message: &str, instances: &[String]) -> bool {
         })
 }
 
+/// Why the platform could not be reached, as the health's reason holds it
+/// (which says "platform unreachable: " itself, as the heartbeat's does).
+fn unreachable_why(e: &ClientError) -> String {
+    match e {
+        ClientError::Unreachable(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::names_instance;
+
+    #[test]
+    fn the_reason_of_an_unreachable_platform_says_so_once() {
+        use crate::net::client::ClientError;
+        let down =
+            ClientError::Unreachable("POST /v1/executors/connect: connection refused".into());
+        assert_eq!(
+            super::unreachable_why(&down),
+            "POST /v1/executors/connect: connection refused"
+        );
+        let held = ClientError::NotReady("POST /v1/executors/connect".into());
+        assert_eq!(
+            super::unreachable_why(&held),
+            "POST /v1/executors/connect: not sent, the executor's lease is not live (it could not be renewed)"
+        );
+    }
 
     #[test]
     fn a_superseder_is_told_by_its_instance_id_as_a_word() {

@@ -76,13 +76,14 @@ pub(crate) fn submit_activated(
     };
     // The loop is gone only when the executor stopped: the job (and its
     // mark) is dropped, as a lost process would drop it.
-    let _ = core.dispatch.sender.send(job);
+    let _ = core.calls.dispatch.sender.send(job);
 }
 
 /// The queue's loop: starts a task that drives each call handed over,
 /// until the executor stops.
 pub(crate) async fn dispatch_loop(core: Arc<Core>) {
     let Some(mut jobs) = core
+        .calls
         .dispatch
         .receiver
         .lock()
@@ -94,7 +95,7 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
     loop {
         let job = tokio::select! {
             biased;
-            _ = core.done.cancelled() => return,
+            _ = core.phase.done.cancelled() => return,
             job = jobs.recv() => job,
         };
         let Some(job) = job else { return };

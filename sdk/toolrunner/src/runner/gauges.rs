@@ -25,7 +25,7 @@ fn age(t: &Timestamp) -> Duration {
 pub(crate) async fn health_loop(core: Arc<Core>) {
     loop {
         tokio::select! {
-            _ = core.done.cancelled() => return,
+            _ = core.phase.done.cancelled() => return,
             _ = tokio::time::sleep(EVERY) => {}
         }
         publish(&core).await;
@@ -105,7 +105,7 @@ pub(crate) async fn publish(core: &Core) {
             "a write did not come back within {PROBE_WITHIN:?}"
         )));
     }
-    let free = u32::try_from(core.slots.available_permits()).unwrap_or(u32::MAX);
+    let free = u32::try_from(core.calls.slots.available_permits()).unwrap_or(u32::MAX);
     let in_use = core.cfg.capacity.saturating_sub(free);
     core.gauges.set(|| {
         metrics::gauge!(metric::CAPACITY_IN_USE, "executor_id" => id.clone())

@@ -43,7 +43,7 @@ impl CallHost for Arc<Core> {
     }
 
     fn sqlite_transaction_timeout(&self) -> std::time::Duration {
-        self.cfg.sqlite_transaction_timeout
+        self.cfg.timing.sqlite_transaction_timeout
     }
 }
 

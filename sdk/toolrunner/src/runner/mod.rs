@@ -47,15 +47,10 @@ pub(crate) struct Config {
     pub(crate) binding_id: String,
     pub(crate) capacity: u32,
     pub(crate) instance_id: String,
-    pub(crate) poll_interval: Duration,
-    pub(crate) handler_timeout: Duration,
-    /// How long a handler's transaction may stay open on a SQLite store.
-    pub(crate) sqlite_transaction_timeout: Duration,
-    pub(crate) retry_attempts: u32,
+    /// How often and how long the executor does things.
+    pub(crate) timing: Timing,
     pub(crate) use_stream: bool,
     pub(crate) auto_reconcile: bool,
-    pub(crate) reconcile_interval: Duration,
-    pub(crate) retention: Option<Duration>,
     /// An identity this process adopted: it takes no new calls, finishes
     /// what was left, then lets the identity go.
     pub(crate) adopted: bool,
@@ -63,6 +58,24 @@ pub(crate) struct Config {
     /// PostgreSQL store).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) lease_ttl: Duration,
+}
+
+/// How often and how long the executor does things (a part of
+/// [`Config`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Timing {
+    /// Between two listings of pending calls.
+    pub(crate) poll_interval: Duration,
+    /// How long a handler attempt may run.
+    pub(crate) handler_timeout: Duration,
+    /// How long a handler's transaction may stay open on a SQLite store.
+    pub(crate) sqlite_transaction_timeout: Duration,
+    /// How many attempts a handler gets (a `Retry`, a read's failure).
+    pub(crate) retry_attempts: u32,
+    /// Between two automatic checks of a call whose outcome is unknown.
+    pub(crate) reconcile_interval: Duration,
+    /// How long calls settled for good are kept (`None`: for ever).
+    pub(crate) retention: Option<Duration>,
 }
 
 pub(crate) use crate::api::context::CallKey;
@@ -89,23 +102,56 @@ pub(crate) struct Core {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) tools: Tools,
     pub(crate) authorizer: Arc<dyn Authorizer>,
+    /// The connection to the platform.
+    pub(crate) link: Link,
+    /// The calls this process drives.
+    pub(crate) calls: Calls,
+    /// The facts a [`crate::Health`] handle reads.
+    pub(crate) health: Arc<crate::health::HealthState>,
+    /// Where the executor is in its life.
+    pub(crate) phase: Phase,
+    /// Per-instance fail points (tests and the simulation).
+    pub(crate) crash_plan: Option<CrashPlan>,
+    /// Whether its gauges are still published (until it stops).
+    pub(crate) gauges: gauges::Published,
+    /// The executor identity on a database shared by replicas.
+    #[cfg(feature = "postgres")]
+    pub(crate) replica: Option<replicas::Replica>,
+}
+
+/// The connection to the platform (a part of [`Core`]): only
+/// `runner/connection.rs` makes, keeps and ends it.
+#[derive(Default)]
+pub(crate) struct Link {
+    /// The live connection, if there is one.
     pub(crate) conn: RwLock<Option<Conn>>,
+    /// Held while one task connects again (the others wait for it).
     pub(crate) reconnecting: tokio::sync::Mutex<()>,
+}
+
+/// The calls this process drives (a part of [`Core`]).
+pub(crate) struct Calls {
     /// Calls this process is driving, with their cancellation tokens.
     pub(crate) active: StdMutex<HashMap<CallKey, CancellationToken>>,
     /// Calls whose run the platform asked to cancel (heartbeat or stream),
     /// or that a connect no longer listed, remembered while this process
     /// lives, whether or not they were being driven when the notice came.
     pub(crate) cancelled: StdMutex<std::collections::HashSet<CallKey>>,
+    /// The executor's capacity: a permit per call a handler may run.
     pub(crate) slots: Arc<Semaphore>,
-    /// The facts a [`crate::Health`] handle reads.
-    pub(crate) health: Arc<crate::health::HealthState>,
     /// The one dispatch queue of calls to drive.
     pub(crate) dispatch: dispatch::Queue,
+    /// Wakes the claimer (a stream notice, a slot given back).
     pub(crate) wake: Notify,
-    pub(crate) claiming: AtomicBool,
     /// A task paused a call (it waits in the store for the claim loop).
     pub(crate) paused: AtomicBool,
+}
+
+/// Where the executor is in its life (a part of [`Core`]).
+pub(crate) struct Phase {
+    /// Whether it takes new calls.
+    pub(crate) claiming: AtomicBool,
+    /// The error that stopped it, if one did.
     pub(crate) fatal: StdMutex<Option<Error>>,
     /// Stop taking new work.
     pub(crate) stop: CancellationToken,
@@ -119,13 +165,6 @@ pub(crate) struct Core {
     pub(crate) fence: CancellationToken,
     /// This process's hold on its store file (released when it stops).
     pub(crate) lock: StdMutex<Option<crate::store::StoreLock>>,
-    /// Per-instance fail points (tests and the simulation).
-    pub(crate) crash_plan: Option<CrashPlan>,
-    /// Whether its gauges are still published (until it stops).
-    pub(crate) gauges: gauges::Published,
-    /// The executor identity on a database shared by replicas.
-    #[cfg(feature = "postgres")]
-    pub(crate) replica: Option<replicas::Replica>,
 }
 
 impl Core {
@@ -195,7 +234,7 @@ impl Core {
                 said = true;
             }
             tokio::select! {
-                _ = self.done.cancelled() => return Err(Pause::Halted),
+                _ = self.phase.done.cancelled() => return Err(Pause::Halted),
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }
@@ -283,26 +322,30 @@ impl Core {
     pub(crate) fn fail(&self, e: Error) {
         tracing::error!(error = %e, "executor stops claiming");
         self.health.failed(e.to_string());
-        self.claiming.store(false, Ordering::SeqCst);
-        let mut fatal = self.fatal.lock().expect("not poisoned");
+        self.phase.claiming.store(false, Ordering::SeqCst);
+        let mut fatal = self.phase.fatal.lock().expect("not poisoned");
         if fatal.is_none() {
             *fatal = Some(e);
         }
-        self.stop.cancel();
+        self.phase.stop.cancel();
     }
 
     pub(crate) fn is_active(&self, key: &CallKey) -> bool {
-        self.active.lock().expect("not poisoned").contains_key(key)
+        self.calls
+            .active
+            .lock()
+            .expect("not poisoned")
+            .contains_key(key)
     }
 
     /// Marks a call as driven by this process; `None` if it already is.
     /// The mark goes when the guard is dropped, also by a panic.
     pub(crate) fn activate(self: &Arc<Self>, key: &CallKey) -> Option<Active> {
-        let mut active = self.active.lock().expect("not poisoned");
+        let mut active = self.calls.active.lock().expect("not poisoned");
         if active.contains_key(key) {
             return None;
         }
-        let token = self.done.child_token();
+        let token = self.phase.done.child_token();
         active.insert(key.clone(), token.clone());
         Some(Active {
             core: self.clone(),
@@ -314,7 +357,7 @@ impl Core {
     /// Remembers that the platform ended the call's run (a cancel notice,
     /// or a call the connect no longer lists), while this process lives.
     pub(crate) fn remember_ended(&self, key: &CallKey) {
-        let mut cancelled = self.cancelled.lock().expect("not poisoned");
+        let mut cancelled = self.calls.cancelled.lock().expect("not poisoned");
         if cancelled.len() >= 100_000 {
             cancelled.clear();
         }
@@ -324,7 +367,7 @@ impl Core {
     /// Fires the call's cancellation token, and remembers the cancel.
     pub(crate) fn cancel_call(&self, key: &CallKey) {
         self.remember_ended(key);
-        if let Some(t) = self.active.lock().expect("not poisoned").get(key) {
+        if let Some(t) = self.calls.active.lock().expect("not poisoned").get(key) {
             tracing::info!(run_id = %key.run_id, call_id = %key.call_id, "platform asked to cancel the call");
             t.cancel();
         }
@@ -332,7 +375,11 @@ impl Core {
 
     /// Whether the platform asked to cancel this call's run.
     pub(crate) fn was_cancelled(&self, key: &CallKey) -> bool {
-        self.cancelled.lock().expect("not poisoned").contains(key)
+        self.calls
+            .cancelled
+            .lock()
+            .expect("not poisoned")
+            .contains(key)
     }
 
     /// Stops the process as far as the world can tell: nothing more is
@@ -343,11 +390,11 @@ impl Core {
         // say so before anyone hears it stopped, and are not published
         // again.
         gauges::clear(self);
-        self.fence.cancel();
+        self.phase.fence.cancel();
         self.client.fence();
-        self.stop.cancel();
-        self.done.cancel();
-        self.lock.lock().expect("not poisoned").take();
+        self.phase.stop.cancel();
+        self.phase.done.cancel();
+        self.phase.lock.lock().expect("not poisoned").take();
         // The identities this process adopted are lost with it (each
         // dropped executor halts, and clears its own gauges).
         #[cfg(feature = "postgres")]
@@ -396,11 +443,12 @@ pub(crate) struct Active {
 impl Drop for Active {
     fn drop(&mut self) {
         self.core
+            .calls
             .active
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&self.key);
-        self.core.wake.notify_one();
+        self.core.calls.wake.notify_one();
     }
 }
 
@@ -486,8 +534,8 @@ impl RunningExecutor {
     /// # Errors
     /// The condition that stopped it.
     pub async fn wait(&self) -> Result<(), Error> {
-        self.core.stop.cancelled().await;
-        match self.core.fatal.lock().expect("not poisoned").as_ref() {
+        self.core.phase.stop.cancelled().await;
+        match self.core.phase.fatal.lock().expect("not poisoned").as_ref() {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
@@ -507,15 +555,22 @@ impl RunningExecutor {
         // Stopped already as a lost process would (fenced: another process
         // holds the identity now; crashed at a fail point): it says nothing
         // more to the platform.
-        let halted = self.core.fence.is_cancelled();
+        let halted = self.core.phase.fence.is_cancelled();
         // Not ready, before anything else: an orchestrator stops sending
         // work here while the calls in flight finish.
         self.core.health.draining();
-        self.core.claiming.store(false, Ordering::SeqCst);
-        self.core.stop.cancel();
+        self.core.phase.claiming.store(false, Ordering::SeqCst);
+        self.core.phase.stop.cancel();
         if let Shutdown::Drain { deadline } = how {
             let waited = tokio::time::timeout(deadline, async {
-                while !self.core.active.lock().expect("not poisoned").is_empty() {
+                while !self
+                    .core
+                    .calls
+                    .active
+                    .lock()
+                    .expect("not poisoned")
+                    .is_empty()
+                {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             })
@@ -529,11 +584,12 @@ impl RunningExecutor {
         } else {
             // Nothing more is written or sent for the calls in flight: their
             // handlers are dropped where they are, without a receipt.
-            self.core.fence.cancel();
+            self.core.phase.fence.cancel();
             self.core.client.fence();
-            self.core.done.cancel();
+            self.core.phase.done.cancel();
             let active: Vec<CancellationToken> = self
                 .core
+                .calls
                 .active
                 .lock()
                 .expect("not poisoned")
@@ -575,7 +631,16 @@ impl RunningExecutor {
         // Nothing more is written: a drain that left nothing lets the
         // identity go, so that no replica adopts it.
         #[cfg(feature = "postgres")]
-        if drained && !halted && self.core.active.lock().expect("not poisoned").is_empty() {
+        if drained
+            && !halted
+            && self
+                .core
+                .calls
+                .active
+                .lock()
+                .expect("not poisoned")
+                .is_empty()
+        {
             replicas::release_if_idle(&self.core, given_back).await;
         }
         #[cfg(not(feature = "postgres"))]

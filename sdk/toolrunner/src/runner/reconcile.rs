@@ -27,7 +27,7 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                 let (due, wait) = next
                     .get(&key)
                     .copied()
-                    .unwrap_or((now, core.cfg.reconcile_interval));
+                    .unwrap_or((now, core.cfg.timing.reconcile_interval));
                 if due > now {
                     continue;
                 }
@@ -49,7 +49,7 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                         next.remove(&key);
                         if moved.state == LocalState::Running {
                             // Still activated: the new task takes it over.
-                            let permit = core.slots.clone().try_acquire_owned().ok();
+                            let permit = core.calls.slots.clone().try_acquire_owned().ok();
                             dispatch::submit_activated(&core, permit, active, Some(moved), true);
                             continue;
                         }
@@ -74,12 +74,16 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
         let now = Instant::now();
         not_yet.retain(|_, after| *after > now);
         let soonest = not_yet.values().min().copied();
-        let mut pause = core.cfg.reconcile_interval.min(Duration::from_secs(5));
+        let mut pause = core
+            .cfg
+            .timing
+            .reconcile_interval
+            .min(Duration::from_secs(5));
         if let Some(due) = soonest {
             pause = pause.min(due - now);
         }
         tokio::select! {
-            _ = core.done.cancelled() => return,
+            _ = core.phase.done.cancelled() => return,
             _ = tokio::time::sleep(pause.max(Duration::from_millis(10))) => {}
         }
     }

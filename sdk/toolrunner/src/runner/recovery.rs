@@ -126,7 +126,7 @@ pub(crate) async fn resume(
                 }
                 continue;
             }
-            let permit = core.slots.clone().try_acquire_owned().ok();
+            let permit = core.calls.slots.clone().try_acquire_owned().ok();
             super::dispatch::submit_activated(core, permit, active, None, false);
         }
     }

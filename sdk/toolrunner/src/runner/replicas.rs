@@ -206,7 +206,7 @@ pub(crate) async fn lease_loop(core: Arc<Core>) {
     let every = replica.ttl() / 4;
     loop {
         tokio::select! {
-            _ = core.done.cancelled() => return,
+            _ = core.phase.done.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
         match replica.renew(&core.cfg.executor_id).await {
@@ -307,7 +307,7 @@ pub(crate) async fn adoption_loop(core: Arc<Core>) {
     let mut watch = crate::store::LapseWatch::default();
     loop {
         tokio::select! {
-            _ = core.stop.cancelled() => return,
+            _ = core.phase.stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
         let_go(replica).await;
@@ -366,7 +366,7 @@ async fn adopt(
     // over itself meanwhile): it starts the adopted executor only on a
     // lease of its own renewed now. Otherwise the adopted identity lapses
     // again, and is adopted again then.
-    if core.stop.is_cancelled() {
+    if core.phase.stop.is_cancelled() {
         return;
     }
     if let Err(e) = replica.renew(&core.cfg.executor_id).await {
@@ -377,7 +377,7 @@ async fn adopt(
     let started = template.start_as(&id, adopted).await;
     match started {
         // Stopped with this one, unless this one stops first.
-        Ok(running) if !core.stop.is_cancelled() => lock(&replica.adopted).push(running),
+        Ok(running) if !core.phase.stop.is_cancelled() => lock(&replica.adopted).push(running),
         Ok(running) => drop(running),
         // Its lease lapses again, and it is adopted again then.
         Err(e) => {
@@ -397,7 +397,7 @@ async fn let_go(replica: &Replica) {
         let mut i = 0;
         while i < list.len() {
             let core = &list[i].core;
-            let over = core.stop.is_cancelled() || core.finished.is_cancelled();
+            let over = core.phase.stop.is_cancelled() || core.phase.finished.is_cancelled();
             if over {
                 done.push(list.swap_remove(i));
             } else {
@@ -423,13 +423,13 @@ async fn let_go(replica: &Replica) {
         .collect();
     for core in list {
         if let Some(own) = &core.replica
-            && core.active.lock().expect("not poisoned").is_empty()
+            && core.calls.active.lock().expect("not poisoned").is_empty()
             && own
                 .io(own.store.is_idle(core.cfg.auto_reconcile, false))
                 .await
                 .unwrap_or(false)
         {
-            core.finished.cancel();
+            core.phase.finished.cancel();
         }
     }
 }

@@ -13,13 +13,13 @@ const BATCH: u32 = 200;
 const EVERY: Duration = Duration::from_secs(30);
 
 pub(crate) async fn retention_loop(core: Arc<Core>) {
-    let Some(keep) = core.cfg.retention else {
+    let Some(keep) = core.cfg.timing.retention else {
         return;
     };
     let keep = chrono::Duration::from_std(keep).unwrap_or(chrono::Duration::MAX);
     loop {
         tokio::select! {
-            _ = core.done.cancelled() => return,
+            _ = core.phase.done.cancelled() => return,
             _ = tokio::time::sleep(EVERY) => {}
         }
         loop {

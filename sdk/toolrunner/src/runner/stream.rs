@@ -12,7 +12,7 @@ use crate::net::client::{Frame, UpgradeError};
 pub(crate) async fn stream_loop(core: Arc<Core>) {
     let mut attempt = 0u32;
     loop {
-        if core.stop.is_cancelled() {
+        if core.phase.stop.is_cancelled() {
             return;
         }
         match listen(&core).await {
@@ -27,9 +27,9 @@ pub(crate) async fn stream_loop(core: Arc<Core>) {
             }
         }
         // After any reconnect the claimer reads `pending` again.
-        core.wake.notify_one();
+        core.calls.wake.notify_one();
         tokio::select! {
-            _ = core.stop.cancelled() => return,
+            _ = core.phase.stop.cancelled() => return,
             _ = tokio::time::sleep(super::retry_delay(&core, attempt.min(6)).max(Duration::from_millis(100))) => {}
         }
     }
@@ -42,6 +42,7 @@ enum Stop {
 
 async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
     let conn = core
+        .link
         .conn
         .read()
         .await
@@ -53,10 +54,10 @@ async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
         Err(UpgradeError::NotFound) => return Err(Stop::NoStream),
         Err(UpgradeError::Failed(e)) => return Err(Stop::Failed(e)),
     };
-    core.wake.notify_one();
+    core.calls.wake.notify_one();
     loop {
         let frame = tokio::select! {
-            _ = core.stop.cancelled() => return Ok(()),
+            _ = core.phase.stop.cancelled() => return Ok(()),
             f = frames.next() => f,
         };
         let text = match frame {
@@ -66,7 +67,7 @@ async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
             Err(e) => return Err(Stop::Failed(e)),
         };
         match serde_json::from_str::<StreamFrame>(&text) {
-            Ok(StreamFrame::CallPending { .. }) => core.wake.notify_one(),
+            Ok(StreamFrame::CallPending { .. }) => core.calls.wake.notify_one(),
             Ok(StreamFrame::CancelRequested { run_id, call_id }) => {
                 core.cancel_call(&CallKey { run_id, call_id })
             }

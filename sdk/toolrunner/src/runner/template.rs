@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, RwLock, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use toolrunner_protocol::tooldef::ToolDefinition;
 
@@ -23,7 +23,7 @@ use crate::net::client::Client;
 use crate::store::{SqliteStore, Store};
 
 use super::fenced::FencedStore;
-use super::{Config, Core, CrashPlan, RunningExecutor};
+use super::{Calls, Config, Core, CrashPlan, Link, Phase, RunningExecutor};
 
 /// An executor's settings and tools, checked and not yet started.
 pub(crate) struct Template {
@@ -202,22 +202,25 @@ impl Template {
             }),
             tools: self.tools,
             authorizer: self.authorizer,
-            conn: RwLock::new(None),
-            reconnecting: tokio::sync::Mutex::new(()),
-            active: StdMutex::new(Default::default()),
-            cancelled: StdMutex::new(Default::default()),
-            slots,
+            link: Link::default(),
+            calls: Calls {
+                active: StdMutex::new(Default::default()),
+                cancelled: StdMutex::new(Default::default()),
+                slots,
+                dispatch: Default::default(),
+                wake: Notify::new(),
+                paused: AtomicBool::new(false),
+            },
             health: self.health,
-            dispatch: Default::default(),
-            wake: Notify::new(),
-            claiming: AtomicBool::new(true),
-            paused: AtomicBool::new(false),
-            fatal: StdMutex::new(None),
-            stop: CancellationToken::new(),
-            done: CancellationToken::new(),
-            finished: CancellationToken::new(),
-            fence,
-            lock: StdMutex::new(lock),
+            phase: Phase {
+                claiming: AtomicBool::new(true),
+                fatal: StdMutex::new(None),
+                stop: CancellationToken::new(),
+                done: CancellationToken::new(),
+                finished: CancellationToken::new(),
+                fence,
+                lock: StdMutex::new(lock),
+            },
             crash_plan: self.crash_plan,
             gauges: Default::default(),
             #[cfg(feature = "postgres")]

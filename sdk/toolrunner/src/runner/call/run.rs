@@ -67,7 +67,7 @@ pub(super) async fn run(
             .await?;
         return Ok((row(moved)?, None));
     };
-    if core.fence.is_cancelled() {
+    if core.phase.fence.is_cancelled() {
         return Err(Pause::Halted);
     }
     let ctx = super::super::host::context_of(core, &call, asg, cancel.clone());
@@ -294,7 +294,7 @@ pub(super) async fn commit_in(
         (&key.run_id, &key.call_id),
         // The call moved on while the handler ran: its writes roll back.
         |now| now.call.as_ref().is_some_and(held).then_some(event),
-        || core.fence.is_cancelled(),
+        || core.phase.fence.is_cancelled(),
     )
     .await;
     match ended {
@@ -418,7 +418,7 @@ pub(super) async fn attempt_handler(
             return Err(ToolError::unknown(e.to_string()));
         }
         let result = tokio::time::timeout(
-            core.cfg.handler_timeout,
+            core.cfg.timing.handler_timeout,
             guarded(tool, &current, asg.arguments.clone()),
         )
         .await;
@@ -426,21 +426,23 @@ pub(super) async fn attempt_handler(
             Ok(r) => r,
             Err(_) => Err(ToolError::unknown(format!(
                 "the handler timed out after {:?}",
-                core.cfg.handler_timeout
+                core.cfg.timing.handler_timeout
             ))),
         };
         let result = match result {
             // A read's error, panic or timeout changed nothing: it is
             // tried again as a retry is, then fails (read_outcome_event).
             Err(ToolError::Unknown { error, .. })
-                if read && attempt + 1 < core.cfg.retry_attempts =>
+                if read && attempt + 1 < core.cfg.timing.retry_attempts =>
             {
                 Err(ToolError::retry(error))
             }
             result => result,
         };
         match result {
-            Err(ToolError::Retry { reason, .. }) if attempt + 1 < core.cfg.retry_attempts => {
+            Err(ToolError::Retry { reason, .. })
+                if attempt + 1 < core.cfg.timing.retry_attempts =>
+            {
                 tracing::info!(attempt, %reason, "handler asked to retry; nothing happened");
                 // Its transaction, if it opened one, is rolled back; the
                 // next attempt begins another, and clones kept from this
