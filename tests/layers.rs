@@ -545,6 +545,24 @@ fn check(crate_dir: &str, table_name: &str, heading: &str) -> Findings {
     findings
 }
 
+/// The SDK's sources (path under `src/` → text).
+fn sdk_sources() -> BTreeMap<String, String> {
+    sources(&repo().join("sdk/toolrunner/src"))
+}
+
+/// Made-up sources for a rule's negative test.
+fn made_up(files: &[(&str, &str)]) -> BTreeMap<String, String> {
+    files
+        .iter()
+        .map(|(f, s)| ((*f).to_owned(), (*s).to_owned()))
+        .collect()
+}
+
+/// Fails with `rule` and every finding, if there is one.
+fn assert_rule(rule: &str, found: Findings) {
+    assert!(found.is_empty(), "{rule}:\n  {}", found.join("\n  "));
+}
+
 fn assert_none(findings: Findings) {
     assert!(
         findings.is_empty(),
@@ -884,21 +902,16 @@ fn import_circles(files: &BTreeMap<String, String>, tree: &str) -> Vec<Vec<Strin
 /// through `Core` (`replicas::Adopter`, `Core::recover`).
 #[test]
 fn no_import_circle_inside_the_runner() {
-    let circles = import_circles(&sources(&repo().join("sdk/toolrunner/src")), "runner");
-    assert!(
-        circles.is_empty(),
-        "files of runner/ that import each other:\n  {}",
-        circles
-            .iter()
-            .map(|c| c.join(", "))
-            .collect::<Vec<_>>()
-            .join("\n  ")
+    let circles = import_circles(&sdk_sources(), "runner");
+    assert_rule(
+        "files of runner/ that import each other",
+        circles.iter().map(|c| c.join(", ")).collect(),
     );
 }
 
 #[test]
 fn an_import_circle_in_the_runner_is_caught() {
-    let files: BTreeMap<String, String> = [
+    let files = made_up(&[
         (
             "runner/mod.rs",
             "mod a; mod b; mod c; mod d; pub(crate) struct Core;\n",
@@ -913,10 +926,7 @@ fn an_import_circle_in_the_runner_is_caught() {
         ("runner/c/e.rs", "use super::super::d;\n"),
         ("runner/d.rs", "use super::c::e;\n"),
         ("api/x.rs", "use crate::runner::a;\n"),
-    ]
-    .into_iter()
-    .map(|(f, s)| (f.to_owned(), s.to_owned()))
-    .collect();
+    ]);
     assert_eq!(
         import_circles(&files, "runner"),
         vec![
@@ -976,17 +986,15 @@ fn machine_findings(files: &BTreeMap<String, String>) -> Vec<String> {
 /// (the driver performs what it decides).
 #[test]
 fn the_call_machine_does_no_io() {
-    let found = machine_findings(&sources(&repo().join("sdk/toolrunner/src")));
-    assert!(
-        found.is_empty(),
-        "the call machine must do no I/O:\n  {}",
-        found.join("\n  ")
+    assert_rule(
+        "the call machine must do no I/O",
+        machine_findings(&sdk_sources()),
     );
 }
 
 #[test]
 fn io_in_the_call_machine_is_caught() {
-    let files: BTreeMap<String, String> = [
+    let files = made_up(&[
         (
             "runner/machine/claim.rs",
             "use super::{Pause, Reply};\nuse crate::lifecycle::Event;\n\
@@ -1002,10 +1010,7 @@ fn io_in_the_call_machine_is_caught() {
             "runner/call.rs",
             "async fn h() { tokio::task::yield_now().await }\n",
         ),
-    ]
-    .into_iter()
-    .map(|(f, s)| (f.to_owned(), s.to_owned()))
-    .collect();
+    ]);
     assert_eq!(
         machine_findings(&files),
         vec![
@@ -1048,17 +1053,15 @@ fn connection_requests_outside(files: &BTreeMap<String, String>) -> Vec<String> 
 /// for the connection.
 #[test]
 fn only_the_connection_connects_heartbeats_and_disconnects() {
-    let found = connection_requests_outside(&sources(&repo().join("sdk/toolrunner/src")));
-    assert!(
-        found.is_empty(),
-        "only runner/connection.rs sends connect, heartbeat and disconnect:\n  {}",
-        found.join("\n  ")
+    assert_rule(
+        "only runner/connection.rs sends connect, heartbeat and disconnect",
+        connection_requests_outside(&sdk_sources()),
     );
 }
 
 #[test]
 fn a_connection_request_outside_the_connection_is_caught() {
-    let files: BTreeMap<String, String> = [
+    let files = made_up(&[
         ("runner/connection.rs", "core.client.connect(&body, &live)"),
         ("net/client.rs", "self.client.heartbeat(x)"),
         (
@@ -1070,10 +1073,7 @@ fn a_connection_request_outside_the_connection_is_caught() {
             "// core.client.disconnect(\nlet s = \"client.connect(\";",
         ),
         ("runner/stream.rs", "core.client.disconnect(&id, &body)"),
-    ]
-    .into_iter()
-    .map(|(f, s)| (f.to_owned(), s.to_owned()))
-    .collect();
+    ]);
     assert_eq!(
         connection_requests_outside(&files),
         vec![
@@ -1182,11 +1182,9 @@ fn is_field(item: &str) -> bool {
 /// `Phase`; `Config`: `Timing`).
 #[test]
 fn no_struct_of_the_runner_has_more_than_twelve_fields() {
-    let found = wide_structs(&sources(&repo().join("sdk/toolrunner/src")));
-    assert!(
-        found.is_empty(),
-        "split these structs of runner/ (at most {MOST_FIELDS} fields):\n  {}",
-        found.join("\n  ")
+    assert_rule(
+        &format!("split these structs of runner/ (at most {MOST_FIELDS} fields)"),
+        wide_structs(&sdk_sources()),
     );
 }
 
@@ -1198,15 +1196,11 @@ fn a_wide_struct_in_the_runner_is_caught() {
     let twelve: String = (0..12)
         .map(|i| format!("    f{i}: Option<(u8, u8)>,\n"))
         .collect();
-    let files: BTreeMap<String, String> = [
-        (
-            "runner/mod.rs".to_owned(),
-            format!("pub(crate) struct Wide {{\n{thirteen}}}\nstruct Narrow {{\n{twelve}}}\nstruct Tuple(u8, u8);\n"),
-        ),
-        ("api/x.rs".to_owned(), format!("struct Elsewhere {{\n{thirteen}}}\n")),
-    ]
-    .into_iter()
-    .collect();
+    let wide = format!(
+        "pub(crate) struct Wide {{\n{thirteen}}}\nstruct Narrow {{\n{twelve}}}\nstruct Tuple(u8, u8);\n"
+    );
+    let elsewhere = format!("struct Elsewhere {{\n{thirteen}}}\n");
+    let files = made_up(&[("runner/mod.rs", &wide), ("api/x.rs", &elsewhere)]);
     assert_eq!(
         wide_structs(&files),
         vec!["runner/mod.rs: struct Wide has 13 fields".to_owned()]
@@ -1278,17 +1272,15 @@ fn string_results_in_runner(files: &BTreeMap<String, String>) -> Vec<String> {
 /// never compares the text of a message.
 #[test]
 fn the_runner_returns_no_string_errors() {
-    let found = string_results_in_runner(&sources(&repo().join("sdk/toolrunner/src")));
-    assert!(
-        found.is_empty(),
-        "a typed error instead of Result<_, String> in runner/:\n  {}",
-        found.join("\n  ")
+    assert_rule(
+        "a typed error instead of Result<_, String> in runner/",
+        string_results_in_runner(&sdk_sources()),
     );
 }
 
 #[test]
 fn a_string_error_in_the_runner_is_caught() {
-    let files: BTreeMap<String, String> = [
+    let files = made_up(&[
         (
             "runner/call.rs",
             "fn a() -> Result<(), String> { Ok(()) }\n\
@@ -1299,10 +1291,7 @@ fn a_string_error_in_the_runner_is_caught() {
              fn f() -> Result<(&'static str, Option<String>), Pause> { todo!() }\n",
         ),
         ("api/tool.rs", "fn g() -> Result<(), String> { Ok(()) }\n"),
-    ]
-    .into_iter()
-    .map(|(f, s)| (f.to_owned(), s.to_owned()))
-    .collect();
+    ]);
     assert_eq!(
         string_results_in_runner(&files),
         vec!["runner/call.rs:1".to_owned(), "runner/call.rs:3".to_owned()]
