@@ -66,7 +66,7 @@ mod suite {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    use anyhow::{Context, Result, bail};
+    use anyhow::{Context, Result, bail, ensure};
     use libtest_mimic::{Failed, Trial};
     use serde::{Deserialize, Serialize};
     use serde_json::json;
@@ -383,6 +383,9 @@ mod suite {
                 },
             ),
         ];
+        tests.push(("counts::a_fold_beside_another_is_not_refused", |s, u| {
+            Box::pin(a_fold_beside_another_is_not_refused(s, u))
+        }));
         tests.push((
             "counts::the_call_counts_agree_with_the_calls_when_reads_are_cut_off",
             |s, u| {
@@ -757,9 +760,9 @@ mod suite {
             }));
         }
         // Two readers and a pruner cut off at random, and three readers
-        // never cut off: a fold refused while a cut-off caller no longer
-        // waits for it (the server still runs it) is then seen by these,
-        // which wait on the same rows and are refused the same way.
+        // never cut off: a fold refused while its cut-off caller no longer
+        // waits for it (the server still runs it) would go unseen, so
+        // these wait for theirs.
         for r in 0..6 {
             let store = store.clone();
             let failures = failures.clone();
@@ -797,45 +800,132 @@ mod suite {
             t.await?;
         }
         let failures = failures.lock().unwrap().clone();
+        // The pool's connections whose caller was cut off settle (a
+        // `COMMIT` cut off in flight is flushed when one is given back).
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let counted = store.count_by_state().await;
-        if !failures.is_empty() {
-            use sqlx::Connection;
-            let mut conn = sqlx::PgConnection::connect(&url).await?;
-            let counts: Vec<(String, i64)> =
-                sqlx::query_as("SELECT state, n FROM call_counts WHERE n <> 0 ORDER BY state")
-                    .fetch_all(&mut conn)
-                    .await?;
-            let deltas: Vec<(String, i64)> = sqlx::query_as(
-                "SELECT state, SUM(n)::BIGINT FROM call_count_deltas GROUP BY state ORDER BY state",
-            )
-            .fetch_all(&mut conn)
-            .await?;
-            let truth: Vec<(String, i64)> =
-                sqlx::query_as("SELECT state, COUNT(*) FROM calls GROUP BY state ORDER BY state")
-                    .fetch_all(&mut conn)
-                    .await?;
+        // Every state, zeros included, in one statement: `call_counts` plus
+        // the deltas no fold took, against the calls.
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&url).await?;
+        let wrong = miscounted(&mut conn).await?;
+        if !failures.is_empty() || !wrong.is_empty() {
             bail!(
-                "{} failures (counts {counts:?}, deltas not folded {deltas:?}, the calls {truth:?}), the first: {:?}",
+                "{} failures (the counts that are not the calls' (state, counted, calls): {wrong:?}), the first: {:?}",
                 failures.len(),
                 &failures[..failures.len().min(3)]
             );
         }
-        let counted = counted?;
-        use sqlx::Connection;
-        let mut conn = sqlx::PgConnection::connect(&url).await?;
+        let counted: std::collections::BTreeMap<String, u64> = counted?
+            .into_iter()
+            .map(|(s, n)| (s.as_str().to_owned(), n))
+            .collect();
         let rows: Vec<(String, i64)> =
             sqlx::query_as("SELECT state, COUNT(*) FROM calls GROUP BY state ORDER BY state")
                 .fetch_all(&mut conn)
                 .await?;
         let truth: std::collections::BTreeMap<String, u64> =
             rows.into_iter().map(|(s, n)| (s, n as u64)).collect();
-        let counted: std::collections::BTreeMap<String, u64> = counted
-            .into_iter()
-            .map(|(s, n)| (s.as_str().to_owned(), n))
-            .collect();
         if truth != counted {
             bail!("the counts {counted:?} are not the calls' {truth:?}");
         }
+        Ok(())
+    }
+
+    /// The states whose count (`call_counts` plus the deltas no fold
+    /// took) is not the number of calls in them, every state with zeros
+    /// included, read in one statement: (state, counted, calls).
+    async fn miscounted(conn: &mut sqlx::PgConnection) -> Result<Vec<(String, i64, i64)>> {
+        Ok(sqlx::query_as(
+            "SELECT c.state, c.n + COALESCE(d.n, 0), COALESCE(t.n, 0)
+             FROM call_counts c
+             LEFT JOIN (SELECT state, SUM(n)::BIGINT AS n FROM call_count_deltas GROUP BY state) d
+               ON d.state = c.state
+             LEFT JOIN (SELECT state, COUNT(*)::BIGINT AS n FROM calls GROUP BY state) t
+               ON t.state = c.state
+             WHERE c.n + COALESCE(d.n, 0) <> COALESCE(t.n, 0)
+             ORDER BY c.state",
+        )
+        .fetch_all(conn)
+        .await?)
+    }
+
+    /// A fold of the call counts while another is under way (here one
+    /// held open by a session of the test: it took a call's `+1`
+    /// `delivered` and has not committed) is not refused, and the counts
+    /// stay the calls'. Before folds ran one at a time, the store's fold
+    /// after a prune waited for the other's rows, skipped the `+1` once it
+    /// committed, summed the prune's `-1` against the count its snapshot
+    /// held (0) and was refused by `call_counts_n_check` (seed 215).
+    async fn a_fold_beside_another_is_not_refused(
+        store: Arc<dyn Store>,
+        url: String,
+    ) -> Result<()> {
+        use toolrunner::testing::store::{Change, Timestamp};
+        let long_ago: Timestamp = "2026-01-01T00:00:00.000Z".parse()?;
+        let mut c = toolrunner::testing::store::LocalCall {
+            updated_at: long_ago,
+            ..store_contract::rows::call("call_folded", LocalState::Claiming, 0)
+        };
+        store.commit(vec![Change::InsertCall(c.clone())]).await?;
+        c.state = LocalState::Delivered;
+        c.version = 1;
+        store
+            .commit(vec![Change::UpdateCall {
+                expect_version: 0,
+                call: c.clone(),
+            }])
+            .await?;
+        // Another fold, as the store makes it (the lock it takes, then its
+        // statement), held open.
+        use sqlx::Connection;
+        let mut other = sqlx::PgConnection::connect(&url).await?;
+        sqlx::query("BEGIN").execute(&mut other).await?;
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(1953460076, ('call_counts'::regclass)::oid::integer)",
+        )
+        .execute(&mut other)
+        .await?;
+        let taken = sqlx::query(
+            "WITH moved AS (DELETE FROM call_count_deltas RETURNING state, n),
+                  sums AS (SELECT state, SUM(n)::BIGINT AS n FROM moved GROUP BY state)
+             UPDATE call_counts c SET n = c.n + sums.n FROM sums WHERE c.state = sums.state",
+        )
+        .execute(&mut other)
+        .await?
+        .rows_affected();
+        ensure!(taken > 0, "the other fold took no delta");
+        // It commits a second from now, whether or not the store waits.
+        let committed = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            sqlx::query("COMMIT").execute(&mut other).await.map(|_| ())
+        });
+        // The prune deletes the call (its `-1 delivered`), then folds.
+        let pruned = tokio::time::timeout(
+            Duration::from_secs(20),
+            store.prune(Timestamp::from(std::time::SystemTime::now()), 20),
+        )
+        .await
+        .context("the prune did not return within 20 s")?
+        .context("the prune (and its fold) beside another fold")?;
+        ensure!(pruned == 1, "the prune took {pruned} calls, not the 1");
+        let counted = store
+            .count_by_state()
+            .await
+            .context("a count beside another fold")?;
+        ensure!(
+            counted.is_empty(),
+            "no call is left, but counted {counted:?}"
+        );
+        committed.await??;
+        let counted = store.count_by_state().await.context("a count after it")?;
+        ensure!(
+            counted.is_empty(),
+            "no call is left, but counted {counted:?}"
+        );
+        let mut conn = sqlx::PgConnection::connect(&url).await?;
+        let wrong = miscounted(&mut conn).await?;
+        ensure!(wrong.is_empty(), "(state, counted, calls) {wrong:?}");
         Ok(())
     }
 

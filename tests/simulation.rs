@@ -2319,8 +2319,7 @@ async fn miscounted(url: &str) -> Result<Vec<(String, i64, i64)>, String> {
 
 /// [`miscounted`] as violations of executor `id`'s store: the counts the
 /// gauges read must be the calls' own (checked before and after each
-/// retention pass, whose fold would refuse a count that drifted below
-/// zero).
+/// retention pass: a drift is named where it starts).
 async fn miscounted_in(url: &str, id: &str) -> Result<Vec<String>, String> {
     Ok(miscounted(url)
         .await?

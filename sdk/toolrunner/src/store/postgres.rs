@@ -786,7 +786,12 @@ impl PgStore {
     /// every one committed before it, and each count it writes is the
     /// number of calls in that state then.
     async fn fold_counts(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        // READ COMMITTED whatever the database's default: the statement's
+        // snapshot must be taken after the lock, not at the first statement.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await?;
         if let Some(fence) = self.fence() {
             lease::check(&mut tx, fence).await?;
         }
