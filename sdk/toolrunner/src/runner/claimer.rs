@@ -31,7 +31,7 @@ pub(crate) async fn claim_loop(core: Arc<Core>) {
         }
         // An adopted identity finishes what was left and takes nothing
         // new; a process whose lease lapsed takes no work.
-        if core.cfg.adopted || !core.lease_live() {
+        if core.cfg.adopted || !core.lease.live() {
             continue;
         }
         if let Err(e) = claim_pending(&core).await {

@@ -52,7 +52,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
     let connected = loop {
         // A process whose identity moved on never connects: it would
         // supersede the replica that holds the identity now.
-        if !PLANTED_ZOMBIE && let Err(e) = core.confirm_lease().await {
+        if !PLANTED_ZOMBIE && let Err(e) = core.lease.confirm(core).await {
             if patience == Patience::UntilStopped && !core.phase.done.is_cancelled() {
                 tracing::warn!(error = %e, "not connecting before the executor's lease is confirmed; retrying");
                 tokio::time::sleep(super::retry_delay(core, attempt.min(6))).await;
@@ -65,7 +65,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         // frozen since the confirmation must confirm again).
         let lapsed = std::sync::atomic::AtomicBool::new(false);
         let live = || {
-            if PLANTED_ZOMBIE || core.lease_live() {
+            if PLANTED_ZOMBIE || core.lease.live() {
                 true
             } else {
                 lapsed.store(true, Ordering::SeqCst);
@@ -220,8 +220,8 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
             // takeover: any other is a twin with the same executor id on
             // another database, which no lease here can tell off, and the
             // later connector serves (protocol §4).
-            if !own && core.holds_a_lease() {
-                match core.superseded_by_a_holder(message).await {
+            if !own && core.lease.is_shared() {
+                match core.lease.superseded_by_a_holder(message).await {
                     Ok(true) => {}
                     Ok(false) => {
                         if !core.phase.done.is_cancelled() {
@@ -230,7 +230,7 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
                                 format!(
                                     "another process connected as executor {} ({e}), and it never held this identity on this process's database ({}): two processes with one executor id on two databases (a blue/green switch, a second region); the later one serves, and this one stops claiming: give each its own executor id, or stop one of them",
                                     core.cfg.executor_id,
-                                    core.database().unwrap_or_default()
+                                    core.lease.database().unwrap_or_default()
                                 ),
                             ));
                         }
@@ -242,7 +242,7 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
                         return false;
                     }
                 }
-                if core.confirm_lease().await.is_err() {
+                if core.lease.confirm(core).await.is_err() {
                     if !core.phase.done.is_cancelled() {
                         core.fail(Error::new(
                             Kind::Superseded,

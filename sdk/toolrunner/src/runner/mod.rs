@@ -12,6 +12,7 @@ mod dispatch;
 pub(crate) mod fenced;
 mod gauges;
 mod host;
+pub(crate) mod lease;
 pub(crate) mod machine;
 pub(crate) mod outbox;
 mod progress;
@@ -56,7 +57,6 @@ pub(crate) struct Config {
     pub(crate) adopted: bool,
     /// How long the identity's lease lasts after each renewal (a
     /// PostgreSQL store).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) lease_ttl: Duration,
 }
 
@@ -114,9 +114,9 @@ pub(crate) struct Core {
     pub(crate) crash_plan: Option<CrashPlan>,
     /// Whether its gauges are still published (until it stops).
     pub(crate) gauges: gauges::Published,
-    /// The executor identity on a database shared by replicas.
-    #[cfg(feature = "postgres")]
-    pub(crate) replica: Option<replicas::Replica>,
+    /// This process's hold on its executor identity (its own store, or a
+    /// lease on a database shared by replicas).
+    pub(crate) lease: Arc<dyn lease::Lease>,
 }
 
 /// The connection to the platform (a part of [`Core`]): only
@@ -213,22 +213,11 @@ impl Core {
         .await
     }
 
-    /// Whether this process may take work now: always, unless its
-    /// identity's lease on a shared database was not renewed within its
-    /// time to live (a replica may adopt the identity).
-    pub(crate) fn lease_live(&self) -> bool {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return replica.live();
-        }
-        true
-    }
-
     /// Waits until the lease is live (at once, almost always); `Err` when
     /// the executor stopped meanwhile.
     pub(crate) async fn lease_live_or_stopped(&self) -> Result<(), Pause> {
         let mut said = false;
-        while !self.lease_live() {
+        while !self.lease.live() {
             if !said {
                 tracing::warn!("the executor's lease is not live: the handler waits to start");
                 said = true;
@@ -239,83 +228,6 @@ impl Core {
             }
         }
         Ok(())
-    }
-
-    /// When the identity's lease was last renewed, on a database shared
-    /// by replicas.
-    pub(crate) fn lease_renewed_at(&self) -> Option<std::time::Instant> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return Some(replica.renewed_at());
-        }
-        None
-    }
-
-    /// Whether this executor holds a lease on a database shared by
-    /// replicas.
-    pub(crate) fn holds_a_lease(&self) -> bool {
-        #[cfg(feature = "postgres")]
-        return self.replica.is_some();
-        #[cfg(not(feature = "postgres"))]
-        false
-    }
-
-    /// Whether the process that superseded this one's connection (the
-    /// platform's `message` names its instance) is one this process's
-    /// database recorded as a holder of the identity: a takeover on this
-    /// database, not a twin on another. Always `true` on a store of one
-    /// process.
-    ///
-    /// # Errors
-    /// The database could not tell (try again later).
-    pub(crate) async fn superseded_by_a_holder(&self, message: &str) -> Result<bool, StoreError> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return replica.holds_or_held(message).await;
-        }
-        let _ = message;
-        Ok(true)
-    }
-
-    /// Where this executor's database is (host, port and name; never a
-    /// password), on a store shared by replicas.
-    pub(crate) fn database(&self) -> Option<String> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return Some(replica.store.database());
-        }
-        None
-    }
-
-    /// Right before a connect: the identity's lease renewed now (nothing
-    /// to do on a store of its own). A fenced process halts here.
-    pub(crate) async fn confirm_lease(&self) -> Result<(), Error> {
-        #[cfg(feature = "postgres")]
-        if self.replica.is_some() {
-            return replicas::confirm(self).await;
-        }
-        Ok(())
-    }
-
-    /// Not before this may a `reconcile` hook be asked about a call of a
-    /// tool with `commit_window`: the identity was taken over, and its old
-    /// holder may still be finishing an effect.
-    pub(crate) fn hooks_after(&self, commit_window: Duration) -> Option<std::time::Instant> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return replica.hooks_after(commit_window);
-        }
-        let _ = commit_window;
-        None
-    }
-
-    /// The identity's fencing token, on a store shared by replicas.
-    pub(crate) fn fencing_token(&self) -> Option<u64> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return replica.store.fencing_token();
-        }
-        None
     }
 
     /// Records a condition that stops the executor from claiming.
@@ -397,10 +309,7 @@ impl Core {
         self.phase.lock.lock().expect("not poisoned").take();
         // The identities this process adopted are lost with it (each
         // dropped executor halts, and clears its own gauges).
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            drop(replica.take_adopted());
-        }
+        drop(self.lease.take_adopted());
     }
 
     /// After each connect, before it returns: the crash table over the
@@ -490,22 +399,18 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     let mut tasks = tokio::task::JoinSet::new();
     // The identity's lease is renewed from the start: connecting and
     // recovering may take longer than a peer's takeover grace.
-    #[cfg(feature = "postgres")]
-    tasks.spawn(replicas::lease_loop(core.clone()));
+    core.lease.clone().spawn_renewals(core.clone(), &mut tasks);
     telemetry::zero(
         &core.cfg.executor_id,
         core.tools.keys().map(String::as_str),
-        core.holds_a_lease(),
+        core.lease.is_shared(),
     );
     if let Err(e) = connection::connect(&core, connection::Patience::Once).await {
         core.health.platform(Err(e.to_string()));
         core.health.stopped();
         return Err(e);
     }
-    if let Some(renewed) = core.lease_renewed_at() {
-        core.health
-            .lease(renewed, core.lease_live(), core.cfg.lease_ttl);
-    }
+    gauges::lease_health(&core);
     core.health.started();
     // The calls the connect's recovery found wait in the queue; they run
     // from now on. (Started only now, so that a refused start leaves no
@@ -519,8 +424,7 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     // The gauges are in the scrape before the start returns.
     gauges::publish(&core).await;
     tasks.spawn(gauges::health_loop(core.clone()));
-    #[cfg(feature = "postgres")]
-    tasks.spawn(replicas::adoption_loop(core.clone()));
+    core.lease.clone().spawn_adoptions(core.clone(), &mut tasks);
     if core.cfg.use_stream {
         tasks.spawn(stream::stream_loop(core.clone()));
     }
@@ -611,18 +515,11 @@ impl RunningExecutor {
         let result = told.map(|_| ());
         let drained = matches!(how, Shutdown::Drain { .. });
         // The identities this process adopted leave with it.
-        #[cfg(feature = "postgres")]
-        let result = match &self.core.replica {
-            Some(replica) => {
-                let mut result = result;
-                for adopted in replica.take_adopted() {
-                    let stopped = Box::pin(adopted.shutdown(how)).await;
-                    result = result.and(stopped);
-                }
-                result
-            }
-            None => result,
-        };
+        let mut result = result;
+        for adopted in self.core.lease.take_adopted() {
+            let stopped = Box::pin(adopted.shutdown(how)).await;
+            result = result.and(stopped);
+        }
         // Halted, its gauges say nothing is in flight any more (an adopted
         // identity let go while its adopter lives would otherwise show its
         // last counts for good).
@@ -630,7 +527,6 @@ impl RunningExecutor {
         while self.tasks.join_next().await.is_some() {}
         // Nothing more is written: a drain that left nothing lets the
         // identity go, so that no replica adopts it.
-        #[cfg(feature = "postgres")]
         if drained
             && !halted
             && self
@@ -641,10 +537,11 @@ impl RunningExecutor {
                 .expect("not poisoned")
                 .is_empty()
         {
-            replicas::release_if_idle(&self.core, given_back).await;
+            self.core
+                .lease
+                .release_if_idle(&self.core, given_back)
+                .await;
         }
-        #[cfg(not(feature = "postgres"))]
-        let _ = (drained, given_back);
         result
     }
 }

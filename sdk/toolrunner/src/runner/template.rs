@@ -23,6 +23,7 @@ use crate::net::client::Client;
 use crate::store::{SqliteStore, Store};
 
 use super::fenced::FencedStore;
+use super::lease::{Lease, Sole};
 use super::{Calls, Config, Core, CrashPlan, Link, Phase, RunningExecutor};
 
 /// An executor's settings and tools, checked and not yet started.
@@ -55,13 +56,8 @@ impl Template {
         // One process per store file: taken before the store is touched.
         let lock = SqliteStore::lock(&self.store_url)?;
         let store = SqliteStore::open(&self.store_url).await?;
-        self.start_locked(
-            Arc::new(store),
-            lock,
-            #[cfg(feature = "postgres")]
-            None,
-        )
-        .await
+        self.start_locked(Arc::new(store), lock, Arc::new(Sole))
+            .await
     }
 
     /// Like [`start`](Self::start) with a store of your own. No lock is
@@ -73,13 +69,7 @@ impl Template {
     /// The platform refuses the connect.
     #[cfg(feature = "testing")]
     pub(crate) async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
-        self.start_locked(
-            store,
-            None,
-            #[cfg(feature = "postgres")]
-            None,
-        )
-        .await
+        self.start_locked(store, None, Arc::new(Sole)).await
     }
 
     /// Starts on a PostgreSQL store as this executor's identity: its lease
@@ -108,14 +98,14 @@ impl Template {
             template,
             self.gate.clone(),
         );
-        self.start_locked(Arc::new(store), None, Some(replica))
+        self.start_locked(Arc::new(store), None, Arc::new(replica))
             .await
     }
 
     #[cfg(not(feature = "postgres"))]
     async fn start_replica(self) -> Result<RunningExecutor> {
         let store = crate::store::open(&self.store_url).await?;
-        self.start_locked(store, None).await
+        self.start_locked(store, None, Arc::new(Sole)).await
     }
 
     /// The longest commit window of this executor's tools: how long after
@@ -172,7 +162,7 @@ impl Template {
         Box::pin(async move {
             let replica =
                 super::replicas::Replica::new(store.clone(), None, None, self.gate.clone());
-            self.start_locked(Arc::new(store), None, Some(replica))
+            self.start_locked(Arc::new(store), None, Arc::new(replica))
                 .await
         })
     }
@@ -181,7 +171,7 @@ impl Template {
         self,
         store: Arc<dyn Store>,
         lock: Option<crate::store::StoreLock>,
-        #[cfg(feature = "postgres")] replica: Option<super::replicas::Replica>,
+        lease: Arc<dyn Lease>,
     ) -> Result<RunningExecutor> {
         let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
         // Handlers' transactions for this capacity (on PostgreSQL, a pool
@@ -223,8 +213,7 @@ impl Template {
             },
             crash_plan: self.crash_plan,
             gauges: Default::default(),
-            #[cfg(feature = "postgres")]
-            replica,
+            lease,
         });
         super::start(core).await
     }

@@ -16,7 +16,7 @@ pub(super) async fn claim(
             "shutting down: the claim waits for the next start",
         ));
     }
-    if !core.lease_live() {
+    if !core.lease.live() {
         return Err(Pause::LeaseNotLive);
     }
     let key = CallKey::of(&call);
@@ -38,7 +38,7 @@ pub(super) async fn claim(
             connection_id: connection_id.clone(),
             operation_key: used.clone(),
         };
-        let live = || core.lease_live();
+        let live = || core.lease.live();
         let sent = std::time::Instant::now();
         let answer = core
             .client

@@ -194,7 +194,7 @@ async fn still_runs(core: &Arc<Core>, call: &LocalCall, asg: &Assignment) -> Opt
             connection_id: connection_id.clone(),
             operation_key: call.operation_key.clone(),
         };
-        let live = || core.lease_live();
+        let live = || core.lease.live();
         match core
             .client
             .claim(&call.run_id, &call.call_id, &body, &live)
