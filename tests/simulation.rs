@@ -971,13 +971,19 @@ struct Slot {
 }
 
 /// A process that found, when it was thawed, that identities it held had
-/// been taken over meanwhile: from then on it must not connect as them.
+/// been taken over meanwhile: from then on none of the executors that held
+/// them may connect as them again. (The process may adopt such an identity
+/// anew once it lapses again, under a new token: that executor connects
+/// with an instance id of its own, `{instance}:{suffix}`, and is no zombie.)
 #[derive(Debug, Clone)]
 struct FencedAtThaw {
     /// The process's instance id (its adopted executors' ids start with it).
     instance: String,
     /// The identities taken over while it stood still.
     identities: Vec<String>,
+    /// The instance ids under which this process's executors had connected
+    /// as those identities before the thaw (the executors that were fenced).
+    executors: Vec<String>,
     /// How many connects the platform had received at the thaw.
     from: usize,
 }
@@ -1395,14 +1401,23 @@ impl Seed {
                     .map(|(id, _)| id.clone())
                     .collect();
                 if !lost.is_empty() {
-                    let from = server.received_connects().len();
+                    let connects = server.received_connects();
+                    let mut executors: Vec<String> = connects
+                        .iter()
+                        .filter(|c| c.executor_id.as_ref().is_some_and(|e| lost.contains(e)))
+                        .filter_map(|c| c.instance_id.clone())
+                        .filter(|i| i.starts_with(instance.as_str()))
+                        .collect();
+                    executors.sort();
+                    executors.dedup();
                     fenced
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .push(FencedAtThaw {
                             instance,
                             identities: lost,
-                            from,
+                            executors,
+                            from: connects.len(),
                         });
                 }
                 faults.thaw();

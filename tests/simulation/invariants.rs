@@ -309,10 +309,13 @@ impl Seed {
         }
         for f in self.fenced.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             for c in connects.iter().skip(f.from) {
+                // One of the executors that held the identity before the
+                // pause (a new adoption after the thaw connects with an
+                // instance id of its own).
                 let mine = c
                     .instance_id
-                    .as_deref()
-                    .is_some_and(|i| i.starts_with(f.instance.as_str()));
+                    .as_ref()
+                    .is_some_and(|i| f.executors.contains(i));
                 if mine
                     && c.executor_id
                         .as_ref()
