@@ -89,7 +89,7 @@ pub(super) async fn drive(
         biased;
         // The executor stopped (dropped, crashed, detached): stop where we
         // are, as a lost process would; the span says the work was cut.
-        _ = core.phase.done.cancelled() => {
+        _ = core.life.halted() => {
             telemetry::finish(&span, "interrupted", None);
             return;
         }
@@ -105,7 +105,7 @@ pub(super) async fn drive(
             // rather than asking again at once.
             drop(permit.take());
             tokio::select! {
-                _ = core.phase.done.cancelled() => {}
+                _ = core.life.halted() => {}
                 _ = tokio::time::sleep(core.cfg.timing.poll_interval.clamp(
                     std::time::Duration::from_millis(50),
                     std::time::Duration::from_secs(1),

@@ -25,7 +25,7 @@ fn age(t: &Timestamp) -> Duration {
 pub(crate) async fn health_loop(core: Arc<Core>) {
     loop {
         tokio::select! {
-            _ = core.phase.done.cancelled() => return,
+            _ = core.life.halted() => return,
             _ = tokio::time::sleep(EVERY) => {}
         }
         publish(&core).await;

@@ -65,8 +65,12 @@ pub(crate) trait Lease: Send + Sync {
     ///
     /// # Errors
     /// The database could not tell.
-    async fn is_idle(&self, auto_reconcile: bool, claims_given_back: bool)
-    -> Result<bool, StoreError>;
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    async fn is_idle(
+        &self,
+        auto_reconcile: bool,
+        claims_given_back: bool,
+    ) -> Result<bool, StoreError>;
 
     /// The executors of the identities this process adopted, taken out (to
     /// stop them with this one, or drop them with it).

@@ -13,6 +13,7 @@ pub(crate) mod fenced;
 mod gauges;
 mod host;
 pub(crate) mod lease;
+pub(crate) mod life;
 pub(crate) mod machine;
 pub(crate) mod outbox;
 mod progress;
@@ -27,7 +28,7 @@ pub(crate) mod template;
 pub(crate) mod unwind;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -79,6 +80,7 @@ pub(crate) struct Timing {
 }
 
 pub(crate) use crate::api::context::CallKey;
+pub(crate) use life::Phase;
 pub(crate) use machine::Pause;
 
 /// The live connection.
@@ -109,7 +111,7 @@ pub(crate) struct Core {
     /// The facts a [`crate::Health`] handle reads.
     pub(crate) health: Arc<crate::health::HealthState>,
     /// Where the executor is in its life.
-    pub(crate) phase: Phase,
+    pub(crate) life: life::Life,
     /// Per-instance fail points (tests and the simulation).
     pub(crate) crash_plan: Option<CrashPlan>,
     /// Whether its gauges are still published (until it stops).
@@ -145,26 +147,6 @@ pub(crate) struct Calls {
     pub(crate) wake: Notify,
     /// A task paused a call (it waits in the store for the claim loop).
     pub(crate) paused: AtomicBool,
-}
-
-/// Where the executor is in its life (a part of [`Core`]).
-pub(crate) struct Phase {
-    /// Whether it takes new calls.
-    pub(crate) claiming: AtomicBool,
-    /// The error that stopped it, if one did.
-    pub(crate) fatal: StdMutex<Option<Error>>,
-    /// Stop taking new work.
-    pub(crate) stop: CancellationToken,
-    /// Everything ended.
-    pub(crate) done: CancellationToken,
-    /// An adopted identity has nothing left to do (its adopter lets it go).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) finished: CancellationToken,
-    /// Once cancelled, nothing more is written to the store nor sent: the
-    /// process is gone as far as the world can tell (a crash, a detach).
-    pub(crate) fence: CancellationToken,
-    /// This process's hold on its store file (released when it stops).
-    pub(crate) lock: StdMutex<Option<crate::store::StoreLock>>,
 }
 
 impl Core {
@@ -223,7 +205,7 @@ impl Core {
                 said = true;
             }
             tokio::select! {
-                _ = self.phase.done.cancelled() => return Err(Pause::Halted),
+                _ = self.life.halted() => return Err(Pause::Halted),
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }
@@ -234,12 +216,13 @@ impl Core {
     pub(crate) fn fail(&self, e: Error) {
         tracing::error!(error = %e, "executor stops claiming");
         self.health.failed(e.to_string());
-        self.phase.claiming.store(false, Ordering::SeqCst);
-        let mut fatal = self.phase.fatal.lock().expect("not poisoned");
-        if fatal.is_none() {
-            *fatal = Some(e);
+        {
+            let mut fatal = self.life.fatal.lock().expect("not poisoned");
+            if fatal.is_none() {
+                *fatal = Some(e);
+            }
         }
-        self.phase.stop.cancel();
+        self.life.enter(Phase::Stopping);
     }
 
     pub(crate) fn is_active(&self, key: &CallKey) -> bool {
@@ -257,7 +240,7 @@ impl Core {
         if active.contains_key(key) {
             return None;
         }
-        let token = self.phase.done.child_token();
+        let token = self.life.call_token();
         active.insert(key.clone(), token.clone());
         Some(Active {
             core: self.clone(),
@@ -302,11 +285,9 @@ impl Core {
         // say so before anyone hears it stopped, and are not published
         // again.
         gauges::clear(self);
-        self.phase.fence.cancel();
+        self.life.enter(Phase::Halted);
         self.client.fence();
-        self.phase.stop.cancel();
-        self.phase.done.cancel();
-        self.phase.lock.lock().expect("not poisoned").take();
+        self.life.lock.lock().expect("not poisoned").take();
         // The identities this process adopted are lost with it (each
         // dropped executor halts, and clears its own gauges).
         drop(self.lease.take_adopted());
@@ -438,8 +419,8 @@ impl RunningExecutor {
     /// # Errors
     /// The condition that stopped it.
     pub async fn wait(&self) -> Result<(), Error> {
-        self.core.phase.stop.cancelled().await;
-        match self.core.phase.fatal.lock().expect("not poisoned").as_ref() {
+        self.core.life.stopping().await;
+        match self.core.life.fatal.lock().expect("not poisoned").as_ref() {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
@@ -459,12 +440,11 @@ impl RunningExecutor {
         // Stopped already as a lost process would (fenced: another process
         // holds the identity now; crashed at a fail point): it says nothing
         // more to the platform.
-        let halted = self.core.phase.fence.is_cancelled();
+        let halted = self.core.life.is_halted();
         // Not ready, before anything else: an orchestrator stops sending
         // work here while the calls in flight finish.
         self.core.health.draining();
-        self.core.phase.claiming.store(false, Ordering::SeqCst);
-        self.core.phase.stop.cancel();
+        self.core.life.enter(Phase::Stopping);
         if let Shutdown::Drain { deadline } = how {
             let waited = tokio::time::timeout(deadline, async {
                 while !self
@@ -488,9 +468,8 @@ impl RunningExecutor {
         } else {
             // Nothing more is written or sent for the calls in flight: their
             // handlers are dropped where they are, without a receipt.
-            self.core.phase.fence.cancel();
+            self.core.life.enter(Phase::Halted);
             self.core.client.fence();
-            self.core.phase.done.cancel();
             let active: Vec<CancellationToken> = self
                 .core
                 .calls

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use super::lease::Lease;
-use super::{Core, RunningExecutor, Shutdown};
+use super::{Core, Phase, RunningExecutor, Shutdown};
 use crate::error::{Error, Kind};
 use crate::gate::{self, Gate, Reach};
 use crate::store::{PgStore, StoreError};
@@ -191,7 +191,7 @@ async fn lease_loop(replica: Arc<Replica>, core: Arc<Core>) {
     let every = replica.ttl() / 4;
     loop {
         tokio::select! {
-            _ = core.phase.done.cancelled() => return,
+            _ = core.life.halted() => return,
             _ = tokio::time::sleep(every) => {}
         }
         match replica.renew(&core.cfg.executor_id).await {
@@ -284,7 +284,7 @@ async fn adoption_loop(replica: Arc<Replica>, core: Arc<Core>) {
     let mut watch = crate::store::LapseWatch::default();
     loop {
         tokio::select! {
-            _ = core.phase.stop.cancelled() => return,
+            _ = core.life.stopping() => return,
             _ = tokio::time::sleep(every) => {}
         }
         let_go(replica).await;
@@ -343,7 +343,7 @@ async fn adopt(
     // over itself meanwhile): it starts the adopted executor only on a
     // lease of its own renewed now. Otherwise the adopted identity lapses
     // again, and is adopted again then.
-    if core.phase.stop.is_cancelled() {
+    if core.life.is_stopping() {
         return;
     }
     if let Err(e) = replica.renew(&core.cfg.executor_id).await {
@@ -354,7 +354,7 @@ async fn adopt(
     let started = template.start_as(&id, adopted).await;
     match started {
         // Stopped with this one, unless this one stops first.
-        Ok(running) if !core.phase.stop.is_cancelled() => lock(&replica.adopted).push(running),
+        Ok(running) if !core.life.is_stopping() => lock(&replica.adopted).push(running),
         Ok(running) => drop(running),
         // Its lease lapses again, and it is adopted again then.
         Err(e) => {
@@ -374,7 +374,7 @@ async fn let_go(replica: &Replica) {
         let mut i = 0;
         while i < list.len() {
             let core = &list[i].core;
-            let over = core.phase.stop.is_cancelled() || core.phase.finished.is_cancelled();
+            let over = core.life.phase() >= Phase::Finished;
             if over {
                 done.push(list.swap_remove(i));
             } else {
@@ -406,7 +406,7 @@ async fn let_go(replica: &Replica) {
                 .await
                 .unwrap_or(false)
         {
-            core.phase.finished.cancel();
+            core.life.enter(Phase::Finished);
         }
     }
 }

@@ -24,7 +24,8 @@ use crate::store::{SqliteStore, Store};
 
 use super::fenced::FencedStore;
 use super::lease::{Lease, Sole};
-use super::{Calls, Config, Core, CrashPlan, Link, Phase, RunningExecutor};
+use super::life::Life;
+use super::{Calls, Config, Core, CrashPlan, Link, RunningExecutor};
 
 /// An executor's settings and tools, checked and not yet started.
 pub(crate) struct Template {
@@ -202,15 +203,7 @@ impl Template {
                 paused: AtomicBool::new(false),
             },
             health: self.health,
-            phase: Phase {
-                claiming: AtomicBool::new(true),
-                fatal: StdMutex::new(None),
-                stop: CancellationToken::new(),
-                done: CancellationToken::new(),
-                finished: CancellationToken::new(),
-                fence,
-                lock: StdMutex::new(lock),
-            },
+            life: Life::new(fence, lock),
             crash_plan: self.crash_plan,
             gauges: Default::default(),
             lease,

@@ -10,7 +10,7 @@ pub(super) async fn claim(
     core: &Arc<Core>,
     call: LocalCall,
 ) -> Result<(LocalCall, Option<OutboxReceipt>), Pause> {
-    if core.phase.stop.is_cancelled() {
+    if core.life.is_stopping() {
         // The key stays saved: the next start claims with it.
         return Err(Pause::waits(
             "shutting down: the claim waits for the next start",
@@ -23,7 +23,7 @@ pub(super) async fn claim(
     let used = call.operation_key.clone();
     let mut tries = 0;
     let claimed = loop {
-        if tries > 0 && core.phase.stop.is_cancelled() {
+        if tries > 0 && core.life.is_stopping() {
             // A drain began while the claim was asked again: it waits, with
             // its key, for the next start.
             return Err(Pause::waits(

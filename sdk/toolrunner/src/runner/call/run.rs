@@ -67,7 +67,7 @@ pub(super) async fn run(
             .await?;
         return Ok((row(moved)?, None));
     };
-    if core.phase.fence.is_cancelled() {
+    if core.life.is_halted() {
         return Err(Pause::Halted);
     }
     let ctx = super::super::host::context_of(core, &call, asg, cancel.clone());
@@ -294,7 +294,7 @@ pub(super) async fn commit_in(
         (&key.run_id, &key.call_id),
         // The call moved on while the handler ran: its writes roll back.
         |now| now.call.as_ref().is_some_and(held).then_some(event),
-        || core.phase.fence.is_cancelled(),
+        || core.life.is_halted(),
     )
     .await;
     match ended {
