@@ -54,13 +54,22 @@ impl Life {
         }
     }
 
-    /// The phase now.
+    /// The phase now. `Halted` only once the halt's token is cancelled:
+    /// whoever sees it finds the halt done (nothing more goes out).
     pub(crate) fn phase(&self) -> Phase {
-        *self.phase.borrow()
+        if self.halted.is_cancelled() {
+            return Phase::Halted;
+        }
+        (*self.phase.borrow()).min(Phase::Stopping)
     }
 
     /// Moves on to `to`, unless the executor is there or further already.
+    /// A halt cancels its token before the phase says `Halted`: whoever
+    /// sees the phase finds the halt done.
     pub(crate) fn enter(&self, to: Phase) {
+        if to == Phase::Halted {
+            self.halted.cancel();
+        }
         self.phase.send_if_modified(|now| {
             let on = *now < to;
             if on {
@@ -68,9 +77,6 @@ impl Life {
             }
             on
         });
-        if to == Phase::Halted {
-            self.halted.cancel();
-        }
     }
 
     /// Whether it takes new calls.
@@ -125,6 +131,23 @@ mod tests {
         life.enter(Phase::Serving);
         assert_eq!(life.phase(), Phase::Halted);
         assert!(life.is_stopping() && life.is_halted());
+    }
+
+    /// The phase says `Halted` only once the halt's token is cancelled,
+    /// whatever the watch holds at that moment (another thread may look
+    /// between the two).
+    #[test]
+    fn the_phase_says_halted_only_once_the_halt_is_done() {
+        let life = Life::new(CancellationToken::new(), None);
+        life.phase.send_replace(Phase::Halted);
+        assert_eq!(
+            (life.phase(), life.is_halted()),
+            (Phase::Stopping, false),
+            "the watch said Halted before the halt's token was cancelled"
+        );
+        life.halted.cancel();
+        assert_eq!((life.phase(), life.is_halted()), (Phase::Halted, true));
+        assert!(!life.claiming());
     }
 
     #[tokio::test]

@@ -285,8 +285,8 @@ impl Core {
         // say so before anyone hears it stopped, and are not published
         // again.
         gauges::clear(self);
-        self.life.enter(Phase::Halted);
         self.client.fence();
+        self.life.enter(Phase::Halted);
         self.life.lock.lock().expect("not poisoned").take();
         // The identities this process adopted are lost with it (each
         // dropped executor halts, and clears its own gauges).
@@ -468,8 +468,8 @@ impl RunningExecutor {
         } else {
             // Nothing more is written or sent for the calls in flight: their
             // handlers are dropped where they are, without a receipt.
-            self.core.life.enter(Phase::Halted);
             self.core.client.fence();
+            self.core.life.enter(Phase::Halted);
             let active: Vec<CancellationToken> = self
                 .core
                 .calls

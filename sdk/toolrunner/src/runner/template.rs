@@ -174,6 +174,17 @@ impl Template {
         lock: Option<crate::store::StoreLock>,
         lease: Arc<dyn Lease>,
     ) -> Result<RunningExecutor> {
+        super::start(self.core(store, lock, lease)).await
+    }
+
+    /// The `Core` of an executor of these settings and tools, not yet
+    /// started.
+    pub(crate) fn core(
+        self,
+        store: Arc<dyn Store>,
+        lock: Option<crate::store::StoreLock>,
+        lease: Arc<dyn Lease>,
+    ) -> Arc<Core> {
         let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
         // Handlers' transactions for this capacity (on PostgreSQL, a pool
         // of their own).
@@ -182,7 +193,7 @@ impl Template {
         let slots = Arc::new(Semaphore::new(capacity));
         self.health
             .starting(&self.cfg.executor_id, self.cfg.capacity, slots.clone());
-        let core = Arc::new(Core {
+        Arc::new(Core {
             cfg: self.cfg,
             client: self.client,
             store: Arc::new(FencedStore {
@@ -207,8 +218,53 @@ impl Template {
             crash_plan: self.crash_plan,
             gauges: Default::default(),
             lease,
-        });
-        super::start(core).await
+        })
+    }
+
+    /// Settings of a test's executor: a platform that is never asked (the
+    /// executor is not started), no tool.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Template {
+        let backoff = crate::net::client::Backoff {
+            initial: std::time::Duration::from_millis(10),
+            max: std::time::Duration::from_millis(100),
+            attempts: 1,
+        };
+        Template {
+            cfg: Config {
+                executor_id: "exe_test".into(),
+                binding_id: "bnd_test".into(),
+                capacity: 4,
+                instance_id: "ins_test".into(),
+                timing: super::Timing {
+                    poll_interval: Duration::from_millis(100),
+                    handler_timeout: Duration::from_secs(5),
+                    sqlite_transaction_timeout: Duration::from_secs(1),
+                    retry_attempts: 1,
+                    reconcile_interval: Duration::from_secs(1),
+                    retention: None,
+                },
+                use_stream: false,
+                auto_reconcile: true,
+                adopted: false,
+                lease_ttl: crate::store::DEFAULT_LEASE_TTL,
+            },
+            client: Client::new(
+                "http://127.0.0.1:9",
+                "tok_test",
+                Duration::from_secs(1),
+                backoff,
+            )
+            .expect("a client"),
+            store_url: String::new(),
+            tools: Arc::default(),
+            authorizer: Arc::new(crate::api::authorizer::AllowAll),
+            definitions: Vec::new(),
+            crash_plan: None,
+            takeover_grace: None,
+            gate: None,
+            health: Arc::default(),
+        }
     }
 }
 
