@@ -1207,6 +1207,110 @@ fn a_wide_struct_in_the_runner_is_caught() {
     );
 }
 
+/// The files of `runner/` that may compile code only with a feature: the
+/// replica (the lease on a shared database) and the template that picks a
+/// lease when the executor starts.
+const LEASE_FILES: [&str; 2] = ["runner/replicas.rs", "runner/template.rs"];
+
+/// Each `#[cfg(…feature…)]`, `#![cfg(…feature…)]` and `cfg!(…feature…)`
+/// under `runner/` outside [`LEASE_FILES`], by file and line (where it
+/// starts; an attribute may span lines), but for the declaration of the
+/// replica's module in `runner/mod.rs`: the rest of the runner asks its
+/// `Lease` and names no store (an attribute that only lints, `cfg_attr`,
+/// is no code).
+fn feature_gates_outside_the_lease(files: &BTreeMap<String, String>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (file, source) in files {
+        if !file.starts_with("runner/") || LEASE_FILES.contains(&file.as_str()) {
+            continue;
+        }
+        let code = code_only(source);
+        for opener in ["#[cfg(", "#![cfg(", "cfg!("] {
+            for (at, _) in code.match_indices(opener) {
+                // The gate, up to its closing bracket or parenthesis.
+                let mut depth = 0usize;
+                let mut end = code.len();
+                for (i, c) in code[at..].char_indices() {
+                    match c {
+                        '[' | '(' => depth += 1,
+                        ']' | ')' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                end = at + i + 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let gate: String = code[at..end]
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                if !gate.contains("feature") {
+                    continue;
+                }
+                let item = code[end..].trim_start();
+                let declares_replicas = item
+                    .trim_start_matches("pub(crate) ")
+                    .starts_with("mod replicas;");
+                if !(file == "runner/mod.rs" && declares_replicas && opener == "#[cfg(") {
+                    let line = code[..at].matches('\n').count() + 1;
+                    found.push((file.clone(), line, gate));
+                }
+            }
+        }
+    }
+    found.sort();
+    found
+        .into_iter()
+        .map(|(file, line, gate)| format!("{file}:{line}: {gate}"))
+        .collect()
+}
+
+/// The lease is a trait with two implementations (`runner/lease.rs`'s
+/// `Sole`, `runner/replicas.rs`'s `Replica`): `Core` and the steps of a
+/// call depend on no feature.
+#[test]
+fn only_the_lease_depends_on_the_store_feature() {
+    assert_rule(
+        "only runner/replicas.rs and runner/template.rs compile code only with a feature in runner/",
+        feature_gates_outside_the_lease(&sdk_sources()),
+    );
+}
+
+#[test]
+fn a_feature_gate_outside_the_lease_is_caught() {
+    let core = "mod answers;\n#[cfg(feature = \"postgres\")]\npub(crate) mod replicas;\n\nimpl Core {\n    fn live(&self) -> bool {\n        #[cfg(feature = \"postgres\")]\n        if let Some(r) = &self.replica { return r.live(); }\n        // #[cfg(feature = \"postgres\")]\n        #[cfg_attr(not(feature = \"postgres\"), allow(dead_code))]\n        true\n    }\n}\n";
+    let files = made_up(&[
+        ("runner/mod.rs", core),
+        (
+            "runner/replicas.rs",
+            "#[cfg(feature = \"postgres\")]\nfn a() {}\n",
+        ),
+        (
+            "runner/call/run.rs",
+            "\n  #[cfg(not(feature = \"postgres\"))]\nfn b() {}\n#[cfg(all(\n    test,\n    feature = \"failpoints\"\n))]\nfn c() {}\n#[allow(unused)] #[cfg(feature = \"x\")] fn d() {}\nfn e() -> bool { cfg!(feature = \"postgres\") }\n#[cfg(test)]\nmod tests {}\n",
+        ),
+        ("runner/gauges.rs", "#![cfg(feature = \"postgres\")]\n"),
+        (
+            "store/mod.rs",
+            "#[cfg(feature = \"postgres\")]\nmod postgres;\n",
+        ),
+    ]);
+    assert_eq!(
+        feature_gates_outside_the_lease(&files),
+        vec![
+            "runner/call/run.rs:2: #[cfg(not(feature = \"\"))]".to_owned(),
+            "runner/call/run.rs:4: #[cfg(all( test, feature = \"\" ))]".to_owned(),
+            "runner/call/run.rs:9: #[cfg(feature = \"\")]".to_owned(),
+            "runner/call/run.rs:10: cfg!(feature = \"\")".to_owned(),
+            "runner/gauges.rs:1: #![cfg(feature = \"\")]".to_owned(),
+            "runner/mod.rs:7: #[cfg(feature = \"\")]".to_owned(),
+        ]
+    );
+}
+
 /// Each `Result<…, String>` in `code` (comments and strings already out):
 /// the line it starts on. Generic arguments are split at the top level, so
 /// `Result<Vec<String>, E>` and `Result<(A, Option<String>), E>` are not

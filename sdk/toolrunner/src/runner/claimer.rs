@@ -13,11 +13,11 @@ pub(crate) async fn claim_loop(core: Arc<Core>) {
     let mut resumed_at = tokio::time::Instant::now();
     loop {
         tokio::select! {
-            _ = core.phase.stop.cancelled() => return,
+            _ = core.life.stopping() => return,
             _ = core.calls.wake.notified() => {}
             _ = tokio::time::sleep(core.cfg.timing.poll_interval) => {}
         }
-        if !core.phase.claiming.load(Ordering::SeqCst) {
+        if !core.life.claiming() {
             continue;
         }
         // Calls wait only when a task paused one (or, rarely, lost one):
@@ -31,7 +31,7 @@ pub(crate) async fn claim_loop(core: Arc<Core>) {
         }
         // An adopted identity finishes what was left and takes nothing
         // new; a process whose lease lapsed takes no work.
-        if core.cfg.adopted || !core.lease_live() {
+        if core.cfg.adopted || !core.lease.live() {
             continue;
         }
         if let Err(e) = claim_pending(&core).await {
@@ -94,9 +94,7 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
     // saves go to the store together, so they share one commit.
     let mut saves = Vec::new();
     for candidate in page.data {
-        if !core.tools.contains_key(&candidate.tool_name)
-            || !core.phase.claiming.load(Ordering::SeqCst)
-        {
+        if !core.tools.contains_key(&candidate.tool_name) || !core.life.claiming() {
             continue;
         }
         let key = CallKey {

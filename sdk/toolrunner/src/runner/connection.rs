@@ -7,7 +7,7 @@ use toolrunner_protocol::wire::{
     Connect, Disconnect, DisconnectMode, Heartbeat, InFlight, SdkInfo,
 };
 
-use super::{Conn, Core, Shutdown};
+use super::{Conn, Core, Phase, Shutdown};
 use crate::api::context::CommitPointError;
 use crate::error::{Error, Kind};
 use crate::net::client::ClientError;
@@ -52,8 +52,8 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
     let connected = loop {
         // A process whose identity moved on never connects: it would
         // supersede the replica that holds the identity now.
-        if !PLANTED_ZOMBIE && let Err(e) = core.confirm_lease().await {
-            if patience == Patience::UntilStopped && !core.phase.done.is_cancelled() {
+        if !PLANTED_ZOMBIE && let Err(e) = core.lease.confirm(core).await {
+            if patience == Patience::UntilStopped && !core.life.is_halted() {
                 tracing::warn!(error = %e, "not connecting before the executor's lease is confirmed; retrying");
                 tokio::time::sleep(super::retry_delay(core, attempt.min(6))).await;
                 attempt += 1;
@@ -65,7 +65,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         // frozen since the confirmation must confirm again).
         let lapsed = std::sync::atomic::AtomicBool::new(false);
         let live = || {
-            if PLANTED_ZOMBIE || core.lease_live() {
+            if PLANTED_ZOMBIE || core.lease.live() {
                 true
             } else {
                 lapsed.store(true, Ordering::SeqCst);
@@ -81,7 +81,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
                 ));
             }
             Err(e @ (ClientError::Unreachable(_) | ClientError::NotReady(_)))
-                if patience == Patience::UntilStopped && !core.phase.done.is_cancelled() =>
+                if patience == Patience::UntilStopped && !core.life.is_halted() =>
             {
                 let m = unreachable_why(&e);
                 core.health.platform(Err(m.clone()));
@@ -220,17 +220,17 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
             // takeover: any other is a twin with the same executor id on
             // another database, which no lease here can tell off, and the
             // later connector serves (protocol §4).
-            if !own && core.holds_a_lease() {
-                match core.superseded_by_a_holder(message).await {
+            if !own && core.lease.is_shared() {
+                match core.lease.superseded_by_a_holder(message).await {
                     Ok(true) => {}
                     Ok(false) => {
-                        if !core.phase.done.is_cancelled() {
+                        if !core.life.is_halted() {
                             core.fail(Error::new(
                                 Kind::Superseded,
                                 format!(
                                     "another process connected as executor {} ({e}), and it never held this identity on this process's database ({}): two processes with one executor id on two databases (a blue/green switch, a second region); the later one serves, and this one stops claiming: give each its own executor id, or stop one of them",
                                     core.cfg.executor_id,
-                                    core.database().unwrap_or_default()
+                                    core.lease.database().unwrap_or_default()
                                 ),
                             ));
                         }
@@ -242,8 +242,8 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
                         return false;
                     }
                 }
-                if core.confirm_lease().await.is_err() {
-                    if !core.phase.done.is_cancelled() {
+                if core.lease.confirm(core).await.is_err() {
+                    if !core.life.is_halted() {
                         core.fail(Error::new(
                             Kind::Superseded,
                             format!("another process connected as executor {} ({e}), and this process could not confirm that it still holds the identity's lease: check the connection to PostgreSQL", core.cfg.executor_id),
@@ -268,7 +268,7 @@ pub(crate) async fn handle_refusal(core: &Arc<Core>, used: &str, e: &ClientError
             *conn = None;
         }
     }
-    !core.phase.done.is_cancelled() && connection_id(core).await.is_ok()
+    !core.life.is_halted() && connection_id(core).await.is_ok()
 }
 
 pub(crate) async fn heartbeat_loop(core: Arc<Core>) {
@@ -281,7 +281,7 @@ pub(crate) async fn heartbeat_loop(core: Arc<Core>) {
             .as_ref()
             .map_or(Duration::from_secs(1), |c| c.heartbeat_interval);
         tokio::select! {
-            _ = core.phase.done.cancelled() => return,
+            _ = core.life.halted() => return,
             _ = tokio::time::sleep(interval) => {}
         }
         match heartbeat(&core).await {
@@ -376,7 +376,7 @@ fn in_flight(core: &Core) -> Vec<InFlight> {
 /// when the platform answered, so it holds no call of this executor that
 /// did not start (a drain gives them back).
 pub(crate) async fn disconnect(core: &Arc<Core>, how: Shutdown) -> Result<bool, Error> {
-    core.phase.claiming.store(false, Ordering::SeqCst);
+    core.life.enter(Phase::Stopping);
     let Some(conn) = core.link.conn.read().await.clone() else {
         return Ok(false);
     };

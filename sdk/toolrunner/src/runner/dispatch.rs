@@ -95,7 +95,7 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
     loop {
         let job = tokio::select! {
             biased;
-            _ = core.phase.done.cancelled() => return,
+            _ = core.life.halted() => return,
             job = jobs.recv() => job,
         };
         let Some(job) = job else { return };

@@ -25,7 +25,7 @@ fn age(t: &Timestamp) -> Duration {
 pub(crate) async fn health_loop(core: Arc<Core>) {
     loop {
         tokio::select! {
-            _ = core.phase.done.cancelled() => return,
+            _ = core.life.halted() => return,
             _ = tokio::time::sleep(EVERY) => {}
         }
         publish(&core).await;
@@ -75,7 +75,7 @@ pub(crate) fn clear(core: &Core) {
     ] {
         metrics::gauge!(name, "executor_id" => id.clone()).set(0.0);
     }
-    if core.holds_a_lease() {
+    if core.lease.is_shared() {
         metrics::gauge!(metric::LEASE_AGE, "executor_id" => id.clone()).set(0.0);
     }
     for state in crate::store::ALL_STATES {
@@ -113,9 +113,7 @@ pub(crate) async fn publish(core: &Core) {
         metrics::gauge!(metric::CAPACITY_AVAILABLE, "executor_id" => id.clone())
             .set(f64::from(free));
     });
-    if let Some(renewed) = core.lease_renewed_at() {
-        core.health
-            .lease(renewed, core.lease_live(), core.cfg.lease_ttl);
+    if let Some(renewed) = lease_health(core) {
         core.gauges.set(|| {
             metrics::gauge!(metric::LEASE_AGE, "executor_id" => id.clone())
                 .set(renewed.elapsed().as_secs_f64());
@@ -175,4 +173,13 @@ pub(crate) async fn publish(core: &Core) {
 /// (the next round's probe tells whether the store answers).
 async fn within<T>(read: impl std::future::Future<Output = T>) -> Option<T> {
     tokio::time::timeout(PROBE_WITHIN, read).await.ok()
+}
+
+/// Tells the health handle how the identity's lease stands, on a database
+/// shared by replicas; returns when it was last renewed (`None`: no lease).
+pub(crate) fn lease_health(core: &Core) -> Option<std::time::Instant> {
+    let renewed = core.lease.renewed_at()?;
+    core.health
+        .lease(renewed, core.lease.live(), core.cfg.lease_ttl);
+    Some(renewed)
 }

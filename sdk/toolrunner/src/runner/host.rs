@@ -27,7 +27,7 @@ impl CallHost for Arc<Core> {
     }
 
     fn lease_live(&self) -> bool {
-        Core::lease_live(self)
+        self.lease.live()
     }
 
     async fn lease_check(&self) -> Result<(), CommitPointError> {
@@ -35,7 +35,7 @@ impl CallHost for Arc<Core> {
     }
 
     fn fencing_token(&self) -> Option<u64> {
-        Core::fencing_token(self)
+        self.lease.fencing_token()
     }
 
     async fn begin(&self) -> Result<StoreTransaction, StoreError> {

@@ -12,6 +12,8 @@ mod dispatch;
 pub(crate) mod fenced;
 mod gauges;
 mod host;
+pub(crate) mod lease;
+pub(crate) mod life;
 pub(crate) mod machine;
 pub(crate) mod outbox;
 mod progress;
@@ -26,7 +28,7 @@ pub(crate) mod template;
 pub(crate) mod unwind;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -56,7 +58,6 @@ pub(crate) struct Config {
     pub(crate) adopted: bool,
     /// How long the identity's lease lasts after each renewal (a
     /// PostgreSQL store).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) lease_ttl: Duration,
 }
 
@@ -79,6 +80,7 @@ pub(crate) struct Timing {
 }
 
 pub(crate) use crate::api::context::CallKey;
+pub(crate) use life::Phase;
 pub(crate) use machine::Pause;
 
 /// The live connection.
@@ -109,14 +111,14 @@ pub(crate) struct Core {
     /// The facts a [`crate::Health`] handle reads.
     pub(crate) health: Arc<crate::health::HealthState>,
     /// Where the executor is in its life.
-    pub(crate) phase: Phase,
+    pub(crate) life: life::Life,
     /// Per-instance fail points (tests and the simulation).
     pub(crate) crash_plan: Option<CrashPlan>,
     /// Whether its gauges are still published (until it stops).
     pub(crate) gauges: gauges::Published,
-    /// The executor identity on a database shared by replicas.
-    #[cfg(feature = "postgres")]
-    pub(crate) replica: Option<replicas::Replica>,
+    /// This process's hold on its executor identity (its own store, or a
+    /// lease on a database shared by replicas).
+    pub(crate) lease: Arc<dyn lease::Lease>,
 }
 
 /// The connection to the platform (a part of [`Core`]): only
@@ -145,26 +147,6 @@ pub(crate) struct Calls {
     pub(crate) wake: Notify,
     /// A task paused a call (it waits in the store for the claim loop).
     pub(crate) paused: AtomicBool,
-}
-
-/// Where the executor is in its life (a part of [`Core`]).
-pub(crate) struct Phase {
-    /// Whether it takes new calls.
-    pub(crate) claiming: AtomicBool,
-    /// The error that stopped it, if one did.
-    pub(crate) fatal: StdMutex<Option<Error>>,
-    /// Stop taking new work.
-    pub(crate) stop: CancellationToken,
-    /// Everything ended.
-    pub(crate) done: CancellationToken,
-    /// An adopted identity has nothing left to do (its adopter lets it go).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) finished: CancellationToken,
-    /// Once cancelled, nothing more is written to the store nor sent: the
-    /// process is gone as far as the world can tell (a crash, a detach).
-    pub(crate) fence: CancellationToken,
-    /// This process's hold on its store file (released when it stops).
-    pub(crate) lock: StdMutex<Option<crate::store::StoreLock>>,
 }
 
 impl Core {
@@ -213,121 +195,34 @@ impl Core {
         .await
     }
 
-    /// Whether this process may take work now: always, unless its
-    /// identity's lease on a shared database was not renewed within its
-    /// time to live (a replica may adopt the identity).
-    pub(crate) fn lease_live(&self) -> bool {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return replica.live();
-        }
-        true
-    }
-
     /// Waits until the lease is live (at once, almost always); `Err` when
     /// the executor stopped meanwhile.
     pub(crate) async fn lease_live_or_stopped(&self) -> Result<(), Pause> {
         let mut said = false;
-        while !self.lease_live() {
+        while !self.lease.live() {
             if !said {
                 tracing::warn!("the executor's lease is not live: the handler waits to start");
                 said = true;
             }
             tokio::select! {
-                _ = self.phase.done.cancelled() => return Err(Pause::Halted),
+                _ = self.life.halted() => return Err(Pause::Halted),
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }
         Ok(())
     }
 
-    /// When the identity's lease was last renewed, on a database shared
-    /// by replicas.
-    pub(crate) fn lease_renewed_at(&self) -> Option<std::time::Instant> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return Some(replica.renewed_at());
-        }
-        None
-    }
-
-    /// Whether this executor holds a lease on a database shared by
-    /// replicas.
-    pub(crate) fn holds_a_lease(&self) -> bool {
-        #[cfg(feature = "postgres")]
-        return self.replica.is_some();
-        #[cfg(not(feature = "postgres"))]
-        false
-    }
-
-    /// Whether the process that superseded this one's connection (the
-    /// platform's `message` names its instance) is one this process's
-    /// database recorded as a holder of the identity: a takeover on this
-    /// database, not a twin on another. Always `true` on a store of one
-    /// process.
-    ///
-    /// # Errors
-    /// The database could not tell (try again later).
-    pub(crate) async fn superseded_by_a_holder(&self, message: &str) -> Result<bool, StoreError> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return replica.holds_or_held(message).await;
-        }
-        let _ = message;
-        Ok(true)
-    }
-
-    /// Where this executor's database is (host, port and name; never a
-    /// password), on a store shared by replicas.
-    pub(crate) fn database(&self) -> Option<String> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return Some(replica.store.database());
-        }
-        None
-    }
-
-    /// Right before a connect: the identity's lease renewed now (nothing
-    /// to do on a store of its own). A fenced process halts here.
-    pub(crate) async fn confirm_lease(&self) -> Result<(), Error> {
-        #[cfg(feature = "postgres")]
-        if self.replica.is_some() {
-            return replicas::confirm(self).await;
-        }
-        Ok(())
-    }
-
-    /// Not before this may a `reconcile` hook be asked about a call of a
-    /// tool with `commit_window`: the identity was taken over, and its old
-    /// holder may still be finishing an effect.
-    pub(crate) fn hooks_after(&self, commit_window: Duration) -> Option<std::time::Instant> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return replica.hooks_after(commit_window);
-        }
-        let _ = commit_window;
-        None
-    }
-
-    /// The identity's fencing token, on a store shared by replicas.
-    pub(crate) fn fencing_token(&self) -> Option<u64> {
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            return replica.store.fencing_token();
-        }
-        None
-    }
-
     /// Records a condition that stops the executor from claiming.
     pub(crate) fn fail(&self, e: Error) {
         tracing::error!(error = %e, "executor stops claiming");
         self.health.failed(e.to_string());
-        self.phase.claiming.store(false, Ordering::SeqCst);
-        let mut fatal = self.phase.fatal.lock().expect("not poisoned");
-        if fatal.is_none() {
-            *fatal = Some(e);
+        {
+            let mut fatal = self.life.fatal.lock().expect("not poisoned");
+            if fatal.is_none() {
+                *fatal = Some(e);
+            }
         }
-        self.phase.stop.cancel();
+        self.life.enter(Phase::Stopping);
     }
 
     pub(crate) fn is_active(&self, key: &CallKey) -> bool {
@@ -345,7 +240,7 @@ impl Core {
         if active.contains_key(key) {
             return None;
         }
-        let token = self.phase.done.child_token();
+        let token = self.life.call_token();
         active.insert(key.clone(), token.clone());
         Some(Active {
             core: self.clone(),
@@ -390,17 +285,12 @@ impl Core {
         // say so before anyone hears it stopped, and are not published
         // again.
         gauges::clear(self);
-        self.phase.fence.cancel();
         self.client.fence();
-        self.phase.stop.cancel();
-        self.phase.done.cancel();
-        self.phase.lock.lock().expect("not poisoned").take();
+        self.life.enter(Phase::Halted);
+        self.life.lock.lock().expect("not poisoned").take();
         // The identities this process adopted are lost with it (each
         // dropped executor halts, and clears its own gauges).
-        #[cfg(feature = "postgres")]
-        if let Some(replica) = &self.replica {
-            drop(replica.take_adopted());
-        }
+        drop(self.lease.take_adopted());
     }
 
     /// After each connect, before it returns: the crash table over the
@@ -490,22 +380,18 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     let mut tasks = tokio::task::JoinSet::new();
     // The identity's lease is renewed from the start: connecting and
     // recovering may take longer than a peer's takeover grace.
-    #[cfg(feature = "postgres")]
-    tasks.spawn(replicas::lease_loop(core.clone()));
+    core.lease.clone().spawn_renewals(core.clone(), &mut tasks);
     telemetry::zero(
         &core.cfg.executor_id,
         core.tools.keys().map(String::as_str),
-        core.holds_a_lease(),
+        core.lease.is_shared(),
     );
     if let Err(e) = connection::connect(&core, connection::Patience::Once).await {
         core.health.platform(Err(e.to_string()));
         core.health.stopped();
         return Err(e);
     }
-    if let Some(renewed) = core.lease_renewed_at() {
-        core.health
-            .lease(renewed, core.lease_live(), core.cfg.lease_ttl);
-    }
+    gauges::lease_health(&core);
     core.health.started();
     // The calls the connect's recovery found wait in the queue; they run
     // from now on. (Started only now, so that a refused start leaves no
@@ -519,8 +405,7 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
     // The gauges are in the scrape before the start returns.
     gauges::publish(&core).await;
     tasks.spawn(gauges::health_loop(core.clone()));
-    #[cfg(feature = "postgres")]
-    tasks.spawn(replicas::adoption_loop(core.clone()));
+    core.lease.clone().spawn_adoptions(core.clone(), &mut tasks);
     if core.cfg.use_stream {
         tasks.spawn(stream::stream_loop(core.clone()));
     }
@@ -534,8 +419,8 @@ impl RunningExecutor {
     /// # Errors
     /// The condition that stopped it.
     pub async fn wait(&self) -> Result<(), Error> {
-        self.core.phase.stop.cancelled().await;
-        match self.core.phase.fatal.lock().expect("not poisoned").as_ref() {
+        self.core.life.stopping().await;
+        match self.core.life.fatal.lock().expect("not poisoned").as_ref() {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
@@ -555,12 +440,11 @@ impl RunningExecutor {
         // Stopped already as a lost process would (fenced: another process
         // holds the identity now; crashed at a fail point): it says nothing
         // more to the platform.
-        let halted = self.core.phase.fence.is_cancelled();
+        let halted = self.core.life.is_halted();
         // Not ready, before anything else: an orchestrator stops sending
         // work here while the calls in flight finish.
         self.core.health.draining();
-        self.core.phase.claiming.store(false, Ordering::SeqCst);
-        self.core.phase.stop.cancel();
+        self.core.life.enter(Phase::Stopping);
         if let Shutdown::Drain { deadline } = how {
             let waited = tokio::time::timeout(deadline, async {
                 while !self
@@ -584,9 +468,8 @@ impl RunningExecutor {
         } else {
             // Nothing more is written or sent for the calls in flight: their
             // handlers are dropped where they are, without a receipt.
-            self.core.phase.fence.cancel();
             self.core.client.fence();
-            self.core.phase.done.cancel();
+            self.core.life.enter(Phase::Halted);
             let active: Vec<CancellationToken> = self
                 .core
                 .calls
@@ -611,18 +494,11 @@ impl RunningExecutor {
         let result = told.map(|_| ());
         let drained = matches!(how, Shutdown::Drain { .. });
         // The identities this process adopted leave with it.
-        #[cfg(feature = "postgres")]
-        let result = match &self.core.replica {
-            Some(replica) => {
-                let mut result = result;
-                for adopted in replica.take_adopted() {
-                    let stopped = Box::pin(adopted.shutdown(how)).await;
-                    result = result.and(stopped);
-                }
-                result
-            }
-            None => result,
-        };
+        let mut result = result;
+        for adopted in self.core.lease.take_adopted() {
+            let stopped = Box::pin(adopted.shutdown(how)).await;
+            result = result.and(stopped);
+        }
         // Halted, its gauges say nothing is in flight any more (an adopted
         // identity let go while its adopter lives would otherwise show its
         // last counts for good).
@@ -630,7 +506,6 @@ impl RunningExecutor {
         while self.tasks.join_next().await.is_some() {}
         // Nothing more is written: a drain that left nothing lets the
         // identity go, so that no replica adopts it.
-        #[cfg(feature = "postgres")]
         if drained
             && !halted
             && self
@@ -641,10 +516,11 @@ impl RunningExecutor {
                 .expect("not poisoned")
                 .is_empty()
         {
-            replicas::release_if_idle(&self.core, given_back).await;
+            self.core
+                .lease
+                .release_if_idle(&self.core, given_back)
+                .await;
         }
-        #[cfg(not(feature = "postgres"))]
-        let _ = (drained, given_back);
         result
     }
 }

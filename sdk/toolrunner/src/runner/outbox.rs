@@ -455,7 +455,7 @@ pub(crate) async fn outbox_loop(core: Arc<Core>) {
             super::retry_delay(&core, attempt.min(6))
         };
         tokio::select! {
-            _ = core.phase.done.cancelled() => return,
+            _ = core.life.halted() => return,
             _ = tokio::time::sleep(wait) => {}
         }
         flush(&core).await;

@@ -83,7 +83,7 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
             pause = pause.min(due - now);
         }
         tokio::select! {
-            _ = core.phase.done.cancelled() => return,
+            _ = core.life.halted() => return,
             _ = tokio::time::sleep(pause.max(Duration::from_millis(10))) => {}
         }
     }

@@ -26,7 +26,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use super::{Core, RunningExecutor, Shutdown};
+use super::lease::Lease;
+use super::{Core, Phase, RunningExecutor, Shutdown};
 use crate::error::{Error, Kind};
 use crate::gate::{self, Gate, Reach};
 use crate::store::{PgStore, StoreError};
@@ -126,7 +127,7 @@ impl Replica {
     /// renewal sent) less than its time to live ago. Whoever would take
     /// the identity over counts from its own first sighting of that
     /// renewal, which is later.
-    pub(crate) fn live(&self) -> bool {
+    fn live(&self) -> bool {
         let (at, wall) = *lock(&self.renewed);
         // A wall clock set back counts as no time at all; the monotonic
         // clock still runs.
@@ -135,7 +136,7 @@ impl Replica {
     }
 
     /// When the lease was last renewed (by this process's clock).
-    pub(crate) fn renewed_at(&self) -> Instant {
+    fn renewed_at(&self) -> Instant {
         lock(&self.renewed).0
     }
 
@@ -161,14 +162,6 @@ impl Replica {
         Ok(())
     }
 
-    /// Not before this may a `reconcile` hook be asked about a call of a
-    /// tool with this commit window: every commit point (or handler start)
-    /// of whoever held the identity before is a lease old, plus the
-    /// window. (A window too long to add is a year.)
-    pub(crate) fn hooks_after(&self, commit_window: Duration) -> Option<Instant> {
-        self.store.hooks_after(commit_window)
-    }
-
     /// Whether `message` (the platform's words on a superseded
     /// connection, which name the new instance) names an instance this
     /// database recorded as a holder of the identity, now or lately (an
@@ -179,11 +172,6 @@ impl Replica {
     pub(crate) async fn holds_or_held(&self, message: &str) -> Result<bool, StoreError> {
         let holders = self.io(self.store.recorded_holders()).await?;
         Ok(super::connection::names_instance(message, &holders))
-    }
-
-    /// The adopted executors, taken out (to stop them with this one).
-    pub(crate) fn take_adopted(&self) -> Vec<RunningExecutor> {
-        std::mem::take(&mut *lock(&self.adopted))
     }
 }
 
@@ -199,14 +187,11 @@ fn fenced(core: &Core, e: &StoreError) {
 
 /// Renews the lease for as long as the process runs (a drain included:
 /// its calls still commit); a fenced identity stops the executor at once.
-pub(crate) async fn lease_loop(core: Arc<Core>) {
-    let Some(replica) = &core.replica else {
-        return;
-    };
+async fn lease_loop(replica: Arc<Replica>, core: Arc<Core>) {
     let every = replica.ttl() / 4;
     loop {
         tokio::select! {
-            _ = core.phase.done.cancelled() => return,
+            _ = core.life.halted() => return,
             _ = tokio::time::sleep(every) => {}
         }
         match replica.renew(&core.cfg.executor_id).await {
@@ -237,10 +222,7 @@ pub(crate) async fn lease_loop(core: Arc<Core>) {
 /// # Errors
 /// The token moved on (the executor is halted), or the lease could not be
 /// confirmed now (try again later).
-pub(crate) async fn confirm(core: &Core) -> Result<(), Error> {
-    let Some(replica) = &core.replica else {
-        return Ok(());
-    };
+async fn confirm(replica: &Replica, core: &Core) -> Result<(), Error> {
     match replica.renew(&core.cfg.executor_id).await {
         Ok(()) if replica.live() => Ok(()),
         Ok(()) => Err(Error::new(
@@ -262,10 +244,7 @@ pub(crate) async fn confirm(core: &Core) -> Result<(), Error> {
 /// it (one that left work is adopted after the grace) and its own next
 /// start takes it at once. `claims_given_back`: the platform answered the
 /// drain's disconnect (see [`PgStore::is_idle`](crate::store::PgStore::is_idle)).
-pub(crate) async fn release_if_idle(core: &Core, claims_given_back: bool) {
-    let Some(replica) = &core.replica else {
-        return;
-    };
+async fn release_if_idle(replica: &Replica, core: &Core, claims_given_back: bool) {
     let id = &core.cfg.executor_id;
     match replica
         .io(replica
@@ -295,10 +274,8 @@ pub(crate) async fn release_if_idle(core: &Core, claims_given_back: bool) {
 /// the lapsed identities of its binding, one at a time (on a task of its
 /// own, so a slow adoption never holds the renewals back), and lets go of
 /// the adopted ones that finished or stopped.
-pub(crate) async fn adoption_loop(core: Arc<Core>) {
-    let Some(replica) = &core.replica else {
-        return;
-    };
+async fn adoption_loop(replica: Arc<Replica>, core: Arc<Core>) {
+    let replica = replica.as_ref();
     let (Some(grace), Some(template)) = (replica.grace, &replica.template) else {
         return;
     };
@@ -307,7 +284,7 @@ pub(crate) async fn adoption_loop(core: Arc<Core>) {
     let mut watch = crate::store::LapseWatch::default();
     loop {
         tokio::select! {
-            _ = core.phase.stop.cancelled() => return,
+            _ = core.life.stopping() => return,
             _ = tokio::time::sleep(every) => {}
         }
         let_go(replica).await;
@@ -366,7 +343,7 @@ async fn adopt(
     // over itself meanwhile): it starts the adopted executor only on a
     // lease of its own renewed now. Otherwise the adopted identity lapses
     // again, and is adopted again then.
-    if core.phase.stop.is_cancelled() {
+    if core.life.is_stopping() {
         return;
     }
     if let Err(e) = replica.renew(&core.cfg.executor_id).await {
@@ -377,7 +354,7 @@ async fn adopt(
     let started = template.start_as(&id, adopted).await;
     match started {
         // Stopped with this one, unless this one stops first.
-        Ok(running) if !core.phase.stop.is_cancelled() => lock(&replica.adopted).push(running),
+        Ok(running) if !core.life.is_stopping() => lock(&replica.adopted).push(running),
         Ok(running) => drop(running),
         // Its lease lapses again, and it is adopted again then.
         Err(e) => {
@@ -397,7 +374,7 @@ async fn let_go(replica: &Replica) {
         let mut i = 0;
         while i < list.len() {
             let core = &list[i].core;
-            let over = core.phase.stop.is_cancelled() || core.phase.finished.is_cancelled();
+            let over = core.life.phase() >= Phase::Finished;
             if over {
                 done.push(list.swap_remove(i));
             } else {
@@ -422,14 +399,70 @@ async fn let_go(replica: &Replica) {
         .map(|r| r.core.clone())
         .collect();
     for core in list {
-        if let Some(own) = &core.replica
-            && core.calls.active.lock().expect("not poisoned").is_empty()
-            && own
-                .io(own.store.is_idle(core.cfg.auto_reconcile, false))
+        if core.calls.active.lock().expect("not poisoned").is_empty()
+            && core
+                .lease
+                .is_idle(core.cfg.auto_reconcile, false)
                 .await
                 .unwrap_or(false)
         {
-            core.phase.finished.cancel();
+            core.life.enter(Phase::Finished);
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl Lease for Replica {
+    fn live(&self) -> bool {
+        Replica::live(self)
+    }
+
+    fn renewed_at(&self) -> Option<Instant> {
+        Some(Replica::renewed_at(self))
+    }
+
+    async fn superseded_by_a_holder(&self, message: &str) -> Result<bool, StoreError> {
+        self.holds_or_held(message).await
+    }
+
+    fn database(&self) -> Option<String> {
+        Some(self.store.database())
+    }
+
+    async fn confirm(&self, core: &Core) -> Result<(), Error> {
+        confirm(self, core).await
+    }
+
+    fn hooks_after(&self, commit_window: Duration) -> Option<Instant> {
+        self.store.hooks_after(commit_window)
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        self.store.fencing_token()
+    }
+
+    async fn is_idle(
+        &self,
+        auto_reconcile: bool,
+        claims_given_back: bool,
+    ) -> Result<bool, StoreError> {
+        self.io(self.store.is_idle(auto_reconcile, claims_given_back))
+            .await
+    }
+
+    fn take_adopted(&self) -> Vec<RunningExecutor> {
+        std::mem::take(&mut *lock(&self.adopted))
+    }
+
+    async fn release_if_idle(&self, core: &Core, claims_given_back: bool) {
+        release_if_idle(self, core, claims_given_back).await;
+    }
+
+    fn spawn_renewals(self: Arc<Self>, core: Arc<Core>, tasks: &mut tokio::task::JoinSet<()>) {
+        tasks.spawn(lease_loop(self, core));
+    }
+
+    fn spawn_adoptions(self: Arc<Self>, core: Arc<Core>, tasks: &mut tokio::task::JoinSet<()>) {
+        tasks.spawn(adoption_loop(self, core));
     }
 }

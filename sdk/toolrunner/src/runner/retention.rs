@@ -19,7 +19,7 @@ pub(crate) async fn retention_loop(core: Arc<Core>) {
     let keep = chrono::Duration::from_std(keep).unwrap_or(chrono::Duration::MAX);
     loop {
         tokio::select! {
-            _ = core.phase.done.cancelled() => return,
+            _ = core.life.halted() => return,
             _ = tokio::time::sleep(EVERY) => {}
         }
         loop {

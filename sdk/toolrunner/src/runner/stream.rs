@@ -12,7 +12,7 @@ use crate::net::client::{Frame, UpgradeError};
 pub(crate) async fn stream_loop(core: Arc<Core>) {
     let mut attempt = 0u32;
     loop {
-        if core.phase.stop.is_cancelled() {
+        if core.life.is_stopping() {
             return;
         }
         match listen(&core).await {
@@ -29,7 +29,7 @@ pub(crate) async fn stream_loop(core: Arc<Core>) {
         // After any reconnect the claimer reads `pending` again.
         core.calls.wake.notify_one();
         tokio::select! {
-            _ = core.phase.stop.cancelled() => return,
+            _ = core.life.stopping() => return,
             _ = tokio::time::sleep(super::retry_delay(&core, attempt.min(6)).max(Duration::from_millis(100))) => {}
         }
     }
@@ -57,7 +57,7 @@ async fn listen(core: &Arc<Core>) -> Result<(), Stop> {
     core.calls.wake.notify_one();
     loop {
         let frame = tokio::select! {
-            _ = core.phase.stop.cancelled() => return Ok(()),
+            _ = core.life.stopping() => return Ok(()),
             f = frames.next() => f,
         };
         let text = match frame {

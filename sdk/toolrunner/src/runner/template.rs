@@ -23,7 +23,9 @@ use crate::net::client::Client;
 use crate::store::{SqliteStore, Store};
 
 use super::fenced::FencedStore;
-use super::{Calls, Config, Core, CrashPlan, Link, Phase, RunningExecutor};
+use super::lease::{Lease, Sole};
+use super::life::Life;
+use super::{Calls, Config, Core, CrashPlan, Link, RunningExecutor};
 
 /// An executor's settings and tools, checked and not yet started.
 pub(crate) struct Template {
@@ -55,13 +57,8 @@ impl Template {
         // One process per store file: taken before the store is touched.
         let lock = SqliteStore::lock(&self.store_url)?;
         let store = SqliteStore::open(&self.store_url).await?;
-        self.start_locked(
-            Arc::new(store),
-            lock,
-            #[cfg(feature = "postgres")]
-            None,
-        )
-        .await
+        self.start_locked(Arc::new(store), lock, Arc::new(Sole))
+            .await
     }
 
     /// Like [`start`](Self::start) with a store of your own. No lock is
@@ -73,13 +70,7 @@ impl Template {
     /// The platform refuses the connect.
     #[cfg(feature = "testing")]
     pub(crate) async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
-        self.start_locked(
-            store,
-            None,
-            #[cfg(feature = "postgres")]
-            None,
-        )
-        .await
+        self.start_locked(store, None, Arc::new(Sole)).await
     }
 
     /// Starts on a PostgreSQL store as this executor's identity: its lease
@@ -108,14 +99,14 @@ impl Template {
             template,
             self.gate.clone(),
         );
-        self.start_locked(Arc::new(store), None, Some(replica))
+        self.start_locked(Arc::new(store), None, Arc::new(replica))
             .await
     }
 
     #[cfg(not(feature = "postgres"))]
     async fn start_replica(self) -> Result<RunningExecutor> {
         let store = crate::store::open(&self.store_url).await?;
-        self.start_locked(store, None).await
+        self.start_locked(store, None, Arc::new(Sole)).await
     }
 
     /// The longest commit window of this executor's tools: how long after
@@ -172,7 +163,7 @@ impl Template {
         Box::pin(async move {
             let replica =
                 super::replicas::Replica::new(store.clone(), None, None, self.gate.clone());
-            self.start_locked(Arc::new(store), None, Some(replica))
+            self.start_locked(Arc::new(store), None, Arc::new(replica))
                 .await
         })
     }
@@ -181,8 +172,19 @@ impl Template {
         self,
         store: Arc<dyn Store>,
         lock: Option<crate::store::StoreLock>,
-        #[cfg(feature = "postgres")] replica: Option<super::replicas::Replica>,
+        lease: Arc<dyn Lease>,
     ) -> Result<RunningExecutor> {
+        super::start(self.core(store, lock, lease)).await
+    }
+
+    /// The `Core` of an executor of these settings and tools, not yet
+    /// started.
+    pub(crate) fn core(
+        self,
+        store: Arc<dyn Store>,
+        lock: Option<crate::store::StoreLock>,
+        lease: Arc<dyn Lease>,
+    ) -> Arc<Core> {
         let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
         // Handlers' transactions for this capacity (on PostgreSQL, a pool
         // of their own).
@@ -191,7 +193,7 @@ impl Template {
         let slots = Arc::new(Semaphore::new(capacity));
         self.health
             .starting(&self.cfg.executor_id, self.cfg.capacity, slots.clone());
-        let core = Arc::new(Core {
+        Arc::new(Core {
             cfg: self.cfg,
             client: self.client,
             store: Arc::new(FencedStore {
@@ -212,21 +214,57 @@ impl Template {
                 paused: AtomicBool::new(false),
             },
             health: self.health,
-            phase: Phase {
-                claiming: AtomicBool::new(true),
-                fatal: StdMutex::new(None),
-                stop: CancellationToken::new(),
-                done: CancellationToken::new(),
-                finished: CancellationToken::new(),
-                fence,
-                lock: StdMutex::new(lock),
-            },
+            life: Life::new(fence, lock),
             crash_plan: self.crash_plan,
             gauges: Default::default(),
-            #[cfg(feature = "postgres")]
-            replica,
-        });
-        super::start(core).await
+            lease,
+        })
+    }
+
+    /// Settings of a test's executor: a platform that is never asked (the
+    /// executor is not started), no tool.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Template {
+        let backoff = crate::net::client::Backoff {
+            initial: std::time::Duration::from_millis(10),
+            max: std::time::Duration::from_millis(100),
+            attempts: 1,
+        };
+        Template {
+            cfg: Config {
+                executor_id: "exe_test".into(),
+                binding_id: "bnd_test".into(),
+                capacity: 4,
+                instance_id: "ins_test".into(),
+                timing: super::Timing {
+                    poll_interval: Duration::from_millis(100),
+                    handler_timeout: Duration::from_secs(5),
+                    sqlite_transaction_timeout: Duration::from_secs(1),
+                    retry_attempts: 1,
+                    reconcile_interval: Duration::from_secs(1),
+                    retention: None,
+                },
+                use_stream: false,
+                auto_reconcile: true,
+                adopted: false,
+                lease_ttl: crate::store::DEFAULT_LEASE_TTL,
+            },
+            client: Client::new(
+                "http://127.0.0.1:9",
+                "tok_test",
+                Duration::from_secs(1),
+                backoff,
+            )
+            .expect("a client"),
+            store_url: String::new(),
+            tools: Arc::default(),
+            authorizer: Arc::new(crate::api::authorizer::AllowAll),
+            definitions: Vec::new(),
+            crash_plan: None,
+            takeover_grace: None,
+            gate: None,
+            health: Arc::default(),
+        }
     }
 }
 

@@ -87,7 +87,7 @@ pub(super) async fn accept(
     };
     // No handler may start on a lease that lapsed: the call waits,
     // `assigned`, with its `accepted` saved.
-    if !core.lease_live() {
+    if !core.lease.live() {
         return Err(Pause::LeaseNotLive);
     }
     let answer = core
@@ -97,7 +97,7 @@ pub(super) async fn accept(
             &call.call_id,
             &asg.grant,
             &accepted.body,
-            &|| core.lease_live(),
+            &|| core.lease.live(),
         )
         .await;
     let event = match machine::accept::on_reply(&answers::reply(&answer), &accepted.receipt_id) {

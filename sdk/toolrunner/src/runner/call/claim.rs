@@ -10,20 +10,20 @@ pub(super) async fn claim(
     core: &Arc<Core>,
     call: LocalCall,
 ) -> Result<(LocalCall, Option<OutboxReceipt>), Pause> {
-    if core.phase.stop.is_cancelled() {
+    if core.life.is_stopping() {
         // The key stays saved: the next start claims with it.
         return Err(Pause::waits(
             "shutting down: the claim waits for the next start",
         ));
     }
-    if !core.lease_live() {
+    if !core.lease.live() {
         return Err(Pause::LeaseNotLive);
     }
     let key = CallKey::of(&call);
     let used = call.operation_key.clone();
     let mut tries = 0;
     let claimed = loop {
-        if tries > 0 && core.phase.stop.is_cancelled() {
+        if tries > 0 && core.life.is_stopping() {
             // A drain began while the claim was asked again: it waits, with
             // its key, for the next start.
             return Err(Pause::waits(
@@ -38,7 +38,7 @@ pub(super) async fn claim(
             connection_id: connection_id.clone(),
             operation_key: used.clone(),
         };
-        let live = || core.lease_live();
+        let live = || core.lease.live();
         let sent = std::time::Instant::now();
         let answer = core
             .client

@@ -80,7 +80,7 @@ async fn check_now(
     // After a takeover, the hook is asked only once the old holder's lease
     // lapsed plus the tool's commit window: an effect it was making is
     // made by then, and the hook finds it (never `not_performed`).
-    if let Some(after) = core.hooks_after(tool.commit_window())
+    if let Some(after) = core.lease.hooks_after(tool.commit_window())
         && Instant::now() < after
     {
         tracing::info!(run_id = %call.run_id, call_id = %call.call_id, wait_ms = (after - Instant::now()).as_millis() as u64, "the executor identity was taken over: the reconcile hook waits for the old holder's commit window");

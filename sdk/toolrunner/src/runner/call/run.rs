@@ -67,7 +67,7 @@ pub(super) async fn run(
             .await?;
         return Ok((row(moved)?, None));
     };
-    if core.phase.fence.is_cancelled() {
+    if core.life.is_halted() {
         return Err(Pause::Halted);
     }
     let ctx = super::super::host::context_of(core, &call, asg, cancel.clone());
@@ -194,7 +194,7 @@ async fn still_runs(core: &Arc<Core>, call: &LocalCall, asg: &Assignment) -> Opt
             connection_id: connection_id.clone(),
             operation_key: call.operation_key.clone(),
         };
-        let live = || core.lease_live();
+        let live = || core.lease.live();
         match core
             .client
             .claim(&call.run_id, &call.call_id, &body, &live)
@@ -294,7 +294,7 @@ pub(super) async fn commit_in(
         (&key.run_id, &key.call_id),
         // The call moved on while the handler ran: its writes roll back.
         |now| now.call.as_ref().is_some_and(held).then_some(event),
-        || core.phase.fence.is_cancelled(),
+        || core.life.is_halted(),
     )
     .await;
     match ended {
