@@ -246,12 +246,7 @@ async fn confirm(replica: &Replica, core: &Core) -> Result<(), Error> {
 /// drain's disconnect (see [`PgStore::is_idle`](crate::store::PgStore::is_idle)).
 async fn release_if_idle(replica: &Replica, core: &Core, claims_given_back: bool) {
     let id = &core.cfg.executor_id;
-    match replica
-        .io(replica
-            .store
-            .is_idle(core.cfg.auto_reconcile, claims_given_back))
-        .await
-    {
+    match Lease::is_idle(replica, core.cfg.auto_reconcile, claims_given_back).await {
         Ok(true) => match replica.io(replica.store.release()).await {
             Ok(true) => {
                 tracing::info!(executor_id = %id, "nothing left: the executor identity is released")
