@@ -809,7 +809,7 @@ fn only_the_dispatch_queue_starts_a_drive() {
             .split('/')
             .map(str::to_owned)
             .collect();
-        if file == "runner/connection.rs" || file == "runner/recovery.rs" {
+        if file == "runner/connection.rs" || file == "runner/loops/recovery.rs" {
             for path in crate_paths(&module, source) {
                 if path.starts_with(&["runner".to_owned(), "call".to_owned()]) {
                     found.push(format!("{file} names crate::{}", path.join("::")));
@@ -1529,4 +1529,141 @@ fn the_architecture_doc_shows_the_table() {
              then read the diff. Expected:\n{expected}"
         );
     }
+}
+
+/// What performs work, which the loops hand over instead of calling: a
+/// call's steps, delivery, the gauges, progress receipts.
+const PERFORMERS: [&str; 4] = ["call", "outbox", "gauges", "progress"];
+
+/// Each place under `runner/loops/` that names a performer
+/// ([`PERFORMERS`]), spawns a task of its own, or prunes the store itself.
+fn loops_doing_work(files: &BTreeMap<String, String>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (file, source) in files {
+        if !file.starts_with("runner/loops/") {
+            continue;
+        }
+        for path in crate_paths(&module_of(file), source) {
+            if path.first().is_some_and(|p| p == "runner")
+                && path
+                    .get(1)
+                    .is_some_and(|p| PERFORMERS.contains(&p.as_str()))
+            {
+                found.push(format!("{file} names crate::{}", path.join("::")));
+            }
+        }
+        let code: String = code_only(source)
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        for (what, text) in [("spawns a task", "spawn("), ("prunes", ".prune(")] {
+            if code.contains(text) {
+                found.push(format!("{file} {what} itself"));
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The loops decide what there is to do and hand it to the one dispatch
+/// queue as `Work`; only the queue starts it (`docs/architecture.md`).
+#[test]
+fn the_loops_only_hand_work_to_the_dispatch_queue() {
+    assert_rule(
+        "the loops under runner/loops/ hand their work to runner/dispatch.rs",
+        loops_doing_work(&sdk_sources()),
+    );
+}
+
+#[test]
+fn a_loop_doing_its_own_work_is_caught() {
+    let files = made_up(&[
+        (
+            "runner/loops/reconcile.rs",
+            "use super::super::call::{Checked, check};\nfn f() { crate::runner::outbox::deliver_call(); }\n",
+        ),
+        (
+            "runner/loops/retention.rs",
+            "// core.store.prune(x)\nasync fn g() { core.store\n    .prune(before, 1).await; tokio::spawn(h()); }\n",
+        ),
+        (
+            "runner/loops/claimer.rs",
+            "use super::super::{Core, dispatch};\n/// [`call`](super::super::call)\nfn h() { dispatch::hand(core, w) }\n",
+        ),
+        (
+            "runner/dispatch.rs",
+            "use super::call::drive;\nfn d() { tokio::spawn(x) }\n",
+        ),
+    ]);
+    assert_eq!(
+        loops_doing_work(&files),
+        vec![
+            "runner/loops/reconcile.rs names crate::runner::call::Checked".to_owned(),
+            "runner/loops/reconcile.rs names crate::runner::call::check".to_owned(),
+            "runner/loops/reconcile.rs names crate::runner::outbox::deliver_call".to_owned(),
+            "runner/loops/retention.rs prunes itself".to_owned(),
+            "runner/loops/retention.rs spawns a task itself".to_owned(),
+        ]
+    );
+}
+
+/// What the connection must not name: it publishes what a connect learnt
+/// and recovery (a loop) takes it from there.
+fn connection_resuming(files: &BTreeMap<String, String>) -> Vec<String> {
+    let mut found = Vec::new();
+    let Some(source) = files.get("runner/connection.rs") else {
+        return found;
+    };
+    for path in crate_paths(&module_of("runner/connection.rs"), source) {
+        if path.first().is_some_and(|p| p == "runner")
+            && path
+                .get(1)
+                .is_some_and(|p| ["loops", "dispatch", "call"].contains(&p.as_str()))
+        {
+            found.push(format!(
+                "runner/connection.rs names crate::{}",
+                path.join("::")
+            ));
+        }
+    }
+    let code: String = code_only(source)
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    if code.contains(".recover(") || code.contains("resume(") {
+        found.push("runner/connection.rs resumes calls itself".to_owned());
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The connection never calls recovery: it publishes `Connected`.
+#[test]
+fn the_connection_never_resumes_a_call() {
+    assert_rule(
+        "runner/connection.rs publishes what it learnt and never resumes a call",
+        connection_resuming(&sdk_sources()),
+    );
+}
+
+#[test]
+fn a_connection_that_resumes_calls_is_caught() {
+    let files = made_up(&[(
+        "runner/connection.rs",
+        "use super::loops::recovery;\n// core.recover(x)\nasync fn c() { core\n    .recover(list, at).await; super::dispatch::hand(core, w); }\n",
+    )]);
+    assert_eq!(
+        connection_resuming(&files),
+        vec![
+            "runner/connection.rs names crate::runner::dispatch::hand".to_owned(),
+            "runner/connection.rs names crate::runner::loops::recovery".to_owned(),
+            "runner/connection.rs resumes calls itself".to_owned(),
+        ]
+    );
+    assert!(
+        connection_resuming(&made_up(&[("runner/connection.rs", "fn publish() {}\n")])).is_empty()
+    );
 }

@@ -3,8 +3,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use toolrunner_protocol::wire::{
-    Connect, Disconnect, DisconnectMode, Heartbeat, InFlight, SdkInfo,
+    Connect, Disconnect, DisconnectMode, Heartbeat, InFlight, Outstanding, SdkInfo,
 };
 
 use super::{Conn, Core, Phase, Shutdown};
@@ -29,7 +30,53 @@ pub(crate) enum Patience {
     UntilStopped,
 }
 
-/// Connects and resumes the calls the platform and the store know.
+/// What a connect learnt, published for recovery (`runner/loops/recovery.rs`):
+/// the connection itself never resumes a call.
+#[derive(Debug)]
+pub(crate) struct Connected {
+    /// The calls the platform holds for this executor (the connect answer's
+    /// list).
+    pub(crate) outstanding: Vec<Outstanding>,
+    /// When the connect was sent: a call changed since may have been
+    /// claimed on the new connection after the list was made.
+    pub(crate) asked_at: crate::store::Timestamp,
+}
+
+/// The connects not recovered from yet, in order (a part of
+/// [`super::Link`]).
+pub(crate) struct Learnt {
+    sender: UnboundedSender<Connected>,
+    receiver: tokio::sync::Mutex<UnboundedReceiver<Connected>>,
+}
+
+impl Default for Learnt {
+    fn default() -> Self {
+        let (sender, receiver) = unbounded_channel();
+        Learnt {
+            sender,
+            receiver: tokio::sync::Mutex::new(receiver),
+        }
+    }
+}
+
+impl Learnt {
+    /// The next connect to recover from, waiting for one.
+    pub(crate) async fn next(&self) -> Option<Connected> {
+        self.receiver.lock().await.recv().await
+    }
+
+    /// The next connect to recover from, if one is waiting now.
+    pub(crate) fn ready(&self) -> Option<Connected> {
+        self.receiver.try_lock().ok()?.try_recv().ok()
+    }
+
+    fn publish(&self, connected: Connected) {
+        // The receiver lives as long as the sender (both in `Link`).
+        let _ = self.sender.send(connected);
+    }
+}
+
+/// Connects, and publishes what the platform listed for recovery.
 pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), Error> {
     let _guard = core.link.reconnecting.lock().await;
     if core.link.conn.read().await.is_some() {
@@ -127,8 +174,13 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         lease_ttl_ms: connected.lease_ttl_ms,
         stream_path: connected.stream_path.clone(),
     });
+    // Published before the guard is let go: recovery sees the connects in
+    // the order they were made.
+    core.link.learnt.publish(Connected {
+        outstanding: connected.outstanding,
+        asked_at,
+    });
     drop(_guard);
-    core.recover(connected.outstanding, asked_at).await;
     Ok(())
 }
 

@@ -1,8 +1,8 @@
-//! One dispatch queue: whoever finds a call to drive (the claimer, recovery
-//! on a connect, the automatic reconciliation) hands it here, and only the
-//! queue's loop starts the drive. So no path leads from the connection or
-//! recovery into the drive (which itself reconnects and recovers): the
-//! async cycle drive → connect → recovery → drive is a message, not a
+//! One dispatch queue: the loops (`runner/loops/`) decide what there is to
+//! do and hand it here as [`Work`]; only the queue's loop starts it. So no
+//! loop drives, checks or delivers a call itself, and no path leads from
+//! the connection or recovery into the drive (which itself reconnects):
+//! the async cycle drive → connect → recovery → drive is a message, not a
 //! call. (Temporal's worker feeds its pollers into one dispatch loop the
 //! same way.)
 
@@ -10,9 +10,65 @@ use std::sync::Arc;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::oneshot;
+use tracing::Instrument;
 
-use super::{Active, CallKey, Core};
+use super::call::{Checked, check};
+use super::{Active, CallKey, Core, Pause, outbox};
 use crate::store::LocalCall;
+
+/// What a loop hands to the queue.
+pub(crate) enum Work {
+    /// Drive a call, from where its row says it is.
+    Drive(Job),
+    /// Ask a call's `reconcile` hook (the reconciliation loop's schedule);
+    /// the answer says how the check ended.
+    Check {
+        /// The call, marked as driven by this process.
+        active: Active,
+        /// Its row, read after it was marked.
+        call: LocalCall,
+        /// Hears how the check ended (dropped if the executor stops).
+        done: oneshot::Sender<CheckEnd>,
+    },
+    /// Deliver a call's stored receipts that no task is delivering.
+    Redeliver {
+        /// The call, marked as driven by this process.
+        active: Active,
+        /// Hears when the delivery attempt ended.
+        done: Option<oneshot::Sender<()>>,
+    },
+    /// Send every state still to report (`calls/report`).
+    Reports {
+        /// Hears when the reports went out (or could not).
+        done: Option<oneshot::Sender<()>>,
+    },
+    /// Delete a batch of the calls settled for good before `before`.
+    Prune {
+        /// Settled before this instant.
+        before: crate::store::Timestamp,
+        /// At most this many calls.
+        batch: u32,
+        /// Hears how many went.
+        done: oneshot::Sender<Result<u64, crate::store::StoreError>>,
+    },
+    /// Probe the store, publish the gauges and the health facts.
+    Gauges {
+        /// Hears when they are published.
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// How an automatic check ended, for the loop that schedules the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CheckEnd {
+    /// The call moved on (settled, or handed back to a drive).
+    Moved,
+    /// Not asked yet: the hook may be asked from this instant.
+    NotYet(std::time::Instant),
+    /// Still unknown, or the check could not finish: ask again later.
+    Again,
+}
 
 /// A call to drive.
 pub(crate) struct Job {
@@ -31,8 +87,8 @@ pub(crate) struct Job {
 /// The queue's two ends: the sender lives in [`Core`], the receiver is
 /// taken once by the loop.
 pub(crate) struct Queue {
-    sender: UnboundedSender<Job>,
-    receiver: std::sync::Mutex<Option<UnboundedReceiver<Job>>>,
+    sender: UnboundedSender<Work>,
+    receiver: std::sync::Mutex<Option<UnboundedReceiver<Work>>>,
 }
 
 impl Default for Queue {
@@ -57,7 +113,7 @@ pub(crate) fn submit(
     let Some(active) = core.activate(&key) else {
         return;
     };
-    submit_activated(core, permit, active, known, false);
+    submit_activated(core, permit, active, known);
 }
 
 /// [`submit`] for a call the caller has already activated.
@@ -66,20 +122,37 @@ pub(crate) fn submit_activated(
     permit: Option<OwnedSemaphorePermit>,
     active: Active,
     known: Option<LocalCall>,
-    confirmed: bool,
 ) {
-    let job = Job {
-        active,
-        permit,
-        known,
-        confirmed,
-    };
-    // The loop is gone only when the executor stopped: the job (and its
-    // mark) is dropped, as a lost process would drop it.
-    let _ = core.calls.dispatch.sender.send(job);
+    hand(
+        core,
+        Work::Drive(Job {
+            active,
+            permit,
+            known,
+            confirmed: false,
+        }),
+    );
 }
 
-/// The queue's loop: starts a task that drives each call handed over,
+/// Hands any work to the queue.
+pub(crate) fn hand(core: &Core, work: Work) {
+    // The loop is gone only when the executor stopped: the work (and its
+    // call's mark) is dropped, as a lost process would drop it.
+    let _ = core.calls.dispatch.sender.send(work);
+}
+
+/// Hands work to the queue and waits until it is done; `None` if the
+/// executor stopped first.
+pub(crate) async fn done<T>(
+    core: &Core,
+    work: impl FnOnce(oneshot::Sender<T>) -> Work,
+) -> Option<T> {
+    let (tell, told) = oneshot::channel();
+    hand(core, work(tell));
+    told.await.ok()
+}
+
+/// The queue's loop: starts a task for each piece of work handed over,
 /// until the executor stops.
 pub(crate) async fn dispatch_loop(core: Arc<Core>) {
     let Some(mut jobs) = core
@@ -93,18 +166,114 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
         return;
     };
     loop {
-        let job = tokio::select! {
+        let work = tokio::select! {
             biased;
             _ = core.life.halted() => return,
-            job = jobs.recv() => job,
+            work = jobs.recv() => work,
         };
-        let Some(job) = job else { return };
-        tokio::spawn(super::call::drive(
-            core.clone(),
-            job.confirmed,
-            job.permit,
-            job.active,
-            job.known,
-        ));
+        let Some(work) = work else { return };
+        match work {
+            Work::Drive(job) => {
+                tokio::spawn(super::call::drive(
+                    core.clone(),
+                    job.confirmed,
+                    job.permit,
+                    job.active,
+                    job.known,
+                ));
+            }
+            Work::Check { active, call, done } => {
+                tokio::spawn(checked(core.clone(), active, call, done));
+            }
+            Work::Redeliver { active, done } => {
+                tokio::spawn(redeliver(core.clone(), active, done));
+            }
+            Work::Reports { done } => {
+                let core = core.clone();
+                tokio::spawn(async move {
+                    outbox::flush_reports(&core).await;
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                });
+            }
+            Work::Prune {
+                before,
+                batch,
+                done,
+            } => {
+                let core = core.clone();
+                tokio::spawn(async move {
+                    let _ = done.send(core.store.prune(before, batch).await);
+                });
+            }
+            Work::Gauges { done } => {
+                let core = core.clone();
+                tokio::spawn(async move {
+                    super::gauges::publish(&core).await;
+                    let _ = done.send(());
+                });
+            }
+        }
+    }
+}
+
+/// An automatic check, and what follows from it: a re-run goes on in the
+/// same task (the call stays marked), a settled call's receipts go out.
+async fn checked(
+    core: Arc<Core>,
+    active: Active,
+    call: LocalCall,
+    done: oneshot::Sender<CheckEnd>,
+) {
+    let key = active.key.clone();
+    let checked = super::unwind::catch(check(&core, call, &active.token))
+        .await
+        .unwrap_or_else(|panic| Err(Pause::waits(format!("the check panicked: {panic}"))));
+    let end = match checked {
+        Ok(Checked::Moved(moved)) if moved.state == crate::store::LocalState::Running => {
+            // The check itself moved the call to `running`: its handler may
+            // start, in a drive of its own (the call stays marked).
+            let permit = core.calls.slots.clone().try_acquire_owned().ok();
+            hand(
+                &core,
+                Work::Drive(Job {
+                    active,
+                    permit,
+                    known: Some(moved),
+                    confirmed: true,
+                }),
+            );
+            let _ = done.send(CheckEnd::Moved);
+            return;
+        }
+        Ok(Checked::Moved(moved)) => {
+            outbox::deliver_call(&core, &key, Some(moved)).await;
+            CheckEnd::Moved
+        }
+        Ok(Checked::NotYet(after)) => CheckEnd::NotYet(after),
+        _ => CheckEnd::Again,
+    };
+    drop(active);
+    let _ = done.send(end);
+}
+
+/// One call's receipts that no running task is delivering, in a span of
+/// their own.
+async fn redeliver(core: Arc<Core>, active: Active, done: Option<oneshot::Sender<()>>) {
+    let key = active.key.clone();
+    let span = super::telemetry::call_work_span!(
+        "toolrunner.redeliver",
+        core.cfg.executor_id.as_str(),
+        key.run_id.as_str(),
+        key.call_id.as_str()
+    );
+    let delivered = outbox::deliver_call(&core, &key, None)
+        .instrument(span.clone())
+        .await;
+    span.record("toolrunner.outcome", outbox::delivery_name(delivered));
+    drop(active);
+    if let Some(done) = done {
+        let _ = done.send(());
     }
 }

@@ -1,35 +1,20 @@
-//! Once a second: a write probe of the store, then the gauges (through the
+//! A write probe of the store, then the gauges (through the
 //! `metrics` facade) and the health facts ([`crate::health`]) from the
 //! store and the runner. The metric names are in [`super::telemetry`];
-//! their table is in `docs/operations.md`.
+//! their table is in `docs/operations.md`. Once a second, handed over by
+//! `runner/loops/gauges.rs`.
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::Core;
 use super::telemetry::metric;
 use crate::store::{CallFilter, LocalState, Timestamp};
 
-/// How often the store is probed and the gauges published.
-const EVERY: Duration = Duration::from_secs(1);
-
 /// How long the probe's write may take.
 const PROBE_WITHIN: Duration = Duration::from_secs(2);
 
 fn age(t: &Timestamp) -> Duration {
     (chrono::Utc::now() - *t).to_std().unwrap_or_default()
-}
-
-/// Probes and publishes until the executor ends (a drain included); the
-/// start published once already.
-pub(crate) async fn health_loop(core: Arc<Core>) {
-    loop {
-        tokio::select! {
-            _ = core.life.halted() => return,
-            _ = tokio::time::sleep(EVERY) => {}
-        }
-        publish(&core).await;
-    }
 }
 
 /// Whether this executor's gauges are still published: set for good by

@@ -6,7 +6,6 @@
 mod answers;
 pub(crate) mod call;
 mod checks;
-mod claimer;
 mod connection;
 mod dispatch;
 pub(crate) mod fenced;
@@ -14,15 +13,12 @@ mod gauges;
 mod host;
 pub(crate) mod lease;
 pub(crate) mod life;
+mod loops;
 pub(crate) mod machine;
 pub(crate) mod outbox;
 mod progress;
-mod reconcile;
-mod recovery;
 #[cfg(feature = "postgres")]
 pub(crate) mod replicas;
-mod retention;
-mod stream;
 pub(crate) mod telemetry;
 pub(crate) mod template;
 pub(crate) mod unwind;
@@ -129,6 +125,8 @@ pub(crate) struct Link {
     pub(crate) conn: RwLock<Option<Conn>>,
     /// Held while one task connects again (the others wait for it).
     pub(crate) reconnecting: tokio::sync::Mutex<()>,
+    /// What each connect learnt, until recovery takes it.
+    pub(crate) learnt: connection::Learnt,
 }
 
 /// The calls this process drives (a part of [`Core`]).
@@ -293,19 +291,6 @@ impl Core {
         drop(self.lease.take_adopted());
     }
 
-    /// After each connect, before it returns: the crash table over the
-    /// calls the platform lists (`outstanding`, as of `asked_at`) and the
-    /// store holds ([`recovery`]). The connection calls up through here,
-    /// so it names no module that drives calls (no import cycle leads
-    /// from it back into a call's drive).
-    pub(crate) async fn recover(
-        self: &Arc<Self>,
-        outstanding: Vec<toolrunner_protocol::wire::Outstanding>,
-        asked_at: crate::store::Timestamp,
-    ) {
-        recovery::resume(self, outstanding, asked_at).await;
-    }
-
     /// A fail point after a durable step: `Err` (and the process halted)
     /// when a test stops the executor here.
     pub(crate) fn crash_point(&self, name: &str) -> Result<(), Pause> {
@@ -391,23 +376,26 @@ pub(crate) async fn start(core: Arc<Core>) -> Result<RunningExecutor, Error> {
         core.health.stopped();
         return Err(e);
     }
+    // The start's connect is recovered from before any loop runs.
+    loops::recovery::catch_up(&core).await;
     gauges::lease_health(&core);
     core.health.started();
-    // The calls the connect's recovery found wait in the queue; they run
-    // from now on. (Started only now, so that a refused start leaves no
-    // task holding the executor and its store.)
+    // The calls recovery found wait in the queue; they run from now on.
+    // (Started only now, so that a refused start leaves no task holding
+    // the executor and its store.)
     tasks.spawn(dispatch::dispatch_loop(core.clone()));
     tasks.spawn(connection::heartbeat_loop(core.clone()));
-    tasks.spawn(claimer::claim_loop(core.clone()));
-    tasks.spawn(outbox::outbox_loop(core.clone()));
-    tasks.spawn(reconcile::reconcile_loop(core.clone()));
-    tasks.spawn(retention::retention_loop(core.clone()));
+    tasks.spawn(loops::recovery::recovery_loop(core.clone()));
+    tasks.spawn(loops::claimer::claim_loop(core.clone()));
+    tasks.spawn(loops::outbox::outbox_loop(core.clone()));
+    tasks.spawn(loops::reconcile::reconcile_loop(core.clone()));
+    tasks.spawn(loops::retention::retention_loop(core.clone()));
     // The gauges are in the scrape before the start returns.
     gauges::publish(&core).await;
-    tasks.spawn(gauges::health_loop(core.clone()));
+    tasks.spawn(loops::gauges::gauges_loop(core.clone()));
     core.lease.clone().spawn_adoptions(core.clone(), &mut tasks);
     if core.cfg.use_stream {
-        tasks.spawn(stream::stream_loop(core.clone()));
+        tasks.spawn(loops::stream::stream_loop(core.clone()));
     }
     Ok(RunningExecutor { core, tasks })
 }
@@ -464,7 +452,7 @@ impl RunningExecutor {
                     "in-flight calls did not finish before the deadline; they stay in the store"
                 );
             }
-            outbox::flush(&self.core).await;
+            loops::outbox::flush(&self.core).await;
         } else {
             // Nothing more is written or sent for the calls in flight: their
             // handlers are dropped where they are, without a receipt.

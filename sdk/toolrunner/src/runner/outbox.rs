@@ -5,10 +5,8 @@
 //! An `accepted` is never sent from here: only the accept step sends it,
 //! and only the accept step acts on its answer.
 use std::sync::Arc;
-use std::time::Duration;
 
 use toolrunner_protocol::wire::{CallReport, ReceiptKind, Report, ReportOutcome, ReportState};
-use tracing::Instrument;
 
 use super::machine::deliver::{Mark, OnDelivery};
 use super::{CallKey, Core, connection, machine};
@@ -33,7 +31,7 @@ pub(crate) enum Delivery {
 }
 
 /// A delivery's outcome on a span.
-fn delivery_name(d: Delivery) -> &'static str {
+pub(crate) fn delivery_name(d: Delivery) -> &'static str {
     match d {
         Delivery::Delivered => "delivered",
         Delivery::Dropped => "dropped",
@@ -214,14 +212,6 @@ pub(crate) async fn deliver(
     } else {
         Delivery::Settled
     }
-}
-
-/// Sends the states still to report on a task of their own (a plain
-/// function with a boxed future: it breaks the cycle through `connect`).
-pub(crate) fn spawn_flush_reports(core: Arc<Core>) {
-    let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-        Box::pin(async move { flush_reports(&core).await });
-    tokio::spawn(fut);
 }
 
 /// Sends every state still to report.
@@ -416,51 +406,5 @@ fn public_reason(c: &LocalCall) -> String {
         "unknown_to_executor".to_owned()
     } else {
         "outcome unknown after accepted".to_owned()
-    }
-}
-
-/// Redelivers what no running call is delivering: after a crash, after the
-/// platform was unreachable.
-pub(crate) async fn flush(core: &Arc<Core>) {
-    let Ok(summary) = core.store.outbox_summary().await else {
-        return;
-    };
-    // `accepted` is sent only by the accept step, which acts on its answer
-    // (the summary does not list a call for it).
-    for (run_id, call_id) in summary.calls {
-        let key = CallKey { run_id, call_id };
-        if let Some(active) = core.activate(&key) {
-            let span = super::telemetry::call_work_span!(
-                "toolrunner.redeliver",
-                core.cfg.executor_id.as_str(),
-                key.run_id.as_str(),
-                key.call_id.as_str()
-            );
-            let delivered = deliver_call(core, &key, None)
-                .instrument(span.clone())
-                .await;
-            span.record("toolrunner.outcome", delivery_name(delivered));
-            drop(active);
-        }
-    }
-    flush_reports(core).await;
-}
-
-pub(crate) async fn outbox_loop(core: Arc<Core>) {
-    let mut attempt = 0u32;
-    loop {
-        let wait = if attempt == 0 {
-            Duration::from_secs(1)
-        } else {
-            super::retry_delay(&core, attempt.min(6))
-        };
-        tokio::select! {
-            _ = core.life.halted() => return,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        flush(&core).await;
-        let summary = core.store.outbox_summary().await.ok();
-        let left = summary.map_or(0, |s| s.calls.len());
-        attempt = if left == 0 { 0 } else { attempt + 1 };
     }
 }

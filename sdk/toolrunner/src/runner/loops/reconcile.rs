@@ -1,12 +1,12 @@
 //! Automatic reconciliation: every call whose outcome is unknown is
-//! checked ([`call::reconcile`](super::call)) at start-up, then again on a
-//! schedule with backoff per call.
+//! checked (`runner/call/reconcile.rs`, started by the dispatch queue) at
+//! start-up, then again on a schedule with backoff per call.
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::call::{Checked, check};
-use super::{CallKey, Core, Pause, dispatch, outbox};
+use super::super::dispatch::{self, CheckEnd, Work};
+use super::super::{CallKey, Core};
 use crate::store::{CallFilter, LocalState};
 
 /// Checks every `reconciliation_required` call now and then, with backoff
@@ -39,34 +39,29 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                     Ok(Some(fresh)) if fresh.state == LocalState::ReconciliationRequired => fresh,
                     _ => continue,
                 };
-                let checked = super::unwind::catch(check(&core, c, &active.token))
-                    .await
-                    .unwrap_or_else(|panic| {
-                        Err(Pause::waits(format!("the check panicked: {panic}")))
-                    });
-                match checked {
-                    Ok(Checked::Moved(moved)) => {
+                // Checked one at a time, in the order listed: the loop waits
+                // for each check before it hands over the next.
+                let ended = dispatch::done(&core, |done| Work::Check {
+                    active,
+                    call: c,
+                    done,
+                })
+                .await;
+                match ended {
+                    Some(CheckEnd::Moved) => {
                         next.remove(&key);
-                        if moved.state == LocalState::Running {
-                            // Still activated: the new task takes it over.
-                            let permit = core.calls.slots.clone().try_acquire_owned().ok();
-                            dispatch::submit_activated(&core, permit, active, Some(moved), true);
-                            continue;
-                        }
-                        outbox::deliver_call(&core, &key, Some(moved)).await;
                     }
-                    Ok(Checked::NotYet(after)) => {
+                    Some(CheckEnd::NotYet(after)) => {
                         next.insert(key.clone(), (after, wait));
                         not_yet.insert(key.clone(), after);
                     }
-                    _ => {
+                    Some(CheckEnd::Again) | None => {
                         next.insert(
                             key.clone(),
                             (now + wait, (wait * 2).min(Duration::from_secs(3600))),
                         );
                     }
                 }
-                drop(active);
             }
         }
         // The next pass: the usual interval, or sooner when a call not

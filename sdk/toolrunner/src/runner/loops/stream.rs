@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use toolrunner_protocol::wire::StreamFrame;
 
-use super::{CallKey, Core};
+use super::super::{CallKey, Core};
 use crate::net::client::{Frame, UpgradeError};
 
 pub(crate) async fn stream_loop(core: Arc<Core>) {
@@ -30,7 +30,7 @@ pub(crate) async fn stream_loop(core: Arc<Core>) {
         core.calls.wake.notify_one();
         tokio::select! {
             _ = core.life.stopping() => return,
-            _ = tokio::time::sleep(super::retry_delay(&core, attempt.min(6)).max(Duration::from_millis(100))) => {}
+            _ = tokio::time::sleep(super::super::retry_delay(&core, attempt.min(6)).max(Duration::from_millis(100))) => {}
         }
     }
 }

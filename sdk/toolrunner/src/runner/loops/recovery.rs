@@ -1,23 +1,50 @@
 //! Recovery after a (re)connect: every call the store or the platform
 //! still knows is resumed from where it stopped (protocol crash table).
+//! The connection publishes what each connect learnt; this loop reads it,
+//! records what the platform listed, and hands the calls to resume to the
+//! dispatch queue.
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use toolrunner_protocol::wire::{CallState, Outstanding};
+use toolrunner_protocol::wire::CallState;
 
-use super::machine::resume::PLANTED_RESUME;
-use super::{CallKey, Core, outbox};
+use super::super::connection::Connected;
+use super::super::dispatch::{self, Work};
+use super::super::machine::resume::PLANTED_RESUME;
+use super::super::{CallKey, Core};
 use crate::lifecycle::{Event, Reads};
 use crate::store::{CallFilter, LocalState, StoreError};
+
+/// Recovers after each connect the connection publishes, until the
+/// executor stops.
+pub(crate) async fn recovery_loop(core: Arc<Core>) {
+    loop {
+        let connected = tokio::select! {
+            biased;
+            _ = core.life.halted() => return,
+            c = core.link.learnt.next() => c,
+        };
+        let Some(connected) = connected else { return };
+        resume(&core, connected).await;
+    }
+}
+
+/// Recovers after the connects published so far (the start's own, before
+/// any loop runs).
+pub(crate) async fn catch_up(core: &Arc<Core>) {
+    while let Some(connected) = core.link.learnt.ready() {
+        resume(core, connected).await;
+    }
+}
 
 /// `outstanding` is the connect answer's list; `asked_at` when
 /// the connect was sent: a call changed since may have been claimed on the
 /// new connection after the list was made.
-pub(crate) async fn resume(
-    core: &Arc<Core>,
-    outstanding: Vec<Outstanding>,
-    asked_at: crate::store::Timestamp,
-) {
+async fn resume(core: &Arc<Core>, connected: Connected) {
+    let Connected {
+        outstanding,
+        asked_at,
+    } = connected;
     let bound: HashSet<CallKey> = outstanding
         .iter()
         .map(|o| CallKey {
@@ -127,10 +154,10 @@ pub(crate) async fn resume(
                 continue;
             }
             let permit = core.calls.slots.clone().try_acquire_owned().ok();
-            super::dispatch::submit_activated(core, permit, active, None, false);
+            dispatch::submit_activated(core, permit, active, None);
         }
     }
-    outbox::spawn_flush_reports(core.clone());
+    dispatch::hand(core, Work::Reports { done: None });
 }
 
 /// Applies `event` to the call only while its row is still as recovery

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Core;
+use super::super::Core;
+use super::super::dispatch::{self, Work};
 
 /// Calls deleted in one transaction: a few milliseconds of the writer.
 const BATCH: u32 = 200;
@@ -26,7 +27,14 @@ pub(crate) async fn retention_loop(core: Arc<Core>) {
             let before = crate::store::now()
                 .checked_sub_signed(keep)
                 .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
-            match core.store.prune(before, BATCH).await {
+            let pruned = dispatch::done(&core, |done| Work::Prune {
+                before,
+                batch: BATCH,
+                done,
+            })
+            .await;
+            let Some(pruned) = pruned else { return };
+            match pruned {
                 Ok(n) if n >= u64::from(BATCH) => {
                     tracing::debug!(pruned = n, "pruned settled calls; more to go");
                     // Let the calls in flight commit in between.

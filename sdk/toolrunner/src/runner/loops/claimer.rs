@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::{CallKey, Core, Pause, connection, dispatch};
+use super::super::{CallKey, Core, Pause, connection, dispatch};
 use crate::lifecycle::{self, Advanced, Event, Reads};
 use crate::store::{CallFilter, LocalCall, LocalState, StoreError};
 
