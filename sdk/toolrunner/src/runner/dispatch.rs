@@ -26,8 +26,9 @@ pub(crate) enum Work {
     Check {
         /// The call, marked as driven by this process.
         active: Active,
-        /// Its row, read after it was marked.
-        call: LocalCall,
+        /// Its row, read after it was marked (boxed: a row is large, the
+        /// other work small).
+        call: Box<LocalCall>,
         /// Hears how the check ended (dropped if the executor stops).
         done: oneshot::Sender<CheckEnd>,
     },
@@ -77,8 +78,9 @@ pub(crate) struct Job {
     active: Active,
     /// A slot of the executor's capacity, if the caller took one.
     permit: Option<OwnedSemaphorePermit>,
-    /// The row as the caller just wrote it, if it did.
-    known: Option<LocalCall>,
+    /// The row as the caller just wrote it, if it did (boxed: see
+    /// `call::drive`).
+    known: Option<Box<LocalCall>>,
     /// The caller itself just moved the call to `running` (an automatic
     /// check that allowed a re-run), so its handler may start.
     confirmed: bool,
@@ -128,7 +130,7 @@ pub(crate) fn submit_activated(
         Work::Drive(Job {
             active,
             permit,
-            known,
+            known: known.map(Box::new),
             confirmed: false,
         }),
     );
@@ -223,11 +225,11 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
 async fn checked(
     core: Arc<Core>,
     active: Active,
-    call: LocalCall,
+    call: Box<LocalCall>,
     done: oneshot::Sender<CheckEnd>,
 ) {
     let key = active.key.clone();
-    let checked = super::unwind::catch(check(&core, call, &active.token))
+    let checked = super::unwind::catch(check(&core, *call, &active.token))
         .await
         .unwrap_or_else(|panic| Err(Pause::waits(format!("the check panicked: {panic}"))));
     let end = match checked {
@@ -240,7 +242,7 @@ async fn checked(
                 Work::Drive(Job {
                     active,
                     permit,
-                    known: Some(moved),
+                    known: Some(Box::new(moved)),
                     confirmed: true,
                 }),
             );

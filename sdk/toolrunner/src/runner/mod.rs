@@ -484,6 +484,7 @@ impl RunningExecutor {
         // The identities this process adopted leave with it.
         let mut result = result;
         for adopted in self.core.lease.take_adopted() {
+            // Boxed: a shutdown that awaits shutdowns is a recursive future.
             let stopped = Box::pin(adopted.shutdown(how)).await;
             result = result.and(stopped);
         }

@@ -380,6 +380,9 @@ async fn let_go(replica: &Replica) {
     for running in done {
         let id = running.core.cfg.executor_id.clone();
         tracing::info!(adopted = %id, "letting go of an adopted executor identity");
+        // Boxed: a shutdown's future is large (it drains, flushes and
+        // disconnects), and this loop's future lives as long as the
+        // executor.
         let drained = Box::pin(running.shutdown(Shutdown::Drain {
             deadline: Duration::from_secs(5),
         }))

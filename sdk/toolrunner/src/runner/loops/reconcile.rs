@@ -43,7 +43,7 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                 // for each check before it hands over the next.
                 let ended = dispatch::done(&core, |done| Work::Check {
                     active,
-                    call: c,
+                    call: Box::new(c),
                     done,
                 })
                 .await;
