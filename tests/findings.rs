@@ -78,6 +78,9 @@ enum Hook {
     ProgressThenTruthful,
     /// Panics.
     Panic,
+    /// Never answers, and ignores its token (it says when it starts and
+    /// when its future is dropped).
+    Hangs,
 }
 
 /// The business system every executor of a test shares (it survives
@@ -99,6 +102,19 @@ struct Business {
 struct Shared {
     business: Arc<Mutex<Business>>,
     started: Arc<Notify>,
+    /// A hanging hook started ([`Hook::Hangs`]).
+    hook_entered: Arc<std::sync::atomic::AtomicBool>,
+    /// A hanging hook's future was dropped.
+    hook_dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Sets its flag when dropped.
+struct SaysDropped(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SaysDropped {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Shared {
@@ -179,6 +195,13 @@ impl Tool for Pay {
         match hook {
             Hook::Unknown => return Reconciled::Unknown,
             Hook::Panic => panic!("the reconcile hook of this product panics"),
+            Hook::Hangs => {
+                let _dropped = SaysDropped(self.0.hook_dropped.clone());
+                self.0
+                    .hook_entered
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                std::future::pending::<()>().await;
+            }
             Hook::ProgressThenTruthful => {
                 if ctx.progress("looking the charge up").await.is_err() {
                     return Reconciled::Unknown;
@@ -1555,5 +1578,39 @@ fn review_a_running_row_another_writer_wrote_is_resumed_not_run() {
             "the handler started on a `running` another writer recorded"
         );
         drop(a);
+    });
+}
+
+/// A dropped executor stops as a lost process would: a `reconcile` hook
+/// under way (one that ignores its token) is dropped with it, not left
+/// running after the process is gone. (Review of issue 31: the checks the
+/// dispatch queue started outlived the drop.)
+#[test]
+fn a_dropped_executor_drops_a_hook_under_way() {
+    with_failpoints(async {
+        let world = World::new(30_000, 1_000, false).await;
+        let (a, _run_id, _call_id, _store) = awaiting_reconciliation(&world).await;
+        world.shared.with(|b| b.default_hook = Some(Hook::Hangs));
+        eventually("the hook to hang", LIMIT, || async {
+            world
+                .shared
+                .hook_entered
+                .load(std::sync::atomic::Ordering::SeqCst)
+                .then_some(())
+        })
+        .await;
+        drop(a);
+        eventually(
+            "the hook under way to be dropped with the executor",
+            Duration::from_secs(1),
+            || async {
+                world
+                    .shared
+                    .hook_dropped
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    .then_some(())
+            },
+        )
+        .await;
     });
 }

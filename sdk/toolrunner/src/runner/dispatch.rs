@@ -144,14 +144,18 @@ pub(crate) fn hand(core: &Core, work: Work) {
 }
 
 /// Hands work to the queue and waits until it is done; `None` if the
-/// executor stopped first.
+/// executor halted first (the work may still be under way: a halted
+/// executor writes and sends nothing more).
 pub(crate) async fn done<T>(
     core: &Core,
     work: impl FnOnce(oneshot::Sender<T>) -> Work,
 ) -> Option<T> {
     let (tell, told) = oneshot::channel();
     hand(core, work(tell));
-    told.await.ok()
+    tokio::select! {
+        _ = core.life.halted() => None,
+        told = told => told.ok(),
+    }
 }
 
 /// The queue's loop: starts a task for each piece of work handed over,
@@ -185,15 +189,15 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                 ));
             }
             Work::Check { active, call, done } => {
-                tokio::spawn(checked(core.clone(), active, call, done));
+                spawn_until_halted(&core, checked(core.clone(), active, call, done));
             }
             Work::Redeliver { active, done } => {
-                tokio::spawn(redeliver(core.clone(), active, done));
+                spawn_until_halted(&core, redeliver(core.clone(), active, done));
             }
             Work::Reports { done } => {
-                let core = core.clone();
-                tokio::spawn(async move {
-                    outbox::flush_reports(&core).await;
+                let c = core.clone();
+                spawn_until_halted(&core, async move {
+                    outbox::flush_reports(&c).await;
                     if let Some(done) = done {
                         let _ = done.send(());
                     }
@@ -204,20 +208,38 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                 batch,
                 done,
             } => {
-                let core = core.clone();
-                tokio::spawn(async move {
-                    let _ = done.send(core.store.prune(before, batch).await);
+                let c = core.clone();
+                spawn_until_halted(&core, async move {
+                    let _ = done.send(c.store.prune(before, batch).await);
                 });
             }
             Work::Gauges { done } => {
-                let core = core.clone();
-                tokio::spawn(async move {
-                    super::gauges::publish(&core).await;
+                let c = core.clone();
+                spawn_until_halted(&core, async move {
+                    super::gauges::publish(&c).await;
                     let _ = done.send(());
                 });
             }
         }
     }
+}
+
+/// Starts `work` on a task of its own that ends when the executor halts,
+/// wherever the work is (a hook that ignores its token included): a
+/// halted executor, dropped or crashed, leaves nothing running, as a lost
+/// process would. (A drive selects on the halt itself.)
+fn spawn_until_halted(
+    core: &Arc<Core>,
+    work: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let core = core.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            biased;
+            _ = core.life.halted() => {}
+            _ = work => {}
+        }
+    });
 }
 
 /// An automatic check, and what follows from it: a re-run goes on in the

@@ -19,11 +19,15 @@ pub(crate) async fn flush(core: &Arc<Core>) {
     for (run_id, call_id) in summary.calls {
         let key = CallKey { run_id, call_id };
         if let Some(active) = core.activate(&key) {
-            dispatch::done(core, |done| Work::Redeliver {
+            let delivered = dispatch::done(core, |done| Work::Redeliver {
                 active,
                 done: Some(done),
             })
             .await;
+            if delivered.is_none() {
+                // The executor halted: nothing more is sent.
+                return;
+            }
         }
     }
     dispatch::done(core, |done| Work::Reports { done: Some(done) }).await;

@@ -55,7 +55,9 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                         next.insert(key.clone(), (after, wait));
                         not_yet.insert(key.clone(), after);
                     }
-                    Some(CheckEnd::Again) | None => {
+                    // The executor halted: nothing more is checked.
+                    None => return,
+                    Some(CheckEnd::Again) => {
                         next.insert(
                             key.clone(),
                             (now + wait, (wait * 2).min(Duration::from_secs(3600))),
