@@ -89,8 +89,8 @@ pub(crate) struct Job {
 /// The queue's two ends: the sender lives in [`Core`], the receiver is
 /// taken once by the loop.
 pub(crate) struct Queue {
-    sender: UnboundedSender<Work>,
-    receiver: std::sync::Mutex<Option<UnboundedReceiver<Work>>>,
+    sender: UnboundedSender<(Work, tracing::Span)>,
+    receiver: std::sync::Mutex<Option<UnboundedReceiver<(Work, tracing::Span)>>>,
 }
 
 impl Default for Queue {
@@ -140,7 +140,14 @@ pub(crate) fn submit_activated(
 pub(crate) fn hand(core: &Core, work: Work) {
     // The loop is gone only when the executor stopped: the work (and its
     // call's mark) is dropped, as a lost process would drop it.
-    let _ = core.calls.dispatch.sender.send(work);
+    // With the span it was handed over in: work other than a drive (which
+    // has a span of its own) runs inside it, as when its loop or a drain
+    // did it itself.
+    let _ = core
+        .calls
+        .dispatch
+        .sender
+        .send((work, tracing::Span::current()));
 }
 
 /// Hands work to the queue and waits until it is done; `None` if the
@@ -177,7 +184,7 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
             _ = core.life.halted() => return,
             work = jobs.recv() => work,
         };
-        let Some(work) = work else { return };
+        let Some((work, parent)) = work else { return };
         match work {
             Work::Drive(job) => {
                 tokio::spawn(super::call::drive(
@@ -189,19 +196,26 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                 ));
             }
             Work::Check { active, call, done } => {
-                spawn_until_halted(&core, checked(core.clone(), active, call, done));
+                spawn_until_halted(
+                    &core,
+                    checked(core.clone(), active, call, done).instrument(parent),
+                );
             }
             Work::Redeliver { active, done } => {
-                spawn_until_halted(&core, redeliver(core.clone(), active, done));
+                spawn_until_halted(
+                    &core,
+                    redeliver(core.clone(), active, done).instrument(parent),
+                );
             }
             Work::Reports { done } => {
                 let c = core.clone();
-                spawn_until_halted(&core, async move {
+                let work = async move {
                     outbox::flush_reports(&c).await;
                     if let Some(done) = done {
                         let _ = done.send(());
                     }
-                });
+                };
+                spawn_until_halted(&core, work.instrument(parent));
             }
             Work::Prune {
                 before,
@@ -209,16 +223,18 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                 done,
             } => {
                 let c = core.clone();
-                spawn_until_halted(&core, async move {
+                let work = async move {
                     let _ = done.send(c.store.prune(before, batch).await);
-                });
+                };
+                spawn_until_halted(&core, work.instrument(parent));
             }
             Work::Gauges { done } => {
                 let c = core.clone();
-                spawn_until_halted(&core, async move {
+                let work = async move {
                     super::gauges::publish(&c).await;
                     let _ = done.send(());
-                });
+                };
+                spawn_until_halted(&core, work.instrument(parent));
             }
         }
     }

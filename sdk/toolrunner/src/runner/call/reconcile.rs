@@ -1,7 +1,7 @@
 //! The automatic check of a call whose outcome is unknown: the tool's
 //! `reconcile` hook looks it up by its operation key. A step of the call
 //! (the drive takes it once a call is `reconciliation_required`); the
-//! reconciliation loop (`runner/reconcile.rs`) asks it again on a
+//! reconciliation loop (`runner/loops/reconcile.rs`) asks it again on a
 //! schedule.
 use std::sync::Arc;
 use std::time::Instant;

@@ -26,6 +26,7 @@ pub(crate) async fn recovery_loop(core: Arc<Core>) {
         };
         let Some(connected) = connected else { return };
         resume(&core, connected).await;
+        core.link.learnt.recovered();
     }
 }
 
@@ -34,6 +35,7 @@ pub(crate) async fn recovery_loop(core: Arc<Core>) {
 pub(crate) async fn catch_up(core: &Arc<Core>) {
     while let Some(connected) = core.link.learnt.ready() {
         resume(core, connected).await;
+        core.link.learnt.recovered();
     }
 }
 
@@ -119,6 +121,7 @@ async fn resume(core: &Arc<Core>, connected: Connected) {
         ],
         ..CallFilter::default()
     };
+    let mut resumed = Vec::new();
     if let Ok(calls) = core.store.calls(&filter).await {
         for c in calls {
             let key = CallKey::of(&c);
@@ -154,10 +157,15 @@ async fn resume(core: &Arc<Core>, connected: Connected) {
                 continue;
             }
             let permit = core.calls.slots.clone().try_acquire_owned().ok();
-            dispatch::submit_activated(core, permit, active, None);
+            resumed.push((permit, active));
         }
     }
+    // The states to report go out first, as when recovery started them on
+    // a task of its own before any resumed call ran.
     dispatch::hand(core, Work::Reports { done: None });
+    for (permit, active) in resumed {
+        dispatch::submit_activated(core, permit, active, None);
+    }
 }
 
 /// Applies `event` to the call only while its row is still as recovery
