@@ -96,7 +96,8 @@ impl Learnt {
         }
     }
 
-    fn publish(&self, connected: Connected) {
+    /// Publishes what a connect learnt (the connection's, and a test's).
+    pub(crate) fn publish(&self, connected: Connected) {
         self.published.fetch_add(1, Ordering::SeqCst);
         // The receiver lives as long as the sender (both in `Link`).
         let _ = self.sender.send(connected);
@@ -548,68 +549,5 @@ mod tests {
             "connection con_7 was superseded by a new connect from instance_id ins_12",
             &own
         ));
-    }
-}
-
-#[cfg(test)]
-mod learnt_tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::Connected;
-    use crate::runner::lease::Sole;
-    use crate::runner::template::Template;
-
-    fn connected() -> Connected {
-        Connected {
-            outstanding: Vec::new(),
-            asked_at: crate::store::now(),
-        }
-    }
-
-    /// A task that connected waits until recovery is done with every
-    /// connect published before it asked (review of issue 31: once
-    /// recovery left the connecting task, the claimer and the drive that
-    /// reconnected ran ahead of it), and stops waiting when the executor
-    /// halts.
-    #[tokio::test]
-    async fn a_task_that_connected_waits_for_recovery_of_what_it_learnt() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = crate::store::SqliteStore::open_path(&dir.path().join("t.db"))
-            .await
-            .expect("a store");
-        let core = Template::for_tests().core(Arc::new(store), None, Arc::new(Sole));
-        let learnt = &core.link.learnt;
-        // Nothing published: caught up at once.
-        tokio::time::timeout(Duration::from_secs(1), learnt.caught_up(&core))
-            .await
-            .expect("caught up with nothing published");
-        learnt.publish(connected());
-        learnt.publish(connected());
-        let waiting = tokio::time::timeout(Duration::from_millis(100), learnt.caught_up(&core));
-        assert!(waiting.await.is_err(), "caught up before any recovery");
-        assert!(learnt.ready().is_some());
-        learnt.recovered();
-        let waiting = tokio::time::timeout(Duration::from_millis(100), learnt.caught_up(&core));
-        assert!(
-            waiting.await.is_err(),
-            "caught up after one recovery of two"
-        );
-        assert!(learnt.ready().is_some());
-        learnt.recovered();
-        tokio::time::timeout(Duration::from_secs(1), learnt.caught_up(&core))
-            .await
-            .expect("caught up after both");
-        // A connect nobody will recover from: the halt ends the wait.
-        learnt.publish(connected());
-        let core2 = core.clone();
-        let waiter = tokio::spawn(async move { core2.link.learnt.caught_up(&core2).await });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!waiter.is_finished());
-        core.halt();
-        tokio::time::timeout(Duration::from_secs(1), waiter)
-            .await
-            .expect("the halt ends the wait")
-            .expect("joined");
     }
 }
