@@ -1614,3 +1614,41 @@ fn a_dropped_executor_drops_a_hook_under_way() {
         .await;
     });
 }
+
+/// A recovery that panics (here in a product's store, at its first read of
+/// a row) is counted as done: the start goes on, and the claimer, which
+/// waits for recovery before it claims, still claims and runs new calls.
+/// (Review of issue 31: recovery left the connecting task and every later
+/// connect waits for it.)
+#[test]
+fn a_recovery_that_panics_does_not_stop_the_executor() {
+    with_failpoints(async {
+        let world = World::new(30_000, 1_000, false).await;
+        let (a, _run_id, _call_id, _store) = awaiting_reconciliation(&world).await;
+        drop(a);
+        world.shared.with(|b| b.default_mode = Some(Mode::Ok));
+        let panicked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut store = Hooked::new(world.store("a.db").await);
+        let first = panicked.clone();
+        store.on_read = Box::new(move |c| {
+            if !first.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                panic!("this product's store panics at its first read of a row");
+            }
+            c
+        });
+        let b = world
+            .builder("exe-a", "a.db")
+            .build()
+            .expect("builds")
+            .start_with_store(Arc::new(store))
+            .await
+            .expect("starts");
+        assert!(
+            panicked.load(std::sync::atomic::Ordering::SeqCst),
+            "the store was not read during the start's recovery"
+        );
+        let (run_id, calls) = world.run(1).await;
+        world.wait_platform(&run_id, &calls[0], "completed").await;
+        drop(b);
+    });
+}

@@ -82,11 +82,12 @@ impl Learnt {
     }
 
     /// Waits until recovery is done with every connect published before
-    /// this call (or the executor halted): a task that connected goes on
-    /// only once the crash table ran over what the connect listed, while
+    /// this call (or the executor halted). The task that connected goes on
+    /// only once the crash table ran over what its connect listed, while
     /// its own call is still marked as driven (recovery leaves it alone),
-    /// and the claimer claims nothing new before the calls recovery resumes
-    /// had their capacity slots.
+    /// as when recovery ran inside the connect; the claimer waits before
+    /// each claim, so the calls recovery resumes have their capacity slots
+    /// first; a drain waits (up to its deadline) before it says goodbye.
     pub(crate) async fn caught_up(&self, core: &Core) {
         let published = self.published.load(Ordering::SeqCst);
         let mut recovered = self.recovered.subscribe();

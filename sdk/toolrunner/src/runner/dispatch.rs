@@ -178,13 +178,25 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
     else {
         return;
     };
+    // The work other than drives, held here so that the halt ends it and
+    // the executor's stop waits until it has ended (a drive selects on the
+    // halt itself).
+    let mut running = tokio::task::JoinSet::new();
     loop {
         let work = tokio::select! {
             biased;
-            _ = core.life.halted() => return,
+            _ = core.life.halted() => {
+                running.shutdown().await;
+                return;
+            }
+            // Ended work leaves the set.
+            Some(_) = running.join_next(), if !running.is_empty() => continue,
             work = jobs.recv() => work,
         };
-        let Some((work, parent)) = work else { return };
+        let Some((work, parent)) = work else {
+            running.shutdown().await;
+            return;
+        };
         match work {
             Work::Drive(job) => {
                 tokio::spawn(super::call::drive(
@@ -196,16 +208,10 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                 ));
             }
             Work::Check { active, call, done } => {
-                spawn_until_halted(
-                    &core,
-                    checked(core.clone(), active, call, done).instrument(parent),
-                );
+                running.spawn(checked(core.clone(), active, call, done).instrument(parent));
             }
             Work::Redeliver { active, done } => {
-                spawn_until_halted(
-                    &core,
-                    redeliver(core.clone(), active, done).instrument(parent),
-                );
+                running.spawn(redeliver(core.clone(), active, done).instrument(parent));
             }
             Work::Reports { done } => {
                 let c = core.clone();
@@ -215,7 +221,7 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                         let _ = done.send(());
                     }
                 };
-                spawn_until_halted(&core, work.instrument(parent));
+                running.spawn(work.instrument(parent));
             }
             Work::Prune {
                 before,
@@ -226,7 +232,7 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                 let work = async move {
                     let _ = done.send(c.store.prune(before, batch).await);
                 };
-                spawn_until_halted(&core, work.instrument(parent));
+                running.spawn(work.instrument(parent));
             }
             Work::Gauges { done } => {
                 let c = core.clone();
@@ -234,28 +240,10 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                     super::gauges::publish(&c).await;
                     let _ = done.send(());
                 };
-                spawn_until_halted(&core, work.instrument(parent));
+                running.spawn(work.instrument(parent));
             }
         }
     }
-}
-
-/// Starts `work` on a task of its own that ends when the executor halts,
-/// wherever the work is (a hook that ignores its token included): a
-/// halted executor, dropped or crashed, leaves nothing running, as a lost
-/// process would. (A drive selects on the halt itself.)
-fn spawn_until_halted(
-    core: &Arc<Core>,
-    work: impl std::future::Future<Output = ()> + Send + 'static,
-) {
-    let core = core.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            biased;
-            _ = core.life.halted() => {}
-            _ = work => {}
-        }
-    });
 }
 
 /// An automatic check, and what follows from it: a re-run goes on in the

@@ -455,8 +455,13 @@ impl RunningExecutor {
             loops::outbox::flush(&self.core).await;
             // A connect the flush made (its redelivery found the connection
             // lost) is recovered from before the executor says goodbye, as
-            // it was when recovery ran inside the connect.
-            self.core.link.learnt.caught_up(&self.core).await;
+            // it was when recovery ran inside the connect, and what recovery
+            // recorded is reported.
+            let recovered =
+                tokio::time::timeout(deadline, self.core.link.learnt.caught_up(&self.core)).await;
+            if recovered.is_ok() {
+                loops::outbox::reports(&self.core).await;
+            }
         } else {
             // Nothing more is written or sent for the calls in flight: their
             // handlers are dropped where they are, without a receipt.

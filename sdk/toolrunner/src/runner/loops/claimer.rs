@@ -79,6 +79,10 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
     let connection_id = connection::connection_id(core)
         .await
         .map_err(|e| Pause::waits(e.to_string()))?;
+    // Nothing new is claimed before recovery is done with every connect
+    // (another task's included): the calls it resumes take their slots
+    // first.
+    core.link.learnt.caught_up(core).await;
     let page = match core
         .client
         .pending(&core.cfg.executor_id, &connection_id, free.min(100))

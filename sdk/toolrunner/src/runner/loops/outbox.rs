@@ -24,12 +24,18 @@ pub(crate) async fn flush(core: &Arc<Core>) {
                 done: Some(done),
             })
             .await;
-            if delivered.is_none() {
+            if delivered.is_none() && core.life.is_halted() {
                 // The executor halted: nothing more is sent.
                 return;
             }
         }
     }
+    reports(core).await;
+}
+
+/// Sends every state still to report, and waits until it went out (or
+/// could not).
+pub(crate) async fn reports(core: &Arc<Core>) {
     dispatch::done(core, |done| Work::Reports { done: Some(done) }).await;
 }
 

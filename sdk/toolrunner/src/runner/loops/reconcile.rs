@@ -56,8 +56,10 @@ pub(crate) async fn reconcile_loop(core: Arc<Core>) {
                         not_yet.insert(key.clone(), after);
                     }
                     // The executor halted: nothing more is checked.
-                    None => return,
-                    Some(CheckEnd::Again) => {
+                    None if core.life.is_halted() => return,
+                    // Still unknown, or the check could not finish (it
+                    // panicked outside the hook's own guard).
+                    Some(CheckEnd::Again) | None => {
                         next.insert(
                             key.clone(),
                             (now + wait, (wait * 2).min(Duration::from_secs(3600))),

@@ -25,8 +25,7 @@ pub(crate) async fn recovery_loop(core: Arc<Core>) {
             c = core.link.learnt.next() => c,
         };
         let Some(connected) = connected else { return };
-        resume(&core, connected).await;
-        core.link.learnt.recovered();
+        recover(&core, connected).await;
     }
 }
 
@@ -34,9 +33,21 @@ pub(crate) async fn recovery_loop(core: Arc<Core>) {
 /// any loop runs).
 pub(crate) async fn catch_up(core: &Arc<Core>) {
     while let Some(connected) = core.link.learnt.ready() {
-        resume(core, connected).await;
-        core.link.learnt.recovered();
+        recover(core, connected).await;
     }
+}
+
+/// [`resume`], counted as recovered however it ends: a recovery that
+/// panics (a product's store) must not leave every task that connected
+/// waiting for it.
+async fn recover(core: &Arc<Core>, connected: Connected) {
+    match super::super::unwind::catch(resume(core, connected)).await {
+        Ok(()) => {}
+        Err(panic) => {
+            tracing::error!(%panic, "recovery after a connect panicked; the calls it did not reach resume from the store")
+        }
+    }
+    core.link.learnt.recovered();
 }
 
 /// `outstanding` is the connect answer's list; `asked_at` when
