@@ -105,12 +105,14 @@ impl Learnt {
     }
 }
 
-/// Connects, and publishes what the platform listed for recovery.
-pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), Error> {
+/// Connects, and publishes what the platform listed for recovery;
+/// `false` if another task connected while this one waited (and published
+/// its own).
+pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<bool, Error> {
     let _guard = core.link.reconnecting.lock().await;
     if core.link.conn.read().await.is_some() {
         // Another task connected while this one waited.
-        return Ok(());
+        return Ok(false);
     }
     let body = Connect {
         executor_id: core.cfg.executor_id.clone(),
@@ -210,7 +212,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<(), 
         asked_at,
     });
     drop(_guard);
-    Ok(())
+    Ok(true)
 }
 
 /// The error of a refused connect, in words that say what to change.
@@ -265,10 +267,13 @@ pub(crate) async fn connection_id(core: &Arc<Core>) -> Result<String, Error> {
     if let Some(c) = core.link.conn.read().await.as_ref() {
         return Ok(c.connection_id.clone());
     }
-    connect(core, Patience::UntilStopped).await?;
-    // As before the connection id is used: recovery ran over what the
-    // connect listed.
-    core.link.learnt.caught_up(core).await;
+    if connect(core, Patience::UntilStopped).await? {
+        // The task that connected goes on once recovery ran over what its
+        // connect listed, as when recovery ran inside the connect. (A task
+        // that found the connection made by another goes on at once, as
+        // before: the heartbeat is not held up by another's recovery.)
+        core.link.learnt.caught_up(core).await;
+    }
     core.link
         .conn
         .read()
