@@ -284,6 +284,14 @@ where
     }
 }
 
+/// Waits until `flag` is set.
+async fn raised(what: &str, limit: Duration, flag: &std::sync::atomic::AtomicBool) {
+    eventually(what, limit, || async {
+        flag.load(std::sync::atomic::Ordering::SeqCst).then_some(())
+    })
+    .await
+}
+
 /// One platform (a file database), one agent version with `pay.write`.
 struct World {
     server: DevServer,
@@ -1591,25 +1599,12 @@ fn a_dropped_executor_drops_a_hook_under_way() {
         let world = World::new(30_000, 1_000, false).await;
         let (a, _run_id, _call_id, _store) = awaiting_reconciliation(&world).await;
         world.shared.with(|b| b.default_hook = Some(Hook::Hangs));
-        eventually("the hook to hang", LIMIT, || async {
-            world
-                .shared
-                .hook_entered
-                .load(std::sync::atomic::Ordering::SeqCst)
-                .then_some(())
-        })
-        .await;
+        raised("the hook to hang", LIMIT, &world.shared.hook_entered).await;
         drop(a);
-        eventually(
+        raised(
             "the hook under way to be dropped with the executor",
             Duration::from_secs(1),
-            || async {
-                world
-                    .shared
-                    .hook_dropped
-                    .load(std::sync::atomic::Ordering::SeqCst)
-                    .then_some(())
-            },
+            &world.shared.hook_dropped,
         )
         .await;
     });

@@ -297,10 +297,8 @@ fn while_in(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use crate::runner::CallKey;
-    use crate::runner::lease::Sole;
     use crate::runner::template::Template;
 
     /// At most this many bytes in the future of one call's drive (each
@@ -319,11 +317,7 @@ mod tests {
     /// in flight pay for it.
     #[tokio::test]
     async fn a_call_s_future_stays_small() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = crate::store::SqliteStore::open_path(&dir.path().join("t.db"))
-            .await
-            .expect("a store");
-        let core = Template::for_tests().core(Arc::new(store), None, Arc::new(Sole));
+        let (_dir, core) = Template::core_for_tests().await;
         let key = CallKey {
             run_id: "run_1".into(),
             call_id: "call_1".into(),

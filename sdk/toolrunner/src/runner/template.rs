@@ -221,6 +221,19 @@ impl Template {
         })
     }
 
+    /// A test's executor, not started ([`Template::for_tests`]), on a
+    /// store of one process in a temporary directory that lives as long as
+    /// the returned guard.
+    #[cfg(test)]
+    pub(crate) async fn core_for_tests() -> (tempfile::TempDir, Arc<Core>) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = crate::store::SqliteStore::open_path(&dir.path().join("t.db"))
+            .await
+            .expect("a store");
+        let core = Template::for_tests().core(Arc::new(store), None, Arc::new(super::lease::Sole));
+        (dir, core)
+    }
+
     /// Settings of a test's executor: a platform that is never asked (the
     /// executor is not started), no tool.
     #[cfg(test)]

@@ -198,11 +198,9 @@ async fn on_listed_row(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use crate::runner::connection::Connected;
-    use crate::runner::lease::Sole;
     use crate::runner::template::Template;
 
     fn connected() -> Connected {
@@ -219,11 +217,7 @@ mod tests {
     /// halts.
     #[tokio::test]
     async fn a_task_that_connected_waits_for_recovery_of_what_it_learnt() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = crate::store::SqliteStore::open_path(&dir.path().join("t.db"))
-            .await
-            .expect("a store");
-        let core = Template::for_tests().core(Arc::new(store), None, Arc::new(Sole));
+        let (_dir, core) = Template::core_for_tests().await;
         let learnt = &core.link.learnt;
         // Nothing published: caught up at once.
         tokio::time::timeout(Duration::from_secs(1), learnt.caught_up(&core))
