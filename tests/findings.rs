@@ -381,6 +381,17 @@ impl World {
             .tool(Pay(self.shared.clone()))
     }
 
+    /// An executor as [`World::start`] builds it, on `with` (a store of
+    /// the test's over the file `store`).
+    async fn start_on(&self, executor_id: &str, store: &str, with: Hooked) -> RunningExecutor {
+        self.builder(executor_id, store)
+            .build()
+            .expect("builds")
+            .start_with_store(Arc::new(with))
+            .await
+            .expect("starts")
+    }
+
     async fn start(&self, executor_id: &str, store: &str) -> RunningExecutor {
         self.builder(executor_id, store)
             .build()
@@ -1356,13 +1367,7 @@ fn finding_f_progress_cannot_undo_an_operator_resolve() {
                 }
             })
         });
-        let a = world
-            .builder("exe-a", "a.db")
-            .build()
-            .expect("builds")
-            .start_with_store(Arc::new(store))
-            .await
-            .expect("starts");
+        let a = world.start_on("exe-a", "a.db", store).await;
         let waiting = held.notified();
         let (run_id, calls) = world.run(1).await;
         let call_id = calls[0].clone();
@@ -1458,13 +1463,7 @@ fn finding_g_invalid_grant_without_a_release_does_not_loop() {
             }
             c
         });
-        let a = world
-            .builder("exe-a", "a.db")
-            .build()
-            .expect("builds")
-            .start_with_store(Arc::new(forging))
-            .await
-            .expect("starts");
+        let a = world.start_on("exe-a", "a.db", forging).await;
         let c = world.wait_platform(&run_id, &calls[0], "completed").await;
         assert_eq!(world.shared.starts_of(&calls[0]), 1);
         assert_eq!(
@@ -1631,13 +1630,7 @@ fn a_recovery_that_panics_does_not_stop_the_executor() {
             }
             c
         });
-        let b = world
-            .builder("exe-a", "a.db")
-            .build()
-            .expect("builds")
-            .start_with_store(Arc::new(store))
-            .await
-            .expect("starts");
+        let b = world.start_on("exe-a", "a.db", store).await;
         assert!(
             panicked.load(std::sync::atomic::Ordering::SeqCst),
             "the store was not read during the start's recovery"
