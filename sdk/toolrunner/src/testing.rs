@@ -45,6 +45,9 @@
 //! assert_eq!(outcome.settled_by, SettledBy::ReconcileHook);
 //! # Ok(()) }
 //! ```
+#[doc(hidden)]
+pub mod model;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -10,7 +10,22 @@ use crate::store::{Closed, LocalCall, StoreError, StoreTransaction};
 
 /// Whether this build carries the planted bug `zombie` (a commit point that
 /// skips the lease check; `docs/simulation.md`).
-pub(crate) const PLANTED_ZOMBIE: bool = cfg!(toolrunner_planted = "zombie");
+const PLANTED_ZOMBIE: bool = cfg!(toolrunner_planted = "zombie");
+
+/// Fencing: whether a process whose identity's lease is `live` (or not)
+/// may go past a commit point. Whoever takes an identity over waits out
+/// the commit window from the old holder's lapse, counting on every older
+/// process to stop at its next look. The model (`testing::model`) asks
+/// the same function.
+pub(crate) fn may_act(live: bool) -> bool {
+    live || PLANTED_ZOMBIE
+}
+
+/// Fencing: whether a connect waits until the identity's lease is
+/// confirmed (a process whose identity moved on never connects).
+pub(crate) fn confirms_before_connect() -> bool {
+    !PLANTED_ZOMBIE
+}
 
 /// A call of a run: the pair the platform names it by.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -717,12 +732,11 @@ impl CallContext {
         // live too, before and after the heartbeat (a process frozen in
         // it must look again): whoever takes the identity over waits the
         // tool's commit window from its lapse.
-        let skip = PLANTED_ZOMBIE;
-        if !skip && !self.host.lease_live() {
+        if !may_act(self.host.lease_live()) {
             return Err(CommitPointError::LeaseLost);
         }
         self.host.lease_check().await?;
-        if !skip && !self.host.lease_live() {
+        if !may_act(self.host.lease_live()) {
             return Err(CommitPointError::LeaseLost);
         }
         if self.cancel.is_cancelled() {

@@ -17,7 +17,7 @@ use crate::net::client::ClientError;
 /// deliberate bug, compiled only with
 /// `RUSTFLAGS='--cfg toolrunner_planted="zombie"'`, which the simulation
 /// must catch (`docs/simulation.md`).
-use crate::api::context::PLANTED_ZOMBIE;
+use crate::api::context::{confirms_before_connect, may_act};
 
 /// How long a connect keeps trying an unreachable platform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +130,9 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<bool
     let connected = loop {
         // A process whose identity moved on never connects: it would
         // supersede the replica that holds the identity now.
-        if !PLANTED_ZOMBIE && let Err(e) = core.lease.confirm(core).await {
+        if confirms_before_connect()
+            && let Err(e) = core.lease.confirm(core).await
+        {
             if patience == Patience::UntilStopped && !core.life.is_halted() {
                 tracing::warn!(error = %e, "not connecting before the executor's lease is confirmed; retrying");
                 tokio::time::sleep(super::retry_delay(core, attempt.min(6))).await;
@@ -143,7 +145,7 @@ pub(crate) async fn connect(core: &Arc<Core>, patience: Patience) -> Result<bool
         // frozen since the confirmation must confirm again).
         let lapsed = std::sync::atomic::AtomicBool::new(false);
         let live = || {
-            if PLANTED_ZOMBIE || core.lease.live() {
+            if may_act(core.lease.live()) {
                 true
             } else {
                 lapsed.store(true, Ordering::SeqCst);

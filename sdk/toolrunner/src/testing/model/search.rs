@@ -1,0 +1,217 @@
+//! Breadth-first search of every interleaving, and the seeded walk.
+//!
+//! A search of our own rather than `stateright`: the world is one plain
+//! value with a successor function, a visited set of 128-bit fingerprints
+//! of its `Debug` text and parent links for the counterexample are all it
+//! needs, and `dsim` walks the very same successors at random.
+
+use std::collections::{HashSet, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::Instant;
+
+use super::world::{Input, World};
+use super::worlds::WorldSpec;
+
+/// A world explored to the end.
+#[derive(Debug, Clone)]
+pub struct Explored {
+    /// Distinct states visited.
+    pub states: usize,
+    /// Seconds taken.
+    pub seconds: f64,
+}
+
+/// A promise broken, and how to get there.
+#[derive(Debug, Clone)]
+pub struct Counterexample {
+    /// The promise, in words.
+    pub broken: String,
+    /// The inputs from the world's first state, in order.
+    pub inputs: Vec<Input>,
+}
+
+impl std::fmt::Display for Counterexample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{}; reached by {} inputs:",
+            self.broken,
+            self.inputs.len()
+        )?;
+        for (i, input) in self.inputs.iter().enumerate() {
+            writeln!(f, "  {:>3}. {input:?}", i + 1)?;
+        }
+        Ok(())
+    }
+}
+
+fn fingerprint(w: &World) -> u128 {
+    let text = w.fingerprint();
+    let half = |salt: u8| {
+        let mut h = DefaultHasher::new();
+        salt.hash(&mut h);
+        text.hash(&mut h);
+        h.finish()
+    };
+    (u128::from(half(1)) << 64) | u128::from(half(2))
+}
+
+/// Visits every state of the world `spec` can reach.
+///
+/// # Errors
+/// The first broken promise found (a shortest path to it), or a world
+/// larger than `limit` states.
+pub fn explore(spec: &WorldSpec, limit: usize) -> Result<Explored, Box<Counterexample>> {
+    let started = Instant::now();
+    let first = World::new(&spec.shape());
+    let mut seen = HashSet::from([fingerprint(&first)]);
+    // Parent links: (parent node, the input that led here).
+    let mut nodes: Vec<(usize, Option<Input>)> = vec![(0, None)];
+    let mut queue = VecDeque::from([(first, 0usize)]);
+    let path = |nodes: &[(usize, Option<Input>)], mut at: usize, last: Option<Input>| {
+        let mut inputs: Vec<Input> = last.into_iter().collect();
+        while let (parent, Some(input)) = &nodes[at] {
+            inputs.push(input.clone());
+            at = *parent;
+        }
+        inputs.reverse();
+        inputs
+    };
+    while let Some((world, node)) = queue.pop_front() {
+        let here = fingerprint(&world);
+        let mut moved = false;
+        for input in world.inputs() {
+            let mut next = world.clone();
+            if let Err(broken) = next.apply(&input) {
+                return Err(Box::new(Counterexample {
+                    broken,
+                    inputs: path(&nodes, node, Some(input)),
+                }));
+            }
+            let print = fingerprint(&next);
+            if print == here {
+                continue;
+            }
+            moved = true;
+            if seen.insert(print) {
+                if seen.len() > limit {
+                    return Err(Box::new(Counterexample {
+                        broken: format!("more than {limit} states: tighten the world's bounds"),
+                        inputs: Vec::new(),
+                    }));
+                }
+                nodes.push((node, Some(input)));
+                queue.push_back((next, nodes.len() - 1));
+            }
+        }
+        if !moved && let Err(broken) = world.check_quiet() {
+            return Err(Box::new(Counterexample {
+                broken,
+                inputs: path(&nodes, node, None),
+            }));
+        }
+    }
+    Ok(Explored {
+        states: seen.len(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// One seeded walk.
+#[derive(Debug, Clone)]
+pub struct Simulated {
+    /// Inputs applied.
+    pub steps: usize,
+}
+
+/// SplitMix64: a seed's sequence is fixed by this code alone (no crate's
+/// generator, whose stream may change between versions).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Walks a world drawn from `seed` at random, up to `max_steps` inputs,
+/// handing `trace` the `Debug` text of every input and every command the
+/// machines decided, in order.
+///
+/// # Errors
+/// The broken promise and the inputs that led to it.
+pub fn simulate(
+    seed: u64,
+    max_steps: usize,
+    trace: &mut dyn FnMut(&str),
+) -> Result<Simulated, Box<Counterexample>> {
+    let mut rng = SplitMix(seed);
+    let spec = WorldSpec::drawn(rng.next());
+    trace(&format!("{spec:?}"));
+    let mut world = World::new(&spec.shape());
+    let mut inputs = Vec::new();
+    for _ in 0..max_steps {
+        let choices = world.inputs();
+        if choices.is_empty() {
+            break;
+        }
+        let input = choices[rng.below(choices.len())].clone();
+        trace(&format!("{input:?}"));
+        inputs.push(input.clone());
+        let done = world.apply(&input);
+        for command in world.journal.0.drain(..) {
+            trace(&command);
+        }
+        if let Err(broken) = done {
+            return Err(Box::new(Counterexample { broken, inputs }));
+        }
+    }
+    // Then the faults stop and the world runs to rest: only inputs that
+    // change it, until none does.
+    world.budget = Default::default();
+    let mut rest = false;
+    for _ in 0..max_steps {
+        let moving: Vec<Input> = world
+            .inputs()
+            .into_iter()
+            .filter(|i| {
+                let mut next = world.clone();
+                next.apply(i).is_err() || next.fingerprint() != world.fingerprint()
+            })
+            .collect();
+        if moving.is_empty() {
+            if let Err(broken) = world.check_quiet() {
+                return Err(Box::new(Counterexample { broken, inputs }));
+            }
+            rest = true;
+            break;
+        }
+        let input = moving[rng.below(moving.len())].clone();
+        trace(&format!("{input:?}"));
+        inputs.push(input.clone());
+        let done = world.apply(&input);
+        for command in world.journal.0.drain(..) {
+            trace(&command);
+        }
+        if let Err(broken) = done {
+            return Err(Box::new(Counterexample { broken, inputs }));
+        }
+    }
+    if !rest {
+        return Err(Box::new(Counterexample {
+            broken: format!("no rest {max_steps} inputs after the last fault"),
+            inputs,
+        }));
+    }
+    Ok(Simulated {
+        steps: inputs.len(),
+    })
+}

@@ -1,0 +1,795 @@
+//! A small world: the platform model, one store model per database, and
+//! executor processes whose every decision is the runner's own — the call
+//! machine (`runner::machine`) and the lifecycle's pure plan
+//! (`lifecycle::plan_with`). Each [`Input`] is one thing that can happen
+//! next; [`World::apply`] does it and checks the promises on the way.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use serde_json::json;
+use toolrunner_protocol::wire::{CallState, ReceiptKind};
+
+use super::platform::{PlatformModel, Refusal};
+use super::store::StoreModel;
+use crate::api::context::{confirms_before_connect, may_act};
+use crate::api::handler::Effect;
+use crate::lifecycle::{Event, FinalReceipt, Given, Snapshot, plan_with};
+use crate::runner::machine::Reply;
+use crate::runner::machine::accept::{self, OnAccepted, OnSaved, Saved};
+use crate::runner::machine::claim::{self, OnClaim};
+use crate::runner::machine::deliver::{self, Mark, OnDelivery};
+use crate::runner::machine::resume::{self, Again, OnRunning, StillRuns};
+use crate::runner::machine::step::{self, Step};
+use crate::store::{Change, LocalState, PendingReport, ReceiptStatus};
+
+/// The run every call of a world belongs to.
+pub(crate) const RUN: &str = "run_1";
+
+/// How many of each fault a world may still inject.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Budget {
+    /// Process crashes (at any point between two durable steps).
+    pub crashes: u8,
+    /// Answers lost after the platform acted on the request.
+    pub lost: u8,
+    /// Platform cancels of the run.
+    pub cancels: u8,
+    /// Lease expiries on the platform.
+    pub expiries: u8,
+    /// Pauses of a process past its lease (then another process of its
+    /// identity takes it over).
+    pub pauses: u8,
+    /// Operators' resolves of a call whose outcome is unknown.
+    pub resolves: u8,
+}
+
+/// One executor process.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Proc {
+    identity: String,
+    db: usize,
+    token: u32,
+    up: bool,
+    paused: bool,
+    conn: Option<String>,
+    /// Calls whose `accepted` this process saw confirmed (not resumed).
+    started: BTreeSet<String>,
+    /// Write calls whose effect ran here and whose outcome is not saved.
+    in_handler: BTreeSet<String>,
+    /// Calls in `reconciliation_required` this process has checked.
+    checked: BTreeSet<String>,
+}
+
+/// Something that can happen next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// Process `p` starts (a restart after a crash, or a takeover of its
+    /// identity from a paused process): takes the identity, connects.
+    Start(usize),
+    /// Process `p` connects again (its lease lapsed or was superseded).
+    Connect(usize),
+    /// Process `p` dies: what it had not committed is lost.
+    Crash(usize),
+    /// Process `p` stops past its lease.
+    Pause(usize),
+    /// A paused process `p` goes on.
+    Resume(usize),
+    /// Process `p` takes the next step of `call`; `lost`: the platform
+    /// acts on the request but its answer is lost.
+    Step {
+        /// Process.
+        p: usize,
+        /// Call.
+        call: String,
+        /// Whether the answer is lost.
+        lost: bool,
+    },
+    /// Process `p` sends the report the call's row holds.
+    Report {
+        /// Process.
+        p: usize,
+        /// Call.
+        call: String,
+    },
+    /// The platform's lease of identity `i` lapses.
+    Expire(usize),
+    /// The platform cancels the run.
+    Cancel,
+    /// An operator resolves a call in `reconciliation_required` on
+    /// database `db`, with what really happened.
+    Resolve {
+        /// Database.
+        db: usize,
+        /// Call.
+        call: String,
+    },
+}
+
+/// A small world's state.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct World {
+    pub(crate) platform: PlatformModel,
+    pub(crate) dbs: Vec<StoreModel>,
+    pub(crate) procs: Vec<Proc>,
+    pub(crate) identities: Vec<String>,
+    /// call → how many times its effect happened.
+    pub(crate) effects: Vec<(String, u32)>,
+    pub(crate) budget: Budget,
+    ids: u32,
+    /// Every event the machines decided, in order (not part of the state).
+    pub(crate) journal: Journal,
+}
+
+/// What the machines decided, for the trace; every journal is equal to
+/// every other and prints nothing, so it is no part of a state.
+#[derive(Clone, Default)]
+pub(crate) struct Journal(pub(crate) Vec<String>);
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        Ok(())
+    }
+}
+
+impl PartialEq for Journal {
+    fn eq(&self, _: &Journal) -> bool {
+        true
+    }
+}
+
+/// What a world is made of.
+#[derive(Debug, Clone)]
+pub(crate) struct Shape {
+    /// `(call id, tool)`: tool `pay` is a write with a reconcile hook,
+    /// `book` is transactional.
+    pub(crate) calls: Vec<(&'static str, &'static str)>,
+    /// `(identity, database)` of each process; the first process of each
+    /// identity starts up.
+    pub(crate) procs: Vec<(usize, usize)>,
+    pub(crate) identities: usize,
+    pub(crate) dbs: usize,
+    pub(crate) budget: Budget,
+}
+
+fn effect_of(tool: &str) -> Option<Effect> {
+    match tool {
+        "pay" => Some(Effect::Write),
+        "book" => Some(Effect::Transactional),
+        _ => None,
+    }
+}
+
+fn reply<T>(r: &Result<T, Refusal>, lost: bool) -> Reply<&T> {
+    match r {
+        _ if lost => Reply::Unreachable("the answer was lost".into()),
+        Ok(t) => Reply::Answered(t),
+        Err((status, code)) => Reply::Refused {
+            status: *status,
+            code: (*code).to_owned(),
+            message: format!("{status} {code}"),
+        },
+    }
+}
+
+fn epoch() -> crate::store::Timestamp {
+    chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default()
+}
+
+impl World {
+    pub(crate) fn new(shape: &Shape) -> World {
+        let mut platform = PlatformModel::new();
+        for (call, tool) in &shape.calls {
+            platform.add_call(RUN, call, tool);
+        }
+        let identities: Vec<String> = (0..shape.identities)
+            .map(|i| format!("exe_{}", (b'a' + i as u8) as char))
+            .collect();
+        let procs = shape
+            .procs
+            .iter()
+            .map(|&(i, db)| Proc {
+                identity: identities[i].clone(),
+                db,
+                token: 0,
+                up: false,
+                paused: false,
+                conn: None,
+                started: BTreeSet::new(),
+                in_handler: BTreeSet::new(),
+                checked: BTreeSet::new(),
+            })
+            .collect();
+        let mut w = World {
+            platform,
+            dbs: vec![StoreModel::default(); shape.dbs],
+            procs,
+            identities,
+            effects: shape
+                .calls
+                .iter()
+                .map(|(c, _)| ((*c).to_owned(), 0))
+                .collect(),
+            budget: shape.budget.clone(),
+            ids: 0,
+            journal: Journal::default(),
+        };
+        let mut first = BTreeSet::new();
+        for p in 0..w.procs.len() {
+            if first.insert(w.procs[p].identity.clone()) {
+                w.start(p);
+            }
+        }
+        w
+    }
+
+    /// A text that two worlds share exactly when they are the same state.
+    pub(crate) fn fingerprint(&self) -> String {
+        let mut s = String::new();
+        let _ = write!(s, "{self:?}");
+        s
+    }
+
+    fn next_id(&mut self, prefix: &str) -> String {
+        self.ids += 1;
+        format!("{prefix}_{}", self.ids)
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.effects.iter().map(|(c, _)| c.clone()).collect()
+    }
+
+    fn holds(&self, p: usize) -> bool {
+        let pr = &self.procs[p];
+        self.dbs[pr.db].holds(&pr.identity, pr.token)
+    }
+
+    /// Everything that can happen next.
+    pub(crate) fn inputs(&self) -> Vec<Input> {
+        let mut out = Vec::new();
+        for (p, pr) in self.procs.iter().enumerate() {
+            // Nobody who holds the identity goes on: another process of it
+            // (or this one, whose identity moved on) may take it.
+            let holder_gone = self.procs.iter().all(|q| {
+                q.identity != pr.identity
+                    || q.db != pr.db
+                    || !q.up
+                    || q.paused
+                    || !self.dbs[q.db].holds(&q.identity, q.token)
+            });
+            if !pr.up || (!pr.paused && !self.dbs[pr.db].holds(&pr.identity, pr.token)) {
+                if holder_gone {
+                    out.push(Input::Start(p));
+                }
+                if !pr.up {
+                    continue;
+                }
+            }
+            if pr.paused {
+                out.push(Input::Resume(p));
+                continue;
+            }
+            if self.budget.crashes > 0 {
+                out.push(Input::Crash(p));
+            }
+            if self.budget.pauses > 0 && self.procs.len() > 1 {
+                out.push(Input::Pause(p));
+            }
+            let live = pr
+                .conn
+                .as_deref()
+                .is_some_and(|c| self.platform.is_live(&pr.identity, c));
+            if !live {
+                out.push(Input::Connect(p));
+                continue;
+            }
+            for call in self.calls() {
+                out.push(Input::Step {
+                    p,
+                    call: call.clone(),
+                    lost: false,
+                });
+                if self.budget.lost > 0 {
+                    out.push(Input::Step {
+                        p,
+                        call: call.clone(),
+                        lost: true,
+                    });
+                }
+                let row = self.dbs[pr.db].calls.get(&call);
+                if row.is_some_and(|r| r.report.is_some()) {
+                    out.push(Input::Report { p, call });
+                }
+            }
+        }
+        if self.budget.expiries > 0 {
+            out.extend((0..self.identities.len()).map(Input::Expire));
+        }
+        if self.budget.cancels > 0 {
+            out.push(Input::Cancel);
+        }
+        if self.budget.resolves > 0 {
+            for (db, d) in self.dbs.iter().enumerate() {
+                for (call, row) in &d.calls {
+                    if row.state == LocalState::ReconciliationRequired {
+                        out.push(Input::Resolve {
+                            db,
+                            call: call.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn start(&mut self, p: usize) {
+        let (identity, db) = (self.procs[p].identity.clone(), self.procs[p].db);
+        let token = self.dbs[db].take(&identity);
+        let pr = &mut self.procs[p];
+        pr.token = token;
+        pr.up = true;
+        pr.paused = false;
+        pr.conn = None;
+        pr.started.clear();
+        pr.in_handler.clear();
+        pr.checked.clear();
+        self.connect(p);
+    }
+
+    fn connect(&mut self, p: usize) {
+        if confirms_before_connect() && !self.holds(p) {
+            return;
+        }
+        let (conn, _outstanding) = self.platform.connect(&self.procs[p].identity);
+        self.procs[p].conn = Some(conn);
+    }
+
+    /// Does `input`; `Err` names the promise it broke.
+    pub(crate) fn apply(&mut self, input: &Input) -> Result<(), String> {
+        match input {
+            Input::Start(p) => self.start(*p),
+            Input::Connect(p) => self.connect(*p),
+            Input::Crash(p) => {
+                self.budget.crashes -= 1;
+                let pr = &mut self.procs[*p];
+                pr.up = false;
+                pr.conn = None;
+            }
+            Input::Pause(p) => {
+                self.budget.pauses -= 1;
+                self.procs[*p].paused = true;
+                // Past its lease: the platform's lease lapses too.
+                let id = self.procs[*p].identity.clone();
+                self.platform.expire(&id);
+            }
+            Input::Resume(p) => self.procs[*p].paused = false,
+            Input::Expire(i) => {
+                self.budget.expiries -= 1;
+                let id = self.identities[*i].clone();
+                self.platform.expire(&id);
+            }
+            Input::Cancel => {
+                self.budget.cancels -= 1;
+                self.platform.cancel(RUN);
+            }
+            Input::Resolve { db, call } => {
+                self.budget.resolves -= 1;
+                self.resolve(*db, call)?;
+            }
+            Input::Report { p, call } => self.report(*p, call),
+            Input::Step { p, call, lost } => {
+                if *lost {
+                    self.budget.lost -= 1;
+                }
+                self.step(*p, call, *lost)?;
+            }
+        }
+        self.check()
+    }
+
+    /// Plans `event` on the row and commits it as process `p`; `false` when
+    /// the plan or the commit was refused (a lost race, a fenced process).
+    fn commit(&mut self, p: usize, call: &str, event: Event) -> bool {
+        let pr = &self.procs[p];
+        let (identity, token, db) = (pr.identity.clone(), pr.token, pr.db);
+        let snapshot = Snapshot {
+            call: self.dbs[db].calls.get(call).cloned(),
+            receipts: Some(self.dbs[db].receipts_of(call).to_vec()),
+        };
+        let receipt_id = self.next_id("rcp");
+        let given = Given {
+            executor_id: &identity,
+            now: epoch(),
+            receipt_id,
+        };
+        let line = format!("{identity}#{token} {call} {event:?}");
+        let Ok(plan) = plan_with(&snapshot, (RUN, call), event, &given) else {
+            self.journal.0.push(format!("{line}: not allowed"));
+            return false;
+        };
+        let done = self.dbs[db].commit(&identity, token, &plan.changes);
+        self.journal.0.push(format!("{line}: {done:?}"));
+        done.is_ok()
+    }
+
+    fn mark(&mut self, p: usize, receipt_id: &str, status: ReceiptStatus) {
+        let pr = &self.procs[p];
+        let change = Change::ReceiptStatus {
+            receipt_id: receipt_id.to_owned(),
+            status,
+            error: None,
+            attempt: true,
+        };
+        let _ = self.dbs[pr.db].commit(&pr.identity.clone(), pr.token, &[change]);
+    }
+
+    fn effect(&mut self, p: usize, call: &str, resumed: bool) -> Result<(), String> {
+        let identity = self.procs[p].identity.clone();
+        if !self.holds(p) {
+            return Err(format!(
+                "the effect of {call} ran in a process whose identity {identity} moved on (a zombie)"
+            ));
+        }
+        if !self.platform.running_for(call, &identity)
+            && (resumed || !self.platform.accepted_by(call, &identity))
+        {
+            return Err(format!(
+                "the effect of {call} ran without the platform's call running for {identity} (a run revived, or no confirmed accepted)"
+            ));
+        }
+        let n = self
+            .effects
+            .iter_mut()
+            .find(|(c, _)| c == call)
+            .map(|(_, n)| n)
+            .ok_or("no such call")?;
+        *n += 1;
+        let n = *n;
+        let token = self.procs[p].token;
+        self.journal
+            .0
+            .push(format!("{identity}#{token} {call} the effect happens"));
+        if n > 1 {
+            return Err(format!("the effect of {call} ran {n} times"));
+        }
+        Ok(())
+    }
+
+    fn happened(&self, call: &str) -> bool {
+        self.effects.iter().any(|(c, n)| c == call && *n > 0)
+    }
+
+    fn step(&mut self, p: usize, call: &str, lost: bool) -> Result<(), String> {
+        let pr = self.procs[p].clone();
+        let Some(conn) = pr.conn.clone() else {
+            return Ok(());
+        };
+        let tool = self.platform.tool(call).unwrap_or_default().to_owned();
+        let Some(row) = self.dbs[pr.db].calls.get(call).cloned() else {
+            if self.platform.pending().iter().any(|c| c == call) {
+                let operation_key = self.next_id("op");
+                self.commit(
+                    p,
+                    call,
+                    Event::Discovered {
+                        tool_name: tool,
+                        operation_key,
+                    },
+                );
+            }
+            return Ok(());
+        };
+        match step::next(row.state, pr.checked.contains(call)) {
+            Step::Done => {
+                if matches!(row.state, LocalState::Abandoned | LocalState::Released)
+                    && self.platform.pending().iter().any(|c| c == call)
+                {
+                    let operation_key = self.next_id("op");
+                    self.commit(
+                        p,
+                        call,
+                        Event::Retried {
+                            tool_name: tool,
+                            operation_key,
+                        },
+                    );
+                }
+            }
+            Step::Claim => {
+                let answer = self
+                    .platform
+                    .claim(&pr.identity, &conn, call, &row.operation_key);
+                let event = match claim::on_reply(&reply(&answer, lost)) {
+                    OnClaim::Record => {
+                        let claimed = answer.as_ref().map_err(|e| format!("{e:?}"))?;
+                        claim::answered(claimed, false)
+                    }
+                    OnClaim::Refused(event) => event,
+                    OnClaim::Configuration(_) | OnClaim::Wait(_) => return Ok(()),
+                };
+                self.commit(p, call, event);
+            }
+            Step::Accept => {
+                let asg = row
+                    .assignment
+                    .clone()
+                    .ok_or("assigned without assignment")?;
+                let stored = self.dbs[pr.db]
+                    .receipts_of(call)
+                    .iter()
+                    .find(|r| {
+                        r.assignment_id == asg.assignment_id && r.kind == ReceiptKind::Accepted
+                    })
+                    .cloned();
+                let saved = match &stored {
+                    None => Saved::None,
+                    Some(r)
+                        if matches!(
+                            r.status,
+                            ReceiptStatus::Pending | ReceiptStatus::Delivered
+                        ) =>
+                    {
+                        Saved::Sendable
+                    }
+                    Some(r) => Saved::Spent {
+                        receipt_id: r.receipt_id.clone(),
+                        status: r.status.as_str().to_owned(),
+                    },
+                };
+                match (accept::on_saved(&saved), stored) {
+                    (OnSaved::Reclaim(event), _) => {
+                        self.commit(p, call, event);
+                    }
+                    (OnSaved::Send, Some(r)) => {
+                        // No handler may start on a lease that lapsed.
+                        if !self.holds(p) {
+                            return Ok(());
+                        }
+                        let answer = self.platform.receipt(call, asg.grant.expose(), &r.body);
+                        self.no_conflict(&answer)?;
+                        let event = match accept::on_reply(&reply(&answer, lost), &r.receipt_id) {
+                            OnAccepted::Confirmed(e) | OnAccepted::Record(e) => e,
+                            OnAccepted::Wait(_) | OnAccepted::Configuration(_) => return Ok(()),
+                        };
+                        let confirmed = matches!(event, Event::AcceptConfirmed { .. });
+                        if self.commit(p, call, event) && confirmed {
+                            self.procs[p].started.insert(call.to_owned());
+                        }
+                    }
+                    _ => {
+                        self.commit(p, call, Event::AcceptedSaved);
+                    }
+                }
+            }
+            Step::Run => self.run(p, call, &tool, lost)?,
+            Step::Deliver => {
+                let Some(asg) = row.assignment.clone() else {
+                    return Ok(());
+                };
+                let Some(r) = self.dbs[pr.db]
+                    .receipts_of(call)
+                    .iter()
+                    .find(|r| {
+                        r.kind.is_final()
+                            && r.status == ReceiptStatus::Pending
+                            && r.assignment_id == asg.assignment_id
+                    })
+                    .cloned()
+                else {
+                    return Ok(());
+                };
+                let answer = self.platform.receipt(call, asg.grant.expose(), &r.body);
+                self.no_conflict(&answer)?;
+                match deliver::on_reply(&reply(&answer, lost), r.kind, r.sequence, &r.receipt_id) {
+                    OnDelivery::Settle(event) => {
+                        let delivered = matches!(event, Event::Delivered { .. });
+                        if self.commit(p, call, event) && delivered {
+                            self.mark(p, &r.receipt_id, ReceiptStatus::Delivered);
+                        }
+                    }
+                    OnDelivery::Mark(Mark::Delivered) => {
+                        self.mark(p, &r.receipt_id, ReceiptStatus::Delivered);
+                    }
+                    OnDelivery::Mark(Mark::Rejected) => {
+                        self.mark(p, &r.receipt_id, ReceiptStatus::Rejected);
+                    }
+                    OnDelivery::Later { .. } => {}
+                }
+            }
+            Step::Check => {
+                // The tool's reconcile hook looks at what really happened.
+                let event = if self.happened(call) {
+                    Event::HookHappened { result: json!({}) }
+                } else {
+                    Event::HookDidNotHappen
+                };
+                if tool == "pay" {
+                    self.commit(p, call, event);
+                }
+                self.procs[p].checked.insert(call.to_owned());
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, p: usize, call: &str, tool: &str, lost: bool) -> Result<(), String> {
+        let pr = self.procs[p].clone();
+        let resumed = !pr.started.contains(call);
+        if pr.in_handler.contains(call) {
+            // The handler returned: its outcome is saved (or, fenced, not).
+            self.procs[p].in_handler.remove(call);
+            self.commit(p, call, finished());
+            return Ok(());
+        }
+        match resume::on_running(effect_of(tool), resumed) {
+            OnRunning::Settle(event) => {
+                self.commit(p, call, event);
+            }
+            OnRunning::Run => self.handler(p, call, tool, resumed)?,
+            OnRunning::CheckLease => {
+                let identity = pr.identity.clone();
+                let platform = if lost {
+                    None
+                } else {
+                    Some(match self.platform.state(call) {
+                        None => StillRuns::Forgotten,
+                        Some(_) if self.platform.running_for(call, &identity) => StillRuns::Yes,
+                        Some(s) if s.is_terminal() => StillRuns::Ended,
+                        Some(_) => StillRuns::Yes,
+                    })
+                };
+                match resume::transactional_again(false, Some(platform)) {
+                    Ok(Again::Run) => self.handler(p, call, tool, resumed)?,
+                    Ok(Again::Settle(event)) => {
+                        self.commit(p, call, event);
+                    }
+                    Ok(Again::AskPlatform) | Err(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn handler(&mut self, p: usize, call: &str, tool: &str, resumed: bool) -> Result<(), String> {
+        if effect_of(tool) == Some(Effect::Transactional) {
+            // Its writes commit with its outcome, or not at all.
+            if self.commit(p, call, finished()) {
+                self.effect(p, call, resumed)?;
+            }
+            return Ok(());
+        }
+        // `ctx.commit_point()` right before the irreversible step.
+        if !may_act(self.holds(p)) {
+            return Ok(());
+        }
+        self.effect(p, call, resumed)?;
+        self.procs[p].in_handler.insert(call.to_owned());
+        Ok(())
+    }
+
+    fn report(&mut self, p: usize, call: &str) {
+        let pr = self.procs[p].clone();
+        let Some(conn) = pr.conn.clone() else { return };
+        let Some(report) = self.dbs[pr.db].calls.get(call).and_then(|r| r.report) else {
+            return;
+        };
+        let state = match report {
+            PendingReport::ReconciliationRequired => "reconciliation_required",
+            PendingReport::PendingDelivery => "pending_delivery",
+            PendingReport::Released => "released",
+        };
+        if let Ok(outcome) = self.platform.report(&pr.identity, &conn, call, state) {
+            self.commit(
+                p,
+                call,
+                Event::Reported {
+                    outcome: outcome.to_owned(),
+                },
+            );
+        }
+    }
+
+    fn resolve(&mut self, db: usize, call: &str) -> Result<(), String> {
+        let outcome = if self.happened(call) {
+            finished_outcome()
+        } else {
+            FinalReceipt::failed("not_performed", "the operator found it not done")
+        };
+        // The operator's console writes as the identity's current holder.
+        let p = self
+            .procs
+            .iter()
+            .position(|q| q.db == db && self.dbs[db].holds(&q.identity, q.token))
+            .ok_or("no holder")?;
+        self.commit(
+            p,
+            call,
+            Event::OperatorResolved {
+                outcome,
+                reason: "checked the provider".into(),
+                evidence: "the provider's record".into(),
+            },
+        );
+        Ok(())
+    }
+
+    fn no_conflict<T>(&self, answer: &Result<T, Refusal>) -> Result<(), String> {
+        match answer {
+            Err((409, "receipt_conflict")) => {
+                Err("a stored receipt was sent again with other bytes".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The promises that hold in every state.
+    fn check(&self) -> Result<(), String> {
+        for (call, n) in &self.effects {
+            match self.platform.state(call) {
+                Some(CallState::Completed) if *n == 0 => {
+                    return Err(format!(
+                        "{call} completed on the platform, its effect never ran"
+                    ));
+                }
+                Some(CallState::Failed) if *n > 0 => {
+                    return Err(format!(
+                        "{call} failed on the platform, yet its effect ran (an unknown outcome settled by a guess)"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for d in &self.dbs {
+            for r in d.receipts.values().flatten() {
+                if let Some(body) = self.platform.receipt_body(&r.call_id, &r.receipt_id)
+                    && body != r.body
+                {
+                    return Err(format!(
+                        "receipt {} holds other bytes on the platform",
+                        r.receipt_id
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The promises of a world where nothing more can happen.
+    pub(crate) fn check_quiet(&self) -> Result<(), String> {
+        for (call, _) in &self.effects {
+            match self.platform.state(call) {
+                Some(s) if s.is_terminal() => {}
+                s => return Err(format!("{call} is stuck, {s:?} on the platform")),
+            }
+        }
+        for d in &self.dbs {
+            for (call, row) in &d.calls {
+                let live = row.assignment.as_ref().map(|a| a.assignment_id.as_str());
+                for r in d.receipts_of(call) {
+                    if r.kind.is_final()
+                        && r.status == ReceiptStatus::Pending
+                        && Some(r.assignment_id.as_str()) == live
+                        && row.state == LocalState::Settled
+                    {
+                        return Err(format!("receipt {} was never delivered", r.receipt_id));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn finished_outcome() -> FinalReceipt {
+    FinalReceipt {
+        kind: ReceiptKind::Completed,
+        extra: json!({"result": {"done": true}}),
+    }
+}
+
+fn finished() -> Event {
+    Event::HandlerFinished {
+        outcome: finished_outcome(),
+    }
+}

@@ -1,0 +1,150 @@
+//! The worlds `model` exhausts, each with its bounds, and the larger ones
+//! `dsim` draws from a seed.
+
+use super::world::{Budget, Shape};
+
+/// A world: its calls, identities, processes and faults.
+#[derive(Debug, Clone)]
+pub struct WorldSpec {
+    /// Its name, as `model` prints it.
+    pub name: String,
+    /// `(call, tool)`: `pay` is a write with a reconcile hook, `book` a
+    /// transactional tool.
+    pub calls: Vec<(&'static str, &'static str)>,
+    /// Executor identities.
+    pub identities: usize,
+    /// `(identity, database)` of each process; the first of each identity
+    /// starts, the others take it over when it pauses or dies.
+    pub procs: Vec<(usize, usize)>,
+    /// Databases.
+    pub dbs: usize,
+    /// Faults it may inject.
+    pub budget: Budget,
+}
+
+impl WorldSpec {
+    pub(crate) fn shape(&self) -> Shape {
+        Shape {
+            calls: self.calls.clone(),
+            procs: self.procs.clone(),
+            identities: self.identities,
+            dbs: self.dbs,
+            budget: self.budget.clone(),
+        }
+    }
+
+    /// Its bounds, in one line.
+    pub fn bounds(&self) -> String {
+        let b = &self.budget;
+        format!(
+            "calls {:?}, {} identities, processes {:?} (identity, database), {} databases; at most {} crashes, {} lost answers, {} cancels, {} lease expiries, {} pauses, {} operator resolves",
+            self.calls,
+            self.identities,
+            self.procs,
+            self.dbs,
+            b.crashes,
+            b.lost,
+            b.cancels,
+            b.expiries,
+            b.pauses,
+            b.resolves
+        )
+    }
+
+    /// A larger world drawn from `seed`: up to four calls, three
+    /// identities, a pair of processes sharing an identity, every fault.
+    pub(crate) fn drawn(seed: u64) -> WorldSpec {
+        let pick = |shift: u32, n: u64| ((seed >> shift) % n) as usize;
+        let tools = ["pay", "book"];
+        let names = ["c1", "c2", "c3", "c4"];
+        let calls = (0..1 + pick(0, 4))
+            .map(|i| (names[i], tools[pick(8 + i as u32, 2)]))
+            .collect();
+        let identities = 1 + pick(16, 3);
+        let mut procs: Vec<(usize, usize)> = (0..identities).map(|i| (i, i)).collect();
+        if pick(20, 2) == 1 {
+            procs.push((0, 0));
+        }
+        let dbs = identities;
+        WorldSpec {
+            name: format!("drawn {seed:#x}"),
+            calls,
+            identities,
+            procs,
+            dbs,
+            budget: Budget {
+                crashes: 3,
+                lost: 4,
+                cancels: pick(24, 2) as u8,
+                expiries: 2,
+                pauses: 2,
+                resolves: 2,
+            },
+        }
+    }
+}
+
+/// The worlds `model` exhausts: small in a debug build, larger in release.
+pub fn worlds() -> Vec<WorldSpec> {
+    let full = !cfg!(debug_assertions);
+    let one = |name: &str, calls, budget| WorldSpec {
+        name: name.to_owned(),
+        calls,
+        identities: 1,
+        procs: vec![(0, 0)],
+        dbs: 1,
+        budget,
+    };
+    let faults = Budget {
+        crashes: 1 + u8::from(full),
+        lost: 1,
+        cancels: 1,
+        expiries: 1,
+        pauses: 0,
+        resolves: 1,
+    };
+    vec![
+        one("one write call", vec![("c1", "pay")], faults.clone()),
+        one(
+            "one transactional call",
+            vec![("c1", "book")],
+            faults.clone(),
+        ),
+        one(
+            "two calls",
+            vec![("c1", "pay"), ("c2", "book")],
+            Budget {
+                crashes: 1,
+                lost: u8::from(full),
+                ..Budget::default()
+            },
+        ),
+        WorldSpec {
+            name: "two identities".into(),
+            calls: vec![("c1", "pay")],
+            identities: 2,
+            procs: vec![(0, 0), (1, 1)],
+            dbs: 2,
+            budget: Budget {
+                crashes: 1,
+                lost: u8::from(full),
+                expiries: 1,
+                ..Budget::default()
+            },
+        },
+        WorldSpec {
+            name: "a pause and a takeover".into(),
+            calls: vec![("c1", "pay")],
+            identities: 1,
+            procs: vec![(0, 0), (0, 0)],
+            dbs: 1,
+            budget: Budget {
+                crashes: 1,
+                lost: u8::from(full),
+                pauses: 1,
+                resolves: 1,
+                ..Budget::default()
+            },
+        },
+    ]
+}
