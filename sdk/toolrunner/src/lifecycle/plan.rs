@@ -190,13 +190,18 @@ pub(crate) fn plan_with(
     let now = given.now;
     let call = match current {
         Some(c) => c.clone(),
-        None => LocalCall::new(
-            key.0.to_owned(),
-            key.1.to_owned(),
-            String::new(),
-            String::new(),
-            Claiming,
-        ),
+        None => LocalCall {
+            // The time given, not the clock's: the same arguments, the
+            // same plan.
+            created_at: now,
+            ..LocalCall::new(
+                key.0.to_owned(),
+                key.1.to_owned(),
+                String::new(),
+                String::new(),
+                Claiming,
+            )
+        },
     };
     let from_state = current.map(|c| c.state);
     let mut draft = Draft {

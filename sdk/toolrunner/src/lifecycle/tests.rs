@@ -562,3 +562,26 @@ fn a_plan_with_its_clock_and_ids_passed_in_is_pure() {
         r.body
     );
 }
+
+/// And for a call the store does not hold yet: the new row's creation
+/// time is the one given, not the clock's (the model's states and the
+/// deterministic simulation's traces depend on it).
+#[test]
+fn a_plan_of_a_new_call_takes_its_creation_time_from_what_is_given() {
+    let given = Given {
+        executor_id: "exe_1",
+        now: chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
+            .expect("a time")
+            .with_timezone(&chrono::Utc),
+        receipt_id: "rcp_given".into(),
+    };
+    let event = || Event::Discovered {
+        tool_name: "t".into(),
+        operation_key: "op_1".into(),
+    };
+    let first = plan_with(&Snapshot::default(), KEY, event(), &given).expect("allowed");
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let second = plan_with(&Snapshot::default(), KEY, event(), &given).expect("allowed");
+    assert_eq!(first.call.created_at, given.now);
+    assert_eq!(format!("{first:?}"), format!("{second:?}"));
+}

@@ -128,7 +128,7 @@ pub fn worlds() -> Vec<WorldSpec> {
             budget: Budget {
                 crashes: 1,
                 lost: u8::from(full),
-                expiries: 1,
+                expiries: u8::from(full),
                 ..Budget::default()
             },
         },
