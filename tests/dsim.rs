@@ -6,7 +6,8 @@
 //!
 //! `TOOLRUNNER_DSIM_SEEDS` (how many, from seed 0), `TOOLRUNNER_DSIM_SEED`
 //! (one seed, and its trace), `TOOLRUNNER_DSIM_PARALLEL` (threads, each
-//! running whole seeds). Prints `dsim: N seeds in S s, F failed`, and for
+//! running whole seeds; with one seed, that many plays of it at once, which
+//! must all give the same trace). Prints `dsim: N seeds in S s, F failed`, and for
 //! one seed `dsim: seed N trace HEX`: the SHA-256 of the `Debug` text of
 //! every input and command in order (`TOOLRUNNER_DSIM_PRINT=1` prints
 //! them).
@@ -58,24 +59,37 @@ fn hex(bytes: &[u8]) -> String {
 
 #[test]
 fn seeded_walks_keep_the_promises() {
+    let parallel = env("TOOLRUNNER_DSIM_PARALLEL").unwrap_or(2).max(1);
     if let Some(seed) = env("TOOLRUNNER_DSIM_SEED") {
+        // The seed played on `parallel` threads at once: every play must
+        // give the same trace.
         let started = Instant::now();
-        let done = run(seed);
-        let failed = usize::from(done.is_err());
+        let plays: Vec<Result<String, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..parallel).map(|_| s.spawn(|| run(seed))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a play"))
+                .collect()
+        });
+        let done = plays[0].clone();
         match &done {
             Ok(trace) => println!("dsim: seed {seed} trace {trace}"),
             Err(e) => println!("dsim: {e}"),
         }
         println!(
-            "dsim: 1 seeds in {:.1} s, {failed} failed",
-            started.elapsed().as_secs_f64()
+            "dsim: 1 seeds in {:.1} s, {} failed",
+            started.elapsed().as_secs_f64(),
+            usize::from(done.is_err())
+        );
+        assert!(
+            plays.iter().all(|p| *p == done),
+            "the seed's {parallel} plays at once gave different traces: {plays:?}"
         );
         assert!(done.is_ok(), "{}", done.err().unwrap_or_default());
         return;
     }
     let seeds =
         env("TOOLRUNNER_DSIM_SEEDS").unwrap_or(if cfg!(debug_assertions) { 200 } else { 2_000 });
-    let parallel = env("TOOLRUNNER_DSIM_PARALLEL").unwrap_or(2).max(1);
     let next = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
     let started = Instant::now();

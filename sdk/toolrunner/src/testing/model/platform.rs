@@ -34,6 +34,11 @@ struct Call {
     receipts: BTreeMap<String, String>,
     accepted: bool,
     last_sequence: Option<u64>,
+    /// Flagged `pending_delivery` by its executor.
+    pending_delivery: bool,
+    /// Receipts that arrived after the run ended: kept for audit, never
+    /// processed (receipt id → body).
+    late: BTreeMap<String, String>,
 }
 
 impl Call {
@@ -49,6 +54,10 @@ pub struct PlatformModel {
     calls: BTreeMap<String, Call>,
     /// executor id → its current connection id, and whether its lease lives.
     conns: BTreeMap<String, (String, bool)>,
+    /// Connections that were over (their lease lapsed) before a newer
+    /// connect superseded them: they answer `lease_expired`, what happened
+    /// first (`docs/protocol.md`, choice 67, as the development platform).
+    ended: Vec<String>,
     cancelled: Vec<String>,
     next_id: u32,
 }
@@ -76,6 +85,8 @@ impl PlatformModel {
                 receipts: BTreeMap::new(),
                 accepted: false,
                 last_sequence: None,
+                pending_delivery: false,
+                late: BTreeMap::new(),
             },
         );
     }
@@ -92,6 +103,17 @@ impl PlatformModel {
             c.state == CallState::Running
                 && c.accepted
                 && c.live().is_some_and(|a| a.executor == executor)
+        })
+    }
+
+    /// Whether the call is still `executor`'s: `running` or
+    /// `reconciliation_required` under its live assignment.
+    pub fn bound_to(&self, call_id: &str, executor: &str) -> bool {
+        self.calls.get(call_id).is_some_and(|c| {
+            matches!(
+                c.state,
+                CallState::Running | CallState::ReconciliationRequired
+            ) && c.live().is_some_and(|a| a.executor == executor)
         })
     }
 
@@ -142,8 +164,11 @@ impl PlatformModel {
     /// `pending` and their assignments are released; `running` and
     /// `reconciliation_required` calls stay bound.
     pub fn expire(&mut self, executor: &str) {
-        if let Some((_, live)) = self.conns.get_mut(executor) {
+        if let Some((conn, live)) = self.conns.get_mut(executor) {
             *live = false;
+            if !self.ended.contains(conn) {
+                self.ended.push(conn.clone());
+            }
         }
         for c in self.calls.values_mut() {
             if c.state == CallState::Claimed && c.live().is_some_and(|a| a.executor == executor) {
@@ -156,6 +181,7 @@ impl PlatformModel {
         match self.conns.get(executor) {
             Some((c, true)) if c == connection_id => Ok(()),
             Some((c, false)) if c == connection_id => Err((409, "lease_expired")),
+            _ if self.ended.iter().any(|c| c == connection_id) => Err((409, "lease_expired")),
             Some(_) if self.seen(connection_id) => Err((409, "connection_superseded")),
             _ => Err((409, "lease_expired")),
         }
@@ -183,7 +209,7 @@ impl PlatformModel {
             return Err((400, "unknown_call"));
         }
         self.connection(executor, connection_id)?;
-        let cancelled = self.run_cancelled(call_id);
+        let cancelled = self.run_ended(call_id);
         let call = self.calls.get(call_id).expect("checked");
         if let Some(a) = call
             .asgs
@@ -215,10 +241,17 @@ impl PlatformModel {
         Ok(claimed(call_id, call, call.live().expect("pushed"), false))
     }
 
-    fn run_cancelled(&self, call_id: &str) -> bool {
-        self.calls
-            .get(call_id)
-            .is_some_and(|c| self.cancelled.contains(&c.run_id))
+    /// Whether the call's run ended: cancelled, or `completed` (every one
+    /// of its calls terminal).
+    fn run_ended(&self, call_id: &str) -> bool {
+        self.calls.get(call_id).is_some_and(|c| {
+            self.cancelled.contains(&c.run_id)
+                || self
+                    .calls
+                    .values()
+                    .filter(|o| o.run_id == c.run_id)
+                    .all(|o| o.state.is_terminal())
+        })
     }
 
     /// `POST /runs/{run}/tool-calls/{call}/receipts` with `Tool-Grant`.
@@ -260,7 +293,17 @@ impl PlatformModel {
                     .then_some(call.state == CallState::Running && current),
             });
         }
-        if self.run_cancelled(call_id) {
+        if let Some(stored) = call.late.get(&id) {
+            let same = serde_json::from_str::<Value>(stored).ok() == Some(parsed);
+            return Err(if same {
+                (409, "run_terminated")
+            } else {
+                (409, "receipt_conflict")
+            });
+        }
+        if self.run_ended(call_id) {
+            let call = self.calls.get_mut(call_id).expect("checked");
+            call.late.insert(id, body.to_owned());
             return Err((409, "run_terminated"));
         }
         if call.state.is_terminal() {
@@ -279,10 +322,7 @@ impl PlatformModel {
         if kind != "accepted" && !call.accepted && !settles_unstarted {
             return Err((409, "not_accepted"));
         }
-        if kind != "accepted"
-            && !settles_unstarted
-            && call.last_sequence.is_some_and(|s| sequence <= s)
-        {
+        if kind != "accepted" && call.last_sequence.is_some_and(|s| sequence <= s) {
             return Err((409, "sequence_conflict"));
         }
         let call = self.calls.get_mut(call_id).expect("checked");
@@ -322,7 +362,7 @@ impl PlatformModel {
             return Err((400, "unknown_call"));
         }
         self.connection(executor, connection_id)?;
-        let cancelled = self.run_cancelled(call_id);
+        let cancelled = self.run_ended(call_id);
         let call = self.calls.get_mut(call_id).expect("checked");
         let bound = call.live().is_some_and(|a| a.executor == executor);
         let outcome = if !bound {
@@ -342,7 +382,11 @@ impl PlatformModel {
                     release(call);
                     "updated"
                 }
-                ("pending_delivery", _) => "updated",
+                ("pending_delivery", _) if call.pending_delivery => "unchanged",
+                ("pending_delivery", _) => {
+                    call.pending_delivery = true;
+                    "updated"
+                }
                 _ => "not_applicable",
             }
         };

@@ -28,18 +28,38 @@ pub struct Counterexample {
     pub broken: String,
     /// The inputs from the world's first state, in order.
     pub inputs: Vec<Input>,
+    /// What the machines decided at each input (replayed from the start).
+    pub commands: Vec<Vec<String>>,
+}
+
+impl Counterexample {
+    fn new(spec: &WorldSpec, broken: String, inputs: Vec<Input>) -> Box<Counterexample> {
+        let mut world = World::new(&spec.shape());
+        world.journal.0.clear();
+        let commands = inputs
+            .iter()
+            .map(|input| {
+                let _ = world.apply(input);
+                std::mem::take(&mut world.journal.0)
+            })
+            .collect();
+        Box::new(Counterexample {
+            broken,
+            inputs,
+            commands,
+        })
+    }
 }
 
 impl std::fmt::Display for Counterexample {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "{}; reached by {} inputs:",
-            self.broken,
-            self.inputs.len()
-        )?;
+        let n = self.inputs.len();
+        writeln!(f, "{}; reached by {n} inputs:", self.broken)?;
         for (i, input) in self.inputs.iter().enumerate() {
             writeln!(f, "  {:>3}. {input:?}", i + 1)?;
+            for command in self.commands.get(i).into_iter().flatten() {
+                writeln!(f, "         -> {command}")?;
+            }
         }
         Ok(())
     }
@@ -83,10 +103,11 @@ pub fn explore(spec: &WorldSpec, limit: usize) -> Result<Explored, Box<Counterex
         for input in world.inputs() {
             let mut next = world.clone();
             if let Err(broken) = next.apply(&input) {
-                return Err(Box::new(Counterexample {
+                return Err(Counterexample::new(
+                    spec,
                     broken,
-                    inputs: path(&nodes, node, Some(input)),
-                }));
+                    path(&nodes, node, Some(input)),
+                ));
             }
             let print = fingerprint(&next);
             if print == here {
@@ -95,20 +116,18 @@ pub fn explore(spec: &WorldSpec, limit: usize) -> Result<Explored, Box<Counterex
             moved = true;
             if seen.insert(print) {
                 if seen.len() > limit {
-                    return Err(Box::new(Counterexample {
-                        broken: format!("more than {limit} states: tighten the world's bounds"),
-                        inputs: Vec::new(),
-                    }));
+                    return Err(Counterexample::new(
+                        spec,
+                        format!("more than {limit} states: tighten the world's bounds"),
+                        Vec::new(),
+                    ));
                 }
                 nodes.push((node, Some(input)));
                 queue.push_back((next, nodes.len() - 1));
             }
         }
         if !moved && let Err(broken) = world.check_quiet() {
-            return Err(Box::new(Counterexample {
-                broken,
-                inputs: path(&nodes, node, None),
-            }));
+            return Err(Counterexample::new(spec, broken, path(&nodes, node, None)));
         }
     }
     Ok(Explored {
@@ -171,7 +190,7 @@ pub fn simulate(
             trace(&command);
         }
         if let Err(broken) = done {
-            return Err(Box::new(Counterexample { broken, inputs }));
+            return Err(Counterexample::new(&spec, broken, inputs));
         }
     }
     // Then the faults stop and the world runs to rest: only inputs that
@@ -189,7 +208,7 @@ pub fn simulate(
             .collect();
         if moving.is_empty() {
             if let Err(broken) = world.check_quiet() {
-                return Err(Box::new(Counterexample { broken, inputs }));
+                return Err(Counterexample::new(&spec, broken, inputs));
             }
             rest = true;
             break;
@@ -202,14 +221,15 @@ pub fn simulate(
             trace(&command);
         }
         if let Err(broken) = done {
-            return Err(Box::new(Counterexample { broken, inputs }));
+            return Err(Counterexample::new(&spec, broken, inputs));
         }
     }
     if !rest {
-        return Err(Box::new(Counterexample {
-            broken: format!("no rest {max_steps} inputs after the last fault"),
+        return Err(Counterexample::new(
+            &spec,
+            format!("no rest {max_steps} inputs after the last fault"),
             inputs,
-        }));
+        ));
     }
     Ok(Simulated {
         steps: inputs.len(),

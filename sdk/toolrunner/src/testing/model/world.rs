@@ -141,8 +141,7 @@ impl PartialEq for Journal {
 /// What a world is made of.
 #[derive(Debug, Clone)]
 pub(crate) struct Shape {
-    /// `(call id, tool)`: tool `pay` is a write with a reconcile hook,
-    /// `book` is transactional.
+    /// `(call id, tool)`: as [`WorldSpec::calls`](super::WorldSpec::calls).
     pub(crate) calls: Vec<(&'static str, &'static str)>,
     /// `(identity, database)` of each process; the first process of each
     /// identity starts up.
@@ -154,7 +153,7 @@ pub(crate) struct Shape {
 
 fn effect_of(tool: &str) -> Option<Effect> {
     match tool {
-        "pay" => Some(Effect::Write),
+        "pay" | "ship" => Some(Effect::Write),
         "book" => Some(Effect::Transactional),
         _ => None,
     }
@@ -598,19 +597,46 @@ impl World {
                 }
             }
             Step::Check => {
-                // The tool's reconcile hook looks at what really happened.
-                let event = if self.happened(call) {
-                    Event::HookHappened { result: json!({}) }
-                } else {
-                    Event::HookDidNotHappen
-                };
-                if tool == "pay" {
-                    self.commit(p, call, event);
-                }
+                self.check_outcome(p, call, &tool, &row);
                 self.procs[p].checked.insert(call.to_owned());
             }
         }
         Ok(())
+    }
+
+    /// The tool's reconcile hook looks at what really happened; `ship`'s
+    /// runs the call again when it did not happen, as `tool.rerun_when_not_performed()`
+    /// and `runner::call::reconcile` do: only under an `accepted` this
+    /// store saw confirmed, only while the platform says the call is still
+    /// this executor's.
+    fn check_outcome(&mut self, p: usize, call: &str, tool: &str, row: &crate::store::LocalCall) {
+        if tool == "book" {
+            return;
+        }
+        let event = if self.happened(call) {
+            Event::HookHappened { result: json!({}) }
+        } else if tool == "ship" {
+            let snapshot = Snapshot {
+                call: Some(row.clone()),
+                receipts: Some(self.dbs[self.procs[p].db].receipts_of(call).to_vec()),
+            };
+            let identity = self.procs[p].identity.clone();
+            if snapshot.accepted_confirmed() != Some(true) {
+                Event::HookDidNotHappen
+            } else if !self.holds(p) {
+                return;
+            } else if self.platform.bound_to(call, &identity) {
+                Event::HookRerun
+            } else {
+                Event::HookRunCancelled
+            }
+        } else {
+            Event::HookDidNotHappen
+        };
+        let rerun = matches!(event, Event::HookRerun);
+        if self.commit(p, call, event) && rerun {
+            self.procs[p].started.insert(call.to_owned());
+        }
     }
 
     fn run(&mut self, p: usize, call: &str, tool: &str, lost: bool) -> Result<(), String> {

@@ -8,7 +8,8 @@ use super::world::{Budget, Shape};
 pub struct WorldSpec {
     /// Its name, as `model` prints it.
     pub name: String,
-    /// `(call, tool)`: `pay` is a write with a reconcile hook, `book` a
+    /// `(call, tool)`: `pay` is a write with a reconcile hook, `ship` a
+    /// write whose hook runs it again when it did not happen, `book` a
     /// transactional tool.
     pub calls: Vec<(&'static str, &'static str)>,
     /// Executor identities.
@@ -55,14 +56,14 @@ impl WorldSpec {
     /// identities, a pair of processes sharing an identity, every fault.
     pub(crate) fn drawn(seed: u64) -> WorldSpec {
         let pick = |shift: u32, n: u64| ((seed >> shift) % n) as usize;
-        let tools = ["pay", "book"];
+        let tools = ["pay", "book", "ship"];
         let names = ["c1", "c2", "c3", "c4"];
         let calls = (0..1 + pick(0, 4))
-            .map(|i| (names[i], tools[pick(8 + i as u32, 2)]))
+            .map(|i| (names[i], tools[pick(8 + 4 * i as u32, 3)]))
             .collect();
-        let identities = 1 + pick(16, 3);
+        let identities = 1 + pick(32, 3);
         let mut procs: Vec<(usize, usize)> = (0..identities).map(|i| (i, i)).collect();
-        if pick(20, 2) == 1 {
+        if pick(36, 2) == 1 {
             procs.push((0, 0));
         }
         let dbs = identities;
@@ -75,7 +76,7 @@ impl WorldSpec {
             budget: Budget {
                 crashes: 3,
                 lost: 4,
-                cancels: pick(24, 2) as u8,
+                cancels: pick(40, 2) as u8,
                 expiries: 2,
                 pauses: 2,
                 resolves: 2,
@@ -105,6 +106,11 @@ pub fn worlds() -> Vec<WorldSpec> {
     };
     vec![
         one("one write call", vec![("c1", "pay")], faults.clone()),
+        one(
+            "one write call whose hook runs it again",
+            vec![("c1", "ship")],
+            faults.clone(),
+        ),
         one(
             "one transactional call",
             vec![("c1", "book")],
