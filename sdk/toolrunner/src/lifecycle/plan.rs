@@ -66,7 +66,7 @@ pub(super) fn receipt_for(
     })
 }
 
-pub(super) fn mark(
+pub(crate) fn mark(
     receipt_id: &str,
     status: ReceiptStatus,
     error: Option<String>,

@@ -21,7 +21,7 @@ use crate::runner::machine::claim::{self, OnClaim};
 use crate::runner::machine::deliver::{self, Mark, OnDelivery};
 use crate::runner::machine::resume::{self, Again, OnRunning, StillRuns};
 use crate::runner::machine::step::{self, Step};
-use crate::store::{Change, LocalState, PendingReport, ReceiptStatus};
+use crate::store::{LocalState, PendingReport, ReceiptStatus};
 
 /// The run every call of a world belongs to.
 pub(crate) const RUN: &str = "run_1";
@@ -414,12 +414,7 @@ impl World {
 
     fn mark(&mut self, p: usize, receipt_id: &str, status: ReceiptStatus) {
         let pr = &self.procs[p];
-        let change = Change::ReceiptStatus {
-            receipt_id: receipt_id.to_owned(),
-            status,
-            error: None,
-            attempt: true,
-        };
+        let change = crate::lifecycle::mark(receipt_id, status, None, true);
         let _ = self.dbs[pr.db].commit(&pr.identity.clone(), pr.token, &[change]);
     }
 
