@@ -48,8 +48,22 @@ fn run(seed: u64) -> Result<String, String> {
             Ok(hex(&hash.finalize()))
         }
         Err(counterexample) => Err(format!(
-            "seed {seed}: {counterexample}replay: TOOLRUNNER_DSIM_SEED={seed} cargo test --release --test dsim -- --nocapture"
+            "seed {seed}: {counterexample}replay: {}TOOLRUNNER_DSIM_SEED={seed} cargo test --release --test dsim -- --nocapture",
+            planted()
         )),
+    }
+}
+
+/// The `RUSTFLAGS` of a build with a planted bug, for the replay command.
+fn planted() -> &'static str {
+    if cfg!(toolrunner_planted = "rerun") {
+        "RUSTFLAGS='--cfg toolrunner_planted=\"rerun\"' "
+    } else if cfg!(toolrunner_planted = "resume") {
+        "RUSTFLAGS='--cfg toolrunner_planted=\"resume\"' "
+    } else if cfg!(toolrunner_planted = "zombie") {
+        "RUSTFLAGS='--cfg toolrunner_planted=\"zombie\"' "
+    } else {
+        ""
     }
 }
 

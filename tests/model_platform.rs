@@ -31,8 +31,7 @@
 //! sides first answered differently, and assert the contract's answer
 //! (`protocol.md`): four were the model's mistakes, fixed in the model;
 //! one (C) is the development platform's documented choice 67, which the
-//! model now follows. The random walk still avoids those cases (commented
-//! where it does).
+//! model now follows. The random walk plays those cases too.
 
 use std::sync::Once;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -299,9 +298,6 @@ struct Both {
 struct ConPair {
     model: String,
     dev: String,
-    /// Its lease lapsed while it was the newest (the platform then answers
-    /// `lease_expired` for it even once superseded: disagreement C).
-    expired: bool,
 }
 
 struct AsgPair {
@@ -317,8 +313,6 @@ struct AsgPair {
 struct Sent {
     asg: usize,
     body: Body,
-    /// Answered `409 run_terminated` (a late receipt; disagreement D).
-    late: bool,
 }
 
 /// The model and the platform, fed the same steps.
@@ -518,7 +512,6 @@ impl<'a> World<'a> {
                     .as_str()
                     .expect("connection_id")
                     .to_owned(),
-                expired: false,
             });
             Answer::Connected { outstanding }
         } else {
@@ -622,8 +615,7 @@ impl<'a> World<'a> {
         } else {
             dev_refusal(st, &b)
         };
-        let late = model == refused(409, "run_terminated") || dev == refused(409, "run_terminated");
-        self.sent[call].push(Sent { asg, body, late });
+        self.sent[call].push(Sent { asg, body });
         Both { model, dev }
     }
 
@@ -664,11 +656,6 @@ impl<'a> World<'a> {
     /// heartbeats (so only `exec` lapses); each heartbeat must be `200`.
     async fn expire(&mut self, exec: usize) -> Both {
         let id = self.execs[exec].clone();
-        if let Some(c) = self.cons[exec].last_mut()
-            && self.model.is_live(&id, &c.model)
-        {
-            c.expired = true;
-        }
         self.model.expire(&id);
         let half = Duration::from_millis(LEASE_TTL_MS * 2 / 3 + 1);
         let mut dev = Answer::Done;
@@ -1146,21 +1133,14 @@ impl Rng {
 }
 
 impl World<'_> {
-    /// A random step, from what the world holds now. It leaves out the
-    /// cases the two sides are known to answer differently (the
-    /// `disagreement_*` tests play them).
+    /// A random step, from what the world holds now.
     fn random_op(&self, rng: &mut Rng, next_receipt: &mut u64) -> Op {
         let exec = rng.usize(2);
         let call = rng.usize(2);
         let con = |rng: &mut Rng| {
             let list = &self.cons[exec];
             if list.len() > 1 && rng.chance(15) {
-                // Not a connection whose lease lapsed and that a newer
-                // connect superseded (disagreement C).
-                let stale: Vec<usize> = (0..list.len() - 1).filter(|i| !list[*i].expired).collect();
-                if !stale.is_empty() {
-                    return Con::Nth(stale[rng.usize(stale.len())]);
-                }
+                return Con::Nth(rng.usize(list.len() - 1));
             }
             Con::Latest
         };
@@ -1175,11 +1155,10 @@ impl World<'_> {
             return Op::Cancel;
         }
         if roll < 28 {
-            // `pending_delivery` is left out (disagreement B).
-            let state = if rng.chance(50) {
-                "released"
-            } else {
-                "reconciliation_required"
+            let state = match rng.below(3) {
+                0 => "released",
+                1 => "pending_delivery",
+                _ => "reconciliation_required",
             };
             return Op::Report {
                 exec,
@@ -1198,26 +1177,16 @@ impl World<'_> {
         }
         // A receipt.
         let sent = &self.sent[call];
-        // A receipt id already sent late (answered `run_terminated`) is
-        // never sent again with another body (disagreement D).
-        let late_other = |s: &Sent| {
-            sent.iter()
-                .any(|l| l.late && l.body.receipt_id == s.body.receipt_id && l.body != s.body)
-        };
-        let late_id = |s: &Sent| {
-            sent.iter()
-                .any(|l| l.late && l.body.receipt_id == s.body.receipt_id)
-        };
         let r = rng.below(100);
         if r < 20 {
-            let retries: Vec<&Sent> = sent.iter().filter(|s| !late_other(s)).collect();
+            let retries: Vec<&Sent> = sent.iter().collect();
             if !retries.is_empty() {
                 let Sent { asg, body, .. } = retries[rng.usize(retries.len())].clone();
                 return Op::Receipt { call, asg, body };
             }
         }
         if r < 30 {
-            let stored: Vec<&Sent> = sent.iter().filter(|s| !late_id(s)).collect();
+            let stored: Vec<&Sent> = sent.iter().collect();
             if !stored.is_empty() {
                 let Sent { asg, mut body, .. } = stored[rng.usize(stored.len())].clone();
                 body.variant += 1 + rng.below(3);
@@ -1238,11 +1207,6 @@ impl World<'_> {
             1 | 2 => last,
             _ => last + 1,
         };
-        let state = self.model.state(&self.calls[call]);
-        let accepted = matches!(
-            state,
-            Some(CallState::Running | CallState::ReconciliationRequired)
-        );
         let k = rng.below(100);
         let mut body = match k {
             0..35 => body(&receipt_id, 0, "accepted"),
@@ -1250,10 +1214,7 @@ impl World<'_> {
             50..68 => body(&receipt_id, sequence, "completed"),
             68..78 => body(&receipt_id, sequence, "failed"),
             78..86 => body(&receipt_id, sequence, "cancelled"),
-            // A sequence-0 `forbidden` failed, only while the call was not
-            // accepted (after accepted: disagreement A).
-            _ if !accepted => forbidden0(&receipt_id),
-            _ => body(&receipt_id, sequence, "progress"),
+            _ => forbidden0(&receipt_id),
         };
         body.variant = rng.below(3);
         Op::Receipt { call, asg, body }
