@@ -119,6 +119,10 @@ pub(crate) struct World {
     ids: u32,
     /// Every event the machines decided, in order (not part of the state).
     pub(crate) journal: Journal,
+    /// Calls seen terminal on the platform (none may come back).
+    ended: BTreeSet<String>,
+    /// A promise a commit broke, for `apply` to report.
+    broken: Option<String>,
 }
 
 /// What the machines decided, for the trace; every journal is equal to
@@ -212,6 +216,8 @@ impl World {
             budget: shape.budget.clone(),
             ids: 0,
             journal: Journal::default(),
+            ended: BTreeSet::new(),
+            broken: None,
         };
         let mut first = BTreeSet::new();
         for p in 0..w.procs.len() {
@@ -403,12 +409,32 @@ impl World {
             receipt_id,
         };
         let line = format!("{identity}#{token} {call} {event:?}");
+        let word = matches!(
+            event,
+            Event::HookHappened { .. }
+                | Event::HookDidNotHappen
+                | Event::HookRerun
+                | Event::HookRunCancelled
+                | Event::HookRunForgotten { .. }
+                | Event::OperatorResolved { .. }
+        );
+        let unknown = snapshot
+            .call
+            .as_ref()
+            .is_some_and(|c| c.state == LocalState::ReconciliationRequired);
         let Ok(plan) = plan_with(&snapshot, (RUN, call), event, &given) else {
             self.journal.0.push(format!("{line}: not allowed"));
             return false;
         };
         let done = self.dbs[db].commit(&identity, token, &plan.changes);
         self.journal.0.push(format!("{line}: {done:?}"));
+        if done.is_ok() && unknown && plan.call.state != LocalState::ReconciliationRequired && !word
+        {
+            self.broken.get_or_insert(format!(
+                "{call}'s unknown outcome left reconciliation_required without a hook's or an operator's word ({})",
+                plan.call.state.as_str()
+            ));
+        }
         done.is_ok()
     }
 
@@ -745,7 +771,23 @@ impl World {
     }
 
     /// The promises that hold in every state.
-    fn check(&self) -> Result<(), String> {
+    fn check(&mut self) -> Result<(), String> {
+        if let Some(broken) = self.broken.take() {
+            return Err(broken);
+        }
+        for (call, _) in &self.effects {
+            let terminal = self
+                .platform
+                .state(call)
+                .is_some_and(CallState::is_terminal);
+            if terminal {
+                self.ended.insert(call.clone());
+            } else if self.ended.contains(call) {
+                return Err(format!(
+                    "{call} ended on the platform, then came back (a run revived)"
+                ));
+            }
+        }
         for (call, n) in &self.effects {
             match self.platform.state(call) {
                 Some(CallState::Completed) if *n == 0 => {
