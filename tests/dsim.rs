@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use sha2::{Digest, Sha256};
-use toolrunner::testing::model::simulate;
+use toolrunner::testing::model::{Simulated, simulate};
 
 /// Inputs a seed draws while faults may still happen.
 const STEPS: usize = 300;
@@ -31,6 +31,11 @@ fn env(name: &str) -> Option<u64> {
 
 /// A seed's trace hash, or the failure with its replay command.
 fn run(seed: u64) -> Result<String, String> {
+    play(seed).map(|(trace, _)| trace)
+}
+
+/// A seed's trace hash and what happened in it.
+fn play(seed: u64) -> Result<(String, Simulated), String> {
     let mut hash = Sha256::new();
     let print = std::env::var_os("TOOLRUNNER_DSIM_PRINT").is_some();
     let done = simulate(seed, STEPS, &mut |line: &str| {
@@ -43,9 +48,9 @@ fn run(seed: u64) -> Result<String, String> {
     match done {
         Ok(walk) => {
             if std::env::var_os("TOOLRUNNER_DSIM_SEED").is_some() {
-                println!("dsim: seed {seed}: {} inputs", walk.steps);
+                println!("dsim: seed {seed}: {walk:?}");
             }
-            Ok(hex(&hash.finalize()))
+            Ok((hex(&hash.finalize()), walk))
         }
         Err(counterexample) => Err(format!(
             "seed {seed}: {counterexample}replay: {}TOOLRUNNER_DSIM_SEED={seed} cargo test --release --test dsim -- --nocapture",
@@ -106,6 +111,7 @@ fn seeded_walks_keep_the_promises() {
         env("TOOLRUNNER_DSIM_SEEDS").unwrap_or(if cfg!(debug_assertions) { 200 } else { 2_000 });
     let next = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
+    let total = Mutex::new(Simulated::default());
     let started = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..parallel {
@@ -115,8 +121,17 @@ fn seeded_walks_keep_the_promises() {
                     if seed >= seeds {
                         break;
                     }
-                    if let Err(e) = run(seed) {
-                        failures.lock().expect("failures").push((seed, e));
+                    match play(seed) {
+                        Ok((_, walk)) => {
+                            let mut t = total.lock().expect("total");
+                            t.steps += walk.steps;
+                            t.effects += walk.effects;
+                            t.unknown += walk.unknown;
+                            t.restarts += walk.restarts;
+                            t.crashes += walk.crashes;
+                            t.lost += walk.lost;
+                        }
+                        Err(e) => failures.lock().expect("failures").push((seed, e)),
                     }
                 }
             });
@@ -133,6 +148,23 @@ fn seeded_walks_keep_the_promises() {
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures[0].1);
+    // The walks did reach what they are for.
+    let t = total.into_inner().expect("total");
+    println!(
+        "dsim: {} inputs, {} effects, {} unknown outcomes, {} restarts and takeovers, {} crashes, {} lost answers",
+        t.steps, t.effects, t.unknown, t.restarts, t.crashes, t.lost
+    );
+    if seeds >= 100 {
+        for (what, n) in [
+            ("effects", t.effects),
+            ("unknown outcomes", t.unknown),
+            ("restarts", t.restarts),
+            ("crashes", t.crashes),
+            ("lost answers", t.lost),
+        ] {
+            assert!(n > 0, "{seeds} seeds drew no {what}: the walk misses them");
+        }
+    }
 }
 
 /// A seed's trace is a function of the seed alone: the same run twice,

@@ -113,7 +113,8 @@ pub fn explore(spec: &WorldSpec, limit: usize) -> Result<Explored, Box<Counterex
             if print == here {
                 continue;
             }
-            moved = true;
+            // At rest: nothing but a fault changes the world.
+            moved |= !input.is_fault();
             if seen.insert(print) {
                 if seen.len() > limit {
                     return Err(Counterexample::new(
@@ -136,11 +137,37 @@ pub fn explore(spec: &WorldSpec, limit: usize) -> Result<Explored, Box<Counterex
     })
 }
 
-/// One seeded walk.
-#[derive(Debug, Clone)]
+/// One seeded walk, and what happened in it.
+#[derive(Debug, Clone, Default)]
 pub struct Simulated {
     /// Inputs applied.
     pub steps: usize,
+    /// Effects that happened.
+    pub effects: usize,
+    /// Outcomes found unknown (a write call resumed after `accepted`).
+    pub unknown: usize,
+    /// Processes started after the first start (restarts, takeovers).
+    pub restarts: usize,
+    /// Crashes.
+    pub crashes: usize,
+    /// Answers lost.
+    pub lost: usize,
+}
+
+impl Simulated {
+    fn count(&mut self, input: &Input, commands: &[String]) {
+        self.steps += 1;
+        match input {
+            Input::Start(_) => self.restarts += 1,
+            Input::Crash(_) => self.crashes += 1,
+            Input::Step { lost: true, .. } => self.lost += 1,
+            _ => {}
+        }
+        for c in commands {
+            self.effects += usize::from(c.ends_with("the effect happens"));
+            self.unknown += usize::from(c.contains("OutcomeUnknown") && c.ends_with("Ok(())"));
+        }
+    }
 }
 
 /// SplitMix64: a seed's sequence is fixed by this code alone (no crate's
@@ -177,18 +204,29 @@ pub fn simulate(
     trace(&format!("{spec:?}"));
     let mut world = World::new(&spec.shape());
     let mut inputs = Vec::new();
+    let mut walk = Simulated::default();
     for _ in 0..max_steps {
         let choices = world.inputs();
         if choices.is_empty() {
             break;
         }
-        let input = choices[rng.below(choices.len())].clone();
+        // A fault one time in sixteen, so that calls get far between them.
+        let (faults, goes_on): (Vec<Input>, Vec<Input>) =
+            choices.into_iter().partition(Input::is_fault);
+        let pool = if !faults.is_empty() && (goes_on.is_empty() || rng.below(16) == 0) {
+            faults
+        } else {
+            goes_on
+        };
+        let input = pool[rng.below(pool.len())].clone();
         trace(&format!("{input:?}"));
         inputs.push(input.clone());
         let done = world.apply(&input);
-        for command in world.journal.0.drain(..) {
-            trace(&command);
+        let commands: Vec<String> = world.journal.0.drain(..).collect();
+        for command in &commands {
+            trace(command);
         }
+        walk.count(&input, &commands);
         if let Err(broken) = done {
             return Err(Counterexample::new(&spec, broken, inputs));
         }
@@ -217,9 +255,11 @@ pub fn simulate(
         trace(&format!("{input:?}"));
         inputs.push(input.clone());
         let done = world.apply(&input);
-        for command in world.journal.0.drain(..) {
-            trace(&command);
+        let commands: Vec<String> = world.journal.0.drain(..).collect();
+        for command in &commands {
+            trace(command);
         }
+        walk.count(&input, &commands);
         if let Err(broken) = done {
             return Err(Counterexample::new(&spec, broken, inputs));
         }
@@ -231,7 +271,5 @@ pub fn simulate(
             inputs,
         ));
     }
-    Ok(Simulated {
-        steps: inputs.len(),
-    })
+    Ok(walk)
 }

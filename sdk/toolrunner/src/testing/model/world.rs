@@ -4,11 +4,11 @@
 //! (`lifecycle::plan_with`). Each [`Input`] is one thing that can happen
 //! next; [`World::apply`] does it and checks the promises on the way.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use serde_json::json;
-use toolrunner_protocol::wire::{CallState, ReceiptKind};
+use toolrunner_protocol::wire::{CallState, Claimed, ReceiptAnswer, ReceiptKind};
 
 use super::platform::{PlatformModel, Refusal};
 use super::store::StoreModel;
@@ -59,6 +59,48 @@ pub(crate) struct Proc {
     in_handler: BTreeSet<String>,
     /// Calls in `reconciliation_required` this process has checked.
     checked: BTreeSet<String>,
+    /// Requests the platform acted on whose answers have not arrived yet.
+    inflight: BTreeMap<String, Sent>,
+}
+
+/// A request the platform acted on, and its answer on the way back.
+#[derive(Debug, Clone, PartialEq)]
+enum Sent {
+    /// A claim, sent from `claiming` with this operation key.
+    Claim {
+        operation_key: String,
+        answer: Result<Claimed, Refusal>,
+    },
+    /// An `accepted`, sent from `assigned` under this assignment.
+    Accept {
+        assignment_id: String,
+        receipt_id: String,
+        answer: Result<ReceiptAnswer, Refusal>,
+    },
+    /// A final receipt of this assignment, sent from `settled`.
+    Final {
+        assignment_id: String,
+        receipt_id: String,
+        kind: ReceiptKind,
+        sequence: u64,
+        answer: Result<ReceiptAnswer, Refusal>,
+    },
+}
+
+impl Input {
+    /// Whether it is a fault the world injects (or an operator's act),
+    /// rather than the system going on by itself.
+    pub fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            Input::Crash(_)
+                | Input::Pause(_)
+                | Input::Expire(_)
+                | Input::Cancel
+                | Input::Resolve { .. }
+                | Input::Step { lost: true, .. }
+        )
+    }
 }
 
 /// Something that can happen next.
@@ -201,6 +243,7 @@ impl World {
                 started: BTreeSet::new(),
                 in_handler: BTreeSet::new(),
                 checked: BTreeSet::new(),
+                inflight: BTreeMap::new(),
             })
             .collect();
         let mut w = World {
@@ -235,9 +278,11 @@ impl World {
         s
     }
 
-    fn next_id(&mut self, prefix: &str) -> String {
-        self.ids += 1;
-        format!("{prefix}_{}", self.ids)
+    /// The id the next successful commit takes (ids are counted, and
+    /// only a commit that lands uses one up, so that a refused step does
+    /// not make a new state).
+    fn next_id(&self, prefix: &str) -> String {
+        format!("{prefix}_{}", self.ids + 1)
     }
 
     fn calls(&self) -> Vec<String> {
@@ -294,7 +339,7 @@ impl World {
                     call: call.clone(),
                     lost: false,
                 });
-                if self.budget.lost > 0 {
+                if self.budget.lost > 0 && pr.inflight.contains_key(&call) {
                     out.push(Input::Step {
                         p,
                         call: call.clone(),
@@ -339,6 +384,7 @@ impl World {
         pr.started.clear();
         pr.in_handler.clear();
         pr.checked.clear();
+        pr.inflight.clear();
         self.connect(p);
     }
 
@@ -360,6 +406,7 @@ impl World {
                 let pr = &mut self.procs[*p];
                 pr.up = false;
                 pr.conn = None;
+                pr.inflight.clear();
             }
             Input::Pause(p) => {
                 self.budget.pauses -= 1;
@@ -427,6 +474,9 @@ impl World {
             return false;
         };
         let done = self.dbs[db].commit(&identity, token, &plan.changes);
+        if done.is_ok() {
+            self.ids += 1;
+        }
         self.journal.0.push(format!("{line}: {done:?}"));
         if done.is_ok() && unknown && plan.call.state != LocalState::ReconciliationRequired && !word
         {
@@ -481,6 +531,10 @@ impl World {
     }
 
     fn step(&mut self, p: usize, call: &str, lost: bool) -> Result<(), String> {
+        if let Some(sent) = self.procs[p].inflight.remove(call) {
+            self.receive(p, call, sent, lost);
+            return Ok(());
+        }
         let pr = self.procs[p].clone();
         let Some(conn) = pr.conn.clone() else {
             return Ok(());
@@ -520,15 +574,14 @@ impl World {
                 let answer = self
                     .platform
                     .claim(&pr.identity, &conn, call, &row.operation_key);
-                let event = match claim::on_reply(&reply(&answer, lost)) {
-                    OnClaim::Record => {
-                        let claimed = answer.as_ref().map_err(|e| format!("{e:?}"))?;
-                        claim::answered(claimed, false)
-                    }
-                    OnClaim::Refused(event) => event,
-                    OnClaim::Configuration(_) | OnClaim::Wait(_) => return Ok(()),
-                };
-                self.commit(p, call, event);
+                self.send(
+                    p,
+                    call,
+                    Sent::Claim {
+                        operation_key: row.operation_key.clone(),
+                        answer,
+                    },
+                );
             }
             Step::Accept => {
                 let asg = row
@@ -568,14 +621,15 @@ impl World {
                         }
                         let answer = self.platform.receipt(call, asg.grant.expose(), &r.body);
                         self.no_conflict(&answer)?;
-                        let event = match accept::on_reply(&reply(&answer, lost), &r.receipt_id) {
-                            OnAccepted::Confirmed(e) | OnAccepted::Record(e) => e,
-                            OnAccepted::Wait(_) | OnAccepted::Configuration(_) => return Ok(()),
-                        };
-                        let confirmed = matches!(event, Event::AcceptConfirmed { .. });
-                        if self.commit(p, call, event) && confirmed {
-                            self.procs[p].started.insert(call.to_owned());
-                        }
+                        self.send(
+                            p,
+                            call,
+                            Sent::Accept {
+                                assignment_id: asg.assignment_id.clone(),
+                                receipt_id: r.receipt_id.clone(),
+                                answer,
+                            },
+                        );
                     }
                     _ => {
                         self.commit(p, call, Event::AcceptedSaved);
@@ -601,21 +655,17 @@ impl World {
                 };
                 let answer = self.platform.receipt(call, asg.grant.expose(), &r.body);
                 self.no_conflict(&answer)?;
-                match deliver::on_reply(&reply(&answer, lost), r.kind, r.sequence, &r.receipt_id) {
-                    OnDelivery::Settle(event) => {
-                        let delivered = matches!(event, Event::Delivered { .. });
-                        if self.commit(p, call, event) && delivered {
-                            self.mark(p, &r.receipt_id, ReceiptStatus::Delivered);
-                        }
-                    }
-                    OnDelivery::Mark(Mark::Delivered) => {
-                        self.mark(p, &r.receipt_id, ReceiptStatus::Delivered);
-                    }
-                    OnDelivery::Mark(Mark::Rejected) => {
-                        self.mark(p, &r.receipt_id, ReceiptStatus::Rejected);
-                    }
-                    OnDelivery::Later { .. } => {}
-                }
+                self.send(
+                    p,
+                    call,
+                    Sent::Final {
+                        assignment_id: asg.assignment_id.clone(),
+                        receipt_id: r.receipt_id.clone(),
+                        kind: r.kind,
+                        sequence: r.sequence,
+                        answer,
+                    },
+                );
             }
             Step::Check => {
                 self.check_outcome(p, call, &tool, &row);
@@ -623,6 +673,107 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    fn send(&mut self, p: usize, call: &str, sent: Sent) {
+        self.journal.0.push(format!(
+            "{}#{} {call} sent, answered {sent:?}",
+            self.procs[p].identity, self.procs[p].token
+        ));
+        self.procs[p].inflight.insert(call.to_owned(), sent);
+    }
+
+    /// The answer to a request arrives (or is lost): the machine decides
+    /// on it, and the decision is committed only while the row is still
+    /// where the request left it (the runner's `while_in` and
+    /// `advance_from`: a row that moved on meanwhile is not overwritten).
+    fn receive(&mut self, p: usize, call: &str, sent: Sent, lost: bool) {
+        let db = self.procs[p].db;
+        let row = self.dbs[db].calls.get(call).cloned();
+        let state = row.as_ref().map(|r| r.state);
+        let asg = row
+            .as_ref()
+            .and_then(|r| r.assignment.as_ref())
+            .map(|a| a.assignment_id.clone());
+        match sent {
+            Sent::Claim {
+                operation_key,
+                answer,
+            } => {
+                let event = match claim::on_reply(&reply(&answer, lost)) {
+                    OnClaim::Record => match &answer {
+                        Ok(claimed) => claim::answered(claimed, false),
+                        Err(_) => return,
+                    },
+                    OnClaim::Refused(event) => event,
+                    OnClaim::Configuration(_) | OnClaim::Wait(_) => return,
+                };
+                let same = row
+                    .as_ref()
+                    .is_some_and(|r| r.operation_key == operation_key);
+                if state == Some(LocalState::Claiming) && same {
+                    self.commit(p, call, event);
+                }
+            }
+            Sent::Accept {
+                assignment_id,
+                receipt_id,
+                answer,
+            } => {
+                let event = match accept::on_reply(&reply(&answer, lost), &receipt_id) {
+                    OnAccepted::Confirmed(e) | OnAccepted::Record(e) => e,
+                    OnAccepted::Wait(_) | OnAccepted::Configuration(_) => return,
+                };
+                let confirmed = matches!(event, Event::AcceptConfirmed { .. });
+                if state == Some(LocalState::Assigned)
+                    && asg.as_deref() == Some(assignment_id.as_str())
+                    && self.commit(p, call, event)
+                    && confirmed
+                {
+                    self.procs[p].started.insert(call.to_owned());
+                }
+            }
+            Sent::Final {
+                assignment_id,
+                receipt_id,
+                kind,
+                sequence,
+                answer,
+            } => {
+                let still = |w: &World| {
+                    w.dbs[db]
+                        .receipts_of(call)
+                        .iter()
+                        .any(|r| r.receipt_id == receipt_id && r.status == ReceiptStatus::Pending)
+                };
+                match deliver::on_reply(&reply(&answer, lost), kind, sequence, &receipt_id) {
+                    OnDelivery::Settle(event) => {
+                        let delivered = matches!(event, Event::Delivered { .. });
+                        let live = state == Some(LocalState::Settled)
+                            && asg.as_deref() == Some(assignment_id.as_str())
+                            && still(self);
+                        if live && self.commit(p, call, event) && delivered {
+                            self.mark(p, &receipt_id, ReceiptStatus::Delivered);
+                        } else if !live && still(self) {
+                            // The call moved on: the receipt's fate only.
+                            let status = if delivered {
+                                ReceiptStatus::Delivered
+                            } else {
+                                ReceiptStatus::Rejected
+                            };
+                            self.mark(p, &receipt_id, status);
+                        }
+                    }
+                    OnDelivery::Mark(Mark::Delivered) => {
+                        self.mark(p, &receipt_id, ReceiptStatus::Delivered);
+                    }
+                    OnDelivery::Mark(Mark::Rejected) => {
+                        self.mark(p, &receipt_id, ReceiptStatus::Rejected);
+                    }
+                    OnDelivery::Later { .. } => {}
+                }
+            }
+        }
     }
 
     /// The tool's reconcile hook looks at what really happened; `ship`'s

@@ -120,7 +120,7 @@ pub fn worlds() -> Vec<WorldSpec> {
             "two calls",
             vec![("c1", "pay"), ("c2", "book")],
             Budget {
-                crashes: 1,
+                crashes: u8::from(full),
                 lost: u8::from(full),
                 ..Budget::default()
             },
