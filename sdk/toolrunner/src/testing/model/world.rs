@@ -61,6 +61,9 @@ pub(crate) struct Proc {
     checked: BTreeSet<String>,
     /// Requests the platform acted on whose answers have not arrived yet.
     inflight: BTreeMap<String, Sent>,
+    /// Calls recovery found no longer listed by the platform
+    /// (`Core::remember_ended`): never run again.
+    ended: BTreeSet<String>,
 }
 
 /// A request the platform acted on, and its answer on the way back.
@@ -244,6 +247,7 @@ impl World {
                 in_handler: BTreeSet::new(),
                 checked: BTreeSet::new(),
                 inflight: BTreeMap::new(),
+                ended: BTreeSet::new(),
             })
             .collect();
         let mut w = World {
@@ -385,6 +389,7 @@ impl World {
         pr.in_handler.clear();
         pr.checked.clear();
         pr.inflight.clear();
+        pr.ended.clear();
         self.connect(p);
     }
 
@@ -392,8 +397,60 @@ impl World {
         if confirms_before_connect() && !self.holds(p) {
             return;
         }
-        let (conn, _outstanding) = self.platform.connect(&self.procs[p].identity);
+        let (conn, outstanding) = self.platform.connect(&self.procs[p].identity);
         self.procs[p].conn = Some(conn);
+        self.recover(p, &outstanding);
+    }
+
+    /// What recovery does with a connect's `outstanding` list
+    /// (`runner::loops::recovery::resume`), the connect being the model's
+    /// one instant: every row changed before it.
+    fn recover(&mut self, p: usize, outstanding: &[(String, CallState)]) {
+        let db = self.procs[p].db;
+        for (call, platform) in outstanding {
+            let row = self.dbs[db].calls.get(call).cloned();
+            let event = match row {
+                None => Some(match platform {
+                    CallState::Claimed => Event::OutstandingClaimed,
+                    CallState::Running => Event::OutstandingRunning,
+                    _ => Event::OutstandingReconciling,
+                }),
+                Some(c)
+                    if *platform == CallState::Claimed
+                        && matches!(c.state, LocalState::Abandoned | LocalState::Released)
+                        && c.report.is_none() =>
+                {
+                    Some(Event::GiveBack)
+                }
+                Some(_) => None,
+            };
+            if let Some(event) = event {
+                self.commit(p, call, event);
+            }
+        }
+        let bound = |c: &str| outstanding.iter().any(|(o, _)| o == c);
+        let rows: Vec<crate::store::LocalCall> = self.dbs[db].calls.values().cloned().collect();
+        for c in rows {
+            let listed = bound(&c.call_id);
+            if matches!(
+                c.state,
+                LocalState::Running | LocalState::ReconciliationRequired
+            ) && !listed
+                && !resume::PLANTED_RESUME
+            {
+                self.procs[p].ended.insert(c.call_id.clone());
+            }
+            if c.state == LocalState::Assigned && !listed {
+                self.commit(p, &c.call_id, Event::ClaimLapsed);
+            }
+            if c.state == LocalState::Running
+                && !listed
+                && !resume::PLANTED_RESUME
+                && effect_of(&c.tool_name) == Some(Effect::Transactional)
+            {
+                self.commit(p, &c.call_id, Event::TransactionalEnded);
+            }
+        }
     }
 
     /// Does `input`; `Err` names the promise it broke.
@@ -797,6 +854,8 @@ impl World {
                 Event::HookDidNotHappen
             } else if !self.holds(p) {
                 return;
+            } else if self.procs[p].ended.contains(call) {
+                Event::HookRunCancelled
             } else if self.platform.bound_to(call, &identity) {
                 Event::HookRerun
             } else {
@@ -813,13 +872,15 @@ impl World {
 
     fn run(&mut self, p: usize, call: &str, tool: &str, lost: bool) -> Result<(), String> {
         let pr = self.procs[p].clone();
-        let resumed = !pr.started.contains(call);
         if pr.in_handler.contains(call) {
             // The handler returned: its outcome is saved (or, fenced, not).
             self.procs[p].in_handler.remove(call);
             self.commit(p, call, finished());
             return Ok(());
         }
+        // One confirmation starts one handler: found `running` again, the
+        // call is resumed as after a crash.
+        let resumed = !self.procs[p].started.remove(call);
         match resume::on_running(effect_of(tool), resumed) {
             OnRunning::Settle(event) => {
                 self.commit(p, call, event);
@@ -837,7 +898,8 @@ impl World {
                         Some(_) => StillRuns::Yes,
                     })
                 };
-                match resume::transactional_again(false, Some(platform)) {
+                let cancelled = pr.ended.contains(call);
+                match resume::transactional_again(cancelled, Some(platform)) {
                     Ok(Again::Run) => self.handler(p, call, tool, resumed)?,
                     Ok(Again::Settle(event)) => {
                         self.commit(p, call, event);
