@@ -2,7 +2,7 @@
 //! and their answers, receipts and their conflict rules, leases and their
 //! expiry, cancel, release and reports. Pure and small: no HTTP, no clock
 //! (a lease lapses when the world says so), ids counted from 1, so the
-//! same requests give the same answers. `tests/model.rs` checks it against
+//! same requests give the same answers. `tests/model_platform.rs` checks it against
 //! the development platform's engine on the same request sequences.
 
 use std::collections::BTreeMap;
@@ -267,11 +267,11 @@ impl PlatformModel {
         let Some(call) = self.calls.get(call_id) else {
             return Err((400, "unknown_call"));
         };
-        let parsed: Value = serde_json::from_str(body).map_err(|_| (400, "invalid_receipt"))?;
         let asg_id = grant.strip_prefix("grt_").unwrap_or_default();
         let Some(asg) = call.asgs.iter().find(|a| a.id == asg_id && !a.released) else {
             return Err((403, "invalid_grant"));
         };
+        let parsed: Value = serde_json::from_str(body).map_err(|_| (400, "invalid_receipt"))?;
         if parsed["assignment_id"] != json!(asg.id) || parsed["executor_id"] != json!(asg.executor)
         {
             return Err((403, "invalid_grant"));

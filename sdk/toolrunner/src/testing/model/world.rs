@@ -326,7 +326,13 @@ impl World {
             if self.budget.crashes > 0 {
                 out.push(Input::Crash(p));
             }
-            if self.budget.pauses > 0 && self.procs.len() > 1 {
+            let twin = self
+                .procs
+                .iter()
+                .filter(|q| q.identity == pr.identity && q.db == pr.db)
+                .count()
+                > 1;
+            if self.budget.pauses > 0 && twin {
                 out.push(Input::Pause(p));
             }
             let live = pr
@@ -856,10 +862,24 @@ impl World {
                 return;
             } else if self.procs[p].ended.contains(call) {
                 Event::HookRunCancelled
-            } else if self.platform.bound_to(call, &identity) {
-                Event::HookRerun
             } else {
-                Event::HookRunCancelled
+                // `outbox::still_bound`: an idempotent report of
+                // `reconciliation_required` says whether the call is still
+                // this executor's to run.
+                let Some(conn) = self.procs[p].conn.clone() else {
+                    return;
+                };
+                match self
+                    .platform
+                    .report(&identity, &conn, call, "reconciliation_required")
+                {
+                    Ok("updated" | "unchanged") => Event::HookRerun,
+                    Ok(_) => Event::HookRunCancelled,
+                    Err((400 | 404, _)) => Event::HookRunForgotten {
+                        why: "the platform does not know the call".into(),
+                    },
+                    Err(_) => return,
+                }
             }
         } else {
             Event::HookDidNotHappen
@@ -888,15 +908,15 @@ impl World {
             OnRunning::Run => self.handler(p, call, tool, resumed)?,
             OnRunning::CheckLease => {
                 let identity = pr.identity.clone();
-                let platform = if lost {
-                    None
-                } else {
-                    Some(match self.platform.state(call) {
-                        None => StillRuns::Forgotten,
-                        Some(_) if self.platform.running_for(call, &identity) => StillRuns::Yes,
-                        Some(s) if s.is_terminal() => StillRuns::Ended,
-                        Some(_) => StillRuns::Yes,
-                    })
+                // The replayed claim's answer (`runner::outbox::still_runs`):
+                // still this executor's, ended (or another's), forgotten,
+                // or no answer yet (pending or claimed: it waits).
+                let platform = match self.platform.state(call) {
+                    _ if lost => None,
+                    None => Some(StillRuns::Forgotten),
+                    Some(_) if self.platform.bound_to(call, &identity) => Some(StillRuns::Yes),
+                    Some(CallState::Pending | CallState::Claimed) => None,
+                    Some(_) => Some(StillRuns::Ended),
                 };
                 let cancelled = pr.ended.contains(call);
                 match resume::transactional_again(cancelled, Some(platform)) {
