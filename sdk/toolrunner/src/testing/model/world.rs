@@ -518,7 +518,7 @@ impl World {
             now: epoch(),
             receipt_id,
         };
-        let line = format!("{identity}#{token} {call} {event:?}");
+        let line = format!("{identity}#{token} {call} {}", brief(&format!("{event:?}")));
         let word = matches!(
             event,
             Event::HookHappened { .. }
@@ -559,6 +559,10 @@ impl World {
 
     fn effect(&mut self, p: usize, call: &str, resumed: bool) -> Result<(), String> {
         let identity = self.procs[p].identity.clone();
+        let token = self.procs[p].token;
+        self.journal
+            .0
+            .push(format!("{identity}#{token} {call} the effect happens"));
         if !self.holds(p) {
             return Err(format!(
                 "the effect of {call} ran in a process whose identity {identity} moved on (a zombie)"
@@ -578,13 +582,8 @@ impl World {
             .map(|(_, n)| n)
             .ok_or("no such call")?;
         *n += 1;
-        let n = *n;
-        let token = self.procs[p].token;
-        self.journal
-            .0
-            .push(format!("{identity}#{token} {call} the effect happens"));
-        if n > 1 {
-            return Err(format!("the effect of {call} ran {n} times"));
+        if *n > 1 {
+            return Err(format!("the effect of {call} ran {} times", *n));
         }
         Ok(())
     }
@@ -740,8 +739,10 @@ impl World {
 
     fn send(&mut self, p: usize, call: &str, sent: Sent) {
         self.journal.0.push(format!(
-            "{}#{} {call} sent, answered {sent:?}",
-            self.procs[p].identity, self.procs[p].token
+            "{}#{} {call} sent, answered {}",
+            self.procs[p].identity,
+            self.procs[p].token,
+            brief(&format!("{sent:?}"))
         ));
         self.procs[p].inflight.insert(call.to_owned(), sent);
     }
@@ -1075,6 +1076,39 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// `Debug` text with each `Assignment { assignment_id: "asg_2", … }`
+/// written `Assignment(asg_2)`: the rest of an assignment is the same in
+/// every world.
+fn brief(debug: &str) -> String {
+    const OPEN: &str = "Assignment { assignment_id: \"";
+    let mut out = String::new();
+    let mut rest = debug;
+    while let Some(at) = rest.find(OPEN) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + OPEN.len()..];
+        let id = after.split('"').next().unwrap_or_default();
+        let mut depth = 0usize;
+        let mut end = rest.len();
+        for (i, ch) in rest[at..].char_indices() {
+            match ch {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = at + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push_str(&format!("Assignment({id})"));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn finished_outcome() -> FinalReceipt {
