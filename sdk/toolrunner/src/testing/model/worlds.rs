@@ -131,8 +131,10 @@ pub fn worlds() -> Vec<WorldSpec> {
             identities: 2,
             procs: vec![(0, 0), (1, 1)],
             dbs: 2,
+            // A crash is in every world above; here the other identity
+            // claims what one's lapse released.
             budget: Budget {
-                crashes: 1,
+                crashes: u8::from(!full),
                 lost: u8::from(full),
                 expiries: u8::from(full),
                 ..Budget::default()
@@ -149,6 +151,20 @@ pub fn worlds() -> Vec<WorldSpec> {
                 lost: u8::from(full),
                 pauses: 1,
                 resolves: 1,
+                ..Budget::default()
+            },
+        },
+        WorldSpec {
+            name: "a takeover of a call whose hook runs it again".into(),
+            calls: vec![("c1", "ship")],
+            identities: 1,
+            procs: vec![(0, 0), (0, 0)],
+            dbs: 1,
+            budget: Budget {
+                pauses: 1,
+                crashes: 1,
+                lost: u8::from(full),
+                cancels: u8::from(full),
                 ..Budget::default()
             },
         },
