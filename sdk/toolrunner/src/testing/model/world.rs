@@ -56,7 +56,7 @@ pub(crate) struct Proc {
     /// Calls whose `accepted` this process saw confirmed (not resumed).
     started: BTreeSet<String>,
     /// Write calls whose effect ran here and whose outcome is not saved.
-    in_handler: BTreeSet<String>,
+    in_handler: BTreeMap<String, String>,
     /// Calls in `reconciliation_required` this process has checked.
     checked: BTreeSet<String>,
     /// Requests the platform acted on whose answers have not arrived yet.
@@ -68,6 +68,7 @@ pub(crate) struct Proc {
 
 /// A request the platform acted on, and its answer on the way back.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // a model's state, one per call in flight
 enum Sent {
     /// A claim, sent from `claiming` with this operation key.
     Claim {
@@ -244,7 +245,7 @@ impl World {
                 paused: false,
                 conn: None,
                 started: BTreeSet::new(),
-                in_handler: BTreeSet::new(),
+                in_handler: BTreeMap::new(),
                 checked: BTreeSet::new(),
                 inflight: BTreeMap::new(),
                 ended: BTreeSet::new(),
@@ -437,6 +438,11 @@ impl World {
         let bound = |c: &str| outstanding.iter().any(|(o, _)| o == c);
         let rows: Vec<crate::store::LocalCall> = self.dbs[db].calls.values().cloned().collect();
         for c in rows {
+            // A call a task of this process still drives is left to it.
+            let pr = &self.procs[p];
+            if pr.inflight.contains_key(&c.call_id) || pr.in_handler.contains_key(&c.call_id) {
+                continue;
+            }
             let listed = bound(&c.call_id);
             if matches!(
                 c.state,
@@ -730,8 +736,9 @@ impl World {
                 );
             }
             Step::Check => {
-                self.check_outcome(p, call, &tool, &row);
-                self.procs[p].checked.insert(call.to_owned());
+                if self.check_outcome(p, call, &tool, &row) {
+                    self.procs[p].checked.insert(call.to_owned());
+                }
             }
         }
         Ok(())
@@ -766,7 +773,15 @@ impl World {
             } => {
                 let event = match claim::on_reply(&reply(&answer, lost)) {
                     OnClaim::Record => match &answer {
-                        Ok(claimed) => claim::answered(claimed, false),
+                        Ok(claimed) => {
+                            let snapshot = Snapshot {
+                                call: row.clone(),
+                                receipts: Some(self.dbs[db].receipts_of(call).to_vec()),
+                            };
+                            let refused =
+                                snapshot.accepted_refused(&claimed.assignment.assignment_id);
+                            claim::answered(claimed, refused)
+                        }
                         Err(_) => return,
                     },
                     OnClaim::Refused(event) => event,
@@ -812,20 +827,23 @@ impl World {
                 };
                 match deliver::on_reply(&reply(&answer, lost), kind, sequence, &receipt_id) {
                     OnDelivery::Settle(event) => {
-                        let delivered = matches!(event, Event::Delivered { .. });
+                        // The receipt's fate, where the call moved on (or
+                        // the table refuses the event): `outbox::deliver`.
+                        let fate = match &event {
+                            Event::Delivered { .. } => ReceiptStatus::Delivered,
+                            Event::FinalOrphaned { .. } => ReceiptStatus::Orphaned,
+                            _ => ReceiptStatus::Rejected,
+                        };
+                        let delivered = fate == ReceiptStatus::Delivered;
                         let live = state == Some(LocalState::Settled)
                             && asg.as_deref() == Some(assignment_id.as_str())
                             && still(self);
-                        if live && self.commit(p, call, event) && delivered {
-                            self.mark(p, &receipt_id, ReceiptStatus::Delivered);
-                        } else if !live && still(self) {
-                            // The call moved on: the receipt's fate only.
-                            let status = if delivered {
-                                ReceiptStatus::Delivered
-                            } else {
-                                ReceiptStatus::Rejected
-                            };
-                            self.mark(p, &receipt_id, status);
+                        if live && self.commit(p, call, event) {
+                            if delivered {
+                                self.mark(p, &receipt_id, ReceiptStatus::Delivered);
+                            }
+                        } else if still(self) {
+                            self.mark(p, &receipt_id, fate);
                         }
                     }
                     OnDelivery::Mark(Mark::Delivered) => {
@@ -834,20 +852,37 @@ impl World {
                     OnDelivery::Mark(Mark::Rejected) => {
                         self.mark(p, &receipt_id, ReceiptStatus::Rejected);
                     }
-                    OnDelivery::Later { .. } => {}
+                    OnDelivery::Later { defer } => {
+                        // A final receipt that got no answer: the run must
+                        // not expire meanwhile (`pending_delivery`).
+                        let unreported = self.dbs[db]
+                            .calls
+                            .get(call)
+                            .is_some_and(|c| c.state == LocalState::Settled && c.report.is_none());
+                        if defer && unreported {
+                            self.commit(p, call, Event::DeliveryDeferred);
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// The tool's reconcile hook looks at what really happened; `ship`'s
+    /// The tool's reconcile hook looks at what really happened (`true`:
+    /// it decided, or there is nothing to check); `ship`'s
     /// runs the call again when it did not happen, as `tool.rerun_when_not_performed()`
     /// and `runner::call::reconcile` do: only under an `accepted` this
     /// store saw confirmed, only while the platform says the call is still
     /// this executor's.
-    fn check_outcome(&mut self, p: usize, call: &str, tool: &str, row: &crate::store::LocalCall) {
+    fn check_outcome(
+        &mut self,
+        p: usize,
+        call: &str,
+        tool: &str,
+        row: &crate::store::LocalCall,
+    ) -> bool {
         if tool == "book" {
-            return;
+            return true;
         }
         let event = if self.happened(call) {
             Event::HookHappened { result: json!({}) }
@@ -860,7 +895,7 @@ impl World {
             if snapshot.accepted_confirmed() != Some(true) {
                 Event::HookDidNotHappen
             } else if !self.holds(p) {
-                return;
+                return false;
             } else if self.procs[p].ended.contains(call) {
                 Event::HookRunCancelled
             } else {
@@ -868,35 +903,41 @@ impl World {
                 // `reconciliation_required` says whether the call is still
                 // this executor's to run.
                 let Some(conn) = self.procs[p].conn.clone() else {
-                    return;
+                    return false;
                 };
                 match self
                     .platform
                     .report(&identity, &conn, call, "reconciliation_required")
                 {
                     Ok("updated" | "unchanged") => Event::HookRerun,
-                    Ok(_) => Event::HookRunCancelled,
+                    Ok("run_terminated" | "terminal" | "not_bound") => Event::HookRunCancelled,
+                    Ok(_) => return false,
                     Err((400 | 404, _)) => Event::HookRunForgotten {
                         why: "the platform does not know the call".into(),
                     },
-                    Err(_) => return,
+                    Err(_) => return false,
                 }
             }
         } else {
             Event::HookDidNotHappen
         };
         let rerun = matches!(event, Event::HookRerun);
-        if self.commit(p, call, event) && rerun {
+        let done = self.commit(p, call, event);
+        if done && rerun {
             self.procs[p].started.insert(call.to_owned());
         }
+        done
     }
 
     fn run(&mut self, p: usize, call: &str, tool: &str, lost: bool) -> Result<(), String> {
         let pr = self.procs[p].clone();
-        if pr.in_handler.contains(call) {
-            // The handler returned: its outcome is saved (or, fenced, not).
-            self.procs[p].in_handler.remove(call);
-            self.commit(p, call, finished());
+        if let Some(asg) = self.procs[p].in_handler.remove(call) {
+            // The handler returned: its outcome is saved while the row is
+            // still `running` under its assignment (`while_in`), or, fenced
+            // or moved on, not.
+            if self.running_under(p, call, &asg) {
+                self.commit(p, call, finished());
+            }
             return Ok(());
         }
         // One confirmation starts one handler: found `running` again, the
@@ -919,6 +960,9 @@ impl World {
                     Some(CallState::Pending | CallState::Claimed) => None,
                     Some(_) => Some(StillRuns::Ended),
                 };
+                if matches!(platform, Some(StillRuns::Ended | StillRuns::Forgotten)) {
+                    self.procs[p].ended.insert(call.to_owned());
+                }
                 let cancelled = pr.ended.contains(call);
                 match resume::transactional_again(cancelled, Some(platform)) {
                     Ok(Again::Run) => self.handler(p, call, tool, resumed)?,
@@ -945,8 +989,23 @@ impl World {
             return Ok(());
         }
         self.effect(p, call, resumed)?;
-        self.procs[p].in_handler.insert(call.to_owned());
+        let asg = self.assignment_of(p, call).unwrap_or_default();
+        self.procs[p].in_handler.insert(call.to_owned(), asg);
         Ok(())
+    }
+
+    fn assignment_of(&self, p: usize, call: &str) -> Option<String> {
+        let row = self.dbs[self.procs[p].db].calls.get(call)?;
+        Some(row.assignment.as_ref()?.assignment_id.clone())
+    }
+
+    fn running_under(&self, p: usize, call: &str, asg: &str) -> bool {
+        self.dbs[self.procs[p].db].calls.get(call).is_some_and(|c| {
+            c.state == LocalState::Running
+                && c.assignment
+                    .as_ref()
+                    .is_some_and(|a| a.assignment_id == asg)
+        })
     }
 
     fn report(&mut self, p: usize, call: &str) {
