@@ -188,6 +188,24 @@ impl SplitMix {
     }
 }
 
+/// Applies one input of a walk: its text and the commands it led to go to
+/// the trace, in order, and the walk counts what happened.
+fn step(
+    world: &mut World,
+    input: &Input,
+    walk: &mut Simulated,
+    trace: &mut dyn FnMut(&str),
+) -> Result<(), String> {
+    trace(&format!("{input:?}"));
+    let done = world.apply(input);
+    let commands: Vec<String> = world.journal.0.drain(..).collect();
+    for command in &commands {
+        trace(command);
+    }
+    walk.count(input, &commands);
+    done
+}
+
 /// Walks a world drawn from `seed` at random, up to `max_steps` inputs,
 /// handing `trace` the `Debug` text of every input and every command the
 /// machines decided, in order.
@@ -219,17 +237,11 @@ pub fn simulate(
             goes_on
         };
         let input = pool[rng.below(pool.len())].clone();
-        trace(&format!("{input:?}"));
-        inputs.push(input.clone());
-        let done = world.apply(&input);
-        let commands: Vec<String> = world.journal.0.drain(..).collect();
-        for command in &commands {
-            trace(command);
-        }
-        walk.count(&input, &commands);
-        if let Err(broken) = done {
+        if let Err(broken) = step(&mut world, &input, &mut walk, trace) {
+            inputs.push(input);
             return Err(Counterexample::new(&spec, broken, inputs));
         }
+        inputs.push(input);
     }
     // Then the faults stop and the world runs to rest: only inputs that
     // change it, until none does.
@@ -252,17 +264,11 @@ pub fn simulate(
             break;
         }
         let input = moving[rng.below(moving.len())].clone();
-        trace(&format!("{input:?}"));
-        inputs.push(input.clone());
-        let done = world.apply(&input);
-        let commands: Vec<String> = world.journal.0.drain(..).collect();
-        for command in &commands {
-            trace(command);
-        }
-        walk.count(&input, &commands);
-        if let Err(broken) = done {
+        if let Err(broken) = step(&mut world, &input, &mut walk, trace) {
+            inputs.push(input);
             return Err(Counterexample::new(&spec, broken, inputs));
         }
+        inputs.push(input);
     }
     if !rest {
         return Err(Counterexample::new(
