@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolrunner::testing::model::PlatformModel;
+use toolrunner::testing::model::{PlatformModel, SplitMix};
 use toolrunner_devserver::DevServer;
 use toolrunner_protocol::wire::CallState;
 
@@ -1107,20 +1107,12 @@ async fn lease_expiry_agrees() {
 
 // ------------------------------------------------------------ random walk
 
-/// splitmix64.
-struct Rng(u64);
+/// The model's SplitMix64, drawn from as the walk needs.
+struct Rng(SplitMix);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.next_u64() % n
     }
 
     fn usize(&mut self, n: usize) -> usize {
@@ -1228,7 +1220,7 @@ async fn random_sequences_agree() {
     const SEQUENCES: u64 = 300;
     const STEPS: usize = 30;
     let dev = Dev::start().await;
-    let mut rng = Rng(0x5EED_F00D_2024_0001);
+    let mut rng = Rng(SplitMix(0x5EED_F00D_2024_0001));
     let mut total = 0;
     let mut answers: std::collections::BTreeMap<String, u64> = Default::default();
     for _ in 0..SEQUENCES {

@@ -13,6 +13,6 @@ mod world;
 mod worlds;
 
 pub use platform::{PlatformModel, Refusal};
-pub use search::{Counterexample, Explored, Simulated, explore, simulate};
+pub use search::{Counterexample, Explored, Simulated, SplitMix, explore, simulate};
 pub use world::{Budget, Input};
 pub use worlds::{WorldSpec, worlds};

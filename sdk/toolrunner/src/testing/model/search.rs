@@ -171,11 +171,14 @@ impl Simulated {
 }
 
 /// SplitMix64: a seed's sequence is fixed by this code alone (no crate's
-/// generator, whose stream may change between versions).
-struct SplitMix(u64);
+/// generator, whose stream may change between versions). The differential
+/// test (`tests/model_platform.rs`) draws its sequences from it too.
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    /// The next number of the sequence.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -183,8 +186,9 @@ impl SplitMix {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+    /// A number below `n` (not 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -218,7 +222,7 @@ pub fn simulate(
     trace: &mut dyn FnMut(&str),
 ) -> Result<Simulated, Box<Counterexample>> {
     let mut rng = SplitMix(seed);
-    let spec = WorldSpec::drawn(rng.next());
+    let spec = WorldSpec::drawn(rng.next_u64());
     trace(&format!("{spec:?}"));
     let mut world = World::new(&spec.shape());
     let mut inputs = Vec::new();
