@@ -533,19 +533,24 @@ async fn a_second_event_the_table_refuses_is_left_out() {
     assert_eq!((stored.state, stored.version), (Abandoned, call.version));
 }
 
+/// A fixed time and receipt id for `plan_with`.
+fn given() -> Given<'static> {
+    Given {
+        executor_id: "exe_1",
+        now: chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
+            .expect("a time")
+            .with_timezone(&chrono::Utc),
+        receipt_id: "rcp_given".into(),
+    }
+}
+
 /// `plan_with` is pure: the clock and the receipt id are passed in, so the
 /// same arguments give the same plan, and the plan's times and ids are the
 /// ones given.
 #[test]
 fn a_plan_with_its_clock_and_ids_passed_in_is_pure() {
     let s = stored(Running);
-    let given = Given {
-        executor_id: "exe_1",
-        now: chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
-            .expect("a time")
-            .with_timezone(&chrono::Utc),
-        receipt_id: "rcp_given".into(),
-    };
+    let given = given();
     let event = || Event::HandlerFinished {
         outcome: FinalReceipt::failed("declined", "no"),
     };
@@ -568,13 +573,7 @@ fn a_plan_with_its_clock_and_ids_passed_in_is_pure() {
 /// deterministic simulation's traces depend on it).
 #[test]
 fn a_plan_of_a_new_call_takes_its_creation_time_from_what_is_given() {
-    let given = Given {
-        executor_id: "exe_1",
-        now: chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
-            .expect("a time")
-            .with_timezone(&chrono::Utc),
-        receipt_id: "rcp_given".into(),
-    };
+    let given = given();
     let event = || Event::Discovered {
         tool_name: "t".into(),
         operation_key: "op_1".into(),
