@@ -704,7 +704,7 @@ impl World {
                     }
                 }
             }
-            Step::Run => self.run(p, call, &tool, lost)?,
+            Step::Run => self.run(p, call, &tool)?,
             Step::Deliver => {
                 let Some(asg) = row.assignment.clone() else {
                     return Ok(());
@@ -929,7 +929,7 @@ impl World {
         done
     }
 
-    fn run(&mut self, p: usize, call: &str, tool: &str, lost: bool) -> Result<(), String> {
+    fn run(&mut self, p: usize, call: &str, tool: &str) -> Result<(), String> {
         let pr = self.procs[p].clone();
         if let Some(asg) = self.procs[p].in_handler.remove(call) {
             // The handler returned: its outcome is saved while the row is
@@ -954,7 +954,6 @@ impl World {
                 // still this executor's, ended (or another's), forgotten,
                 // or no answer yet (pending or claimed: it waits).
                 let platform = match self.platform.state(call) {
-                    _ if lost => None,
                     None => Some(StillRuns::Forgotten),
                     Some(_) if self.platform.bound_to(call, &identity) => Some(StillRuns::Yes),
                     Some(CallState::Pending | CallState::Claimed) => None,
