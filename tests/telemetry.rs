@@ -443,7 +443,14 @@ async fn the_scrape_holds_every_metric_of_the_table_and_no_other() -> Result<()>
     let prometheus = prometheus();
     let mut kit = TestKit::builder()
         .crash_at(Step::BeforeClaim)
-        .start(|b| b.tool(m_ok).tool(m_fail).tool(m_unknown))
+        // One tool with a concurrency limit, so that the flow gauges are
+        // published (only limited tools have them).
+        .start(|b| {
+            b.tool(m_ok)
+                .tool(m_fail)
+                .tool(m_unknown)
+                .limit("m.ok", toolrunner::Limits::none().concurrency(8))
+        })
         .await?;
     // The first call's key is saved and the process dies before its claim;
     // the run is cancelled meanwhile, so the next start's claim is refused.
@@ -979,7 +986,12 @@ async fn every_family_of_the_table_is_scraped_from_the_start() -> Result<()> {
     callsites_stay_live();
     let prometheus = prometheus();
     let solo = Solo::start().await?;
-    let executor = solo.executor("fresh-01").build()?;
+    // A tool with a concurrency limit: the flow gauges are published for
+    // limited tools only.
+    let executor = solo
+        .executor("fresh-01")
+        .limit("t.ok", toolrunner::Limits::none().concurrency(4))
+        .build()?;
     let health = executor.health();
     let running = executor.start().await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -10,6 +10,7 @@ mod error_messages;
 mod failures;
 mod fixture;
 mod flat_cost;
+mod flow;
 mod function_tools;
 mod group_commit;
 mod happy;

@@ -16,6 +16,8 @@ struct ToolArgs {
     rerun: bool,
     /// `.commit_window(..)`'s argument.
     commit_window: Option<proc_macro2::TokenStream>,
+    /// `.concurrency(..)`'s argument.
+    concurrency: Option<Expr>,
 }
 
 /// A duration written `"500ms"`, `"30s"` or `"2m"`, in milliseconds.
@@ -51,6 +53,7 @@ impl Parse for ToolArgs {
         let mut reconcile = None;
         let mut rerun = false;
         let mut commit_window = None;
+        let mut concurrency = None;
         for meta in metas {
             match &meta {
                 Meta::NameValue(nv) if nv.path.is_ident("name") => match &nv.value {
@@ -100,10 +103,24 @@ impl Parse for ToolArgs {
                         other => quote!(#other),
                     });
                 }
+                Meta::NameValue(nv) if nv.path.is_ident("concurrency") => match &nv.value {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Int(n), ..
+                    }) if n.base10_parse::<u32>().is_ok_and(|n| n > 0) => {
+                        concurrency = Some(nv.value.clone());
+                    }
+                    Expr::Lit(_) => {
+                        return Err(syn::Error::new_spanned(
+                            &nv.value,
+                            "`concurrency` takes how many calls of the tool may be held at once, at least 1: concurrency = 4",
+                        ));
+                    }
+                    other => concurrency = Some(other.clone()),
+                },
                 other => {
                     return Err(syn::Error::new_spanned(
                         other,
-                        "unknown setting; #[tool] takes name = \"…\", effect = write | read | transactional, reconcile = fn_name, rerun, commit_window = \"30s\"",
+                        "unknown setting; #[tool] takes name = \"…\", effect = write | read | transactional, reconcile = fn_name, rerun, commit_window = \"30s\", concurrency = 4",
                     ));
                 }
             }
@@ -132,6 +149,7 @@ impl Parse for ToolArgs {
             reconcile,
             rerun,
             commit_window,
+            concurrency,
         })
     }
 }
@@ -170,7 +188,10 @@ fn doc_of(attrs: &[syn::Attribute]) -> String {
 /// with `State<T>` first), `rerun` (a `DidNotHappen` from the hook may
 /// run the tool again) and `commit_window = "30s"` (how long the handler
 /// may take from its commit point, or its start, to its effect: `"500ms"`,
-/// `"30s"`, `"2m"`, or a `std::time::Duration` expression; default 30 s).
+/// `"30s"`, `"2m"`, or a `std::time::Duration` expression; default 30 s)
+/// and `concurrency = 4` (at most that many calls of the tool held at once
+/// by this process, from the claim to the final receipt: see
+/// `toolrunner::Limits`).
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = syn::parse_macro_input!(item as ItemFn);
@@ -217,6 +238,7 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
         .commit_window
         .as_ref()
         .map(|w| quote!(.commit_window(#w)));
+    let concurrency = args.concurrency.as_ref().map(|n| quote!(.concurrency(#n)));
     let doc = format!("The tool `{}`: {description}", args.name.value());
     // The function becomes a value of the SDK's own type (`Declared`) that
     // `.tool(..)` takes: the expansion implements no trait of the SDK but
@@ -239,6 +261,7 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
                         #reconcile
                         #rerun
                         #window
+                        #concurrency
                 )
             }
         }

@@ -73,6 +73,8 @@ pub struct ExecutorBuilder {
     retention: Option<Duration>,
     authorizer: Option<Arc<dyn Authorizer>>,
     tools: Vec<Registered>,
+    /// Limits set by configuration, by tool name (over the tools' own).
+    limits: BTreeMap<String, crate::Limits>,
     states: States,
     allow_insecure_http: bool,
     crash_plan: Option<CrashPlan>,
@@ -120,6 +122,7 @@ impl Default for ExecutorBuilder {
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             authorizer: None,
             tools: Vec::new(),
+            limits: BTreeMap::new(),
             states: States::default(),
             allow_insecure_http: false,
             crash_plan: None,
@@ -402,6 +405,26 @@ impl ExecutorBuilder {
         self
     }
 
+    /// Sets the flow-control limits of the tool named `tool` from
+    /// configuration: each limit set here takes the place of the one the
+    /// tool sets in code ([`Tool::limits`](crate::Tool::limits),
+    /// `#[toolrunner::tool(concurrency = 4)]`); a limit not set here stays
+    /// the tool's. Called again for the same tool, the later call wins.
+    ///
+    /// ```
+    /// use toolrunner::{Executor, Limits};
+    ///
+    /// let builder = Executor::builder().limit("payments.charge", Limits::none().concurrency(4));
+    /// # let _ = builder;
+    /// ```
+    ///
+    /// A tool name that no registered tool has, or a limit of zero, is
+    /// refused at [`build`](Self::build).
+    pub fn limit(mut self, tool: impl Into<String>, limits: crate::Limits) -> Self {
+        self.limits.insert(tool.into(), limits);
+        self
+    }
+
     /// Shared state that handlers and hooks take as `State<T>` (one value
     /// per type; cloned for every call, so wrap large things in an `Arc`).
     pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
@@ -417,7 +440,8 @@ impl ExecutorBuilder {
     /// tool whose schemas fail the protocol's tool-definition checks; a
     /// [`sqlite_transaction_timeout`](Self::sqlite_transaction_timeout)
     /// above 5 s (it could starve the store's writer) or below 10 ms, or
-    /// set for a `postgres://` store. A
+    /// set for a `postgres://` store; a [`limit`](Self::limit) for a tool
+    /// not registered, or a limit of zero. A
     /// `postgres://` store URL without the `postgres` feature is
     /// [`is_missing_feature`](Error::is_missing_feature).
     pub fn build(mut self) -> Result<Executor> {
@@ -537,6 +561,7 @@ impl ExecutorBuilder {
                 ));
             }
         }
+        let limits = tool_limits(&tools, std::mem::take(&mut self.limits))?;
         let definitions = match check_version(&definitions(&bound, &binding_id), None) {
             Ok(checked) => checked.tools,
             Err(problems) => {
@@ -573,6 +598,7 @@ impl ExecutorBuilder {
                 client,
                 store_url: self.store_url,
                 tools: Arc::new(tools),
+                flow: Arc::new(crate::runner::flow::Flow::new(&limits)),
                 authorizer,
                 definitions,
                 crash_plan: self.crash_plan,
@@ -583,6 +609,37 @@ impl ExecutorBuilder {
             definitions_only,
         })
     }
+}
+
+/// Each tool's limits: its own, with configuration's over them; refused
+/// when configuration names a tool not registered, or a limit is zero.
+fn tool_limits(
+    tools: &BTreeMap<String, Arc<dyn ErasedTool>>,
+    mut configured: BTreeMap<String, crate::Limits>,
+) -> Result<BTreeMap<String, crate::Limits>> {
+    if let Some(unknown) = configured.keys().find(|name| !tools.contains_key(*name)) {
+        let known: Vec<&str> = tools.keys().map(String::as_str).collect();
+        return Err(Error::new(
+            Kind::Builder,
+            format!(
+                "limit set for tool {unknown:?}, which is not registered: name one of {}",
+                known.join(", ")
+            ),
+        ));
+    }
+    let mut limits = BTreeMap::new();
+    for (name, tool) in tools {
+        let own = tool.limits();
+        let set = match configured.remove(name) {
+            Some(over) => own.overridden_by(over),
+            None => own,
+        };
+        if let Some(why) = set.problem() {
+            return Err(Error::new(Kind::Builder, format!("tool {name}: {why}")));
+        }
+        limits.insert(name.clone(), set);
+    }
+    Ok(limits)
 }
 
 /// A base URL must be `http(s)://HOST…`, and plain `http` only to this

@@ -33,6 +33,7 @@ pub use api::function::{FnTool, Handler, IntoTool, ReconcileHandler, State};
 pub use api::handler::{
     DEFAULT_COMMIT_WINDOW, Effect, OutcomeExt, Reconciled, Tool, ToolError, ToolSchema,
 };
+pub use api::limits::Limits;
 pub use api::transaction::Transaction;
 pub use builder::{ENV_VARS, PRINT_DEFINITIONS, UNBOUND};
 pub use builder::{Executor, ExecutorBuilder};

@@ -244,6 +244,7 @@ pub struct FnTool<O> {
     reconcile: Option<HookFn>,
     rerun: bool,
     commit_window: std::time::Duration,
+    limits: crate::Limits,
     needs: Vec<StateNeed>,
     _output: PhantomData<fn() -> O>,
 }
@@ -297,6 +298,7 @@ where
         reconcile: None,
         rerun: false,
         commit_window: crate::api::handler::DEFAULT_COMMIT_WINDOW,
+        limits: crate::Limits::none(),
         needs: H::needs(),
         _output: PhantomData,
     }
@@ -382,6 +384,15 @@ impl<O: Serialize + Send + 'static> FnTool<O> {
     /// [`Tool::commit_window`](crate::Tool::commit_window)).
     pub fn commit_window(mut self, window: std::time::Duration) -> Self {
         self.commit_window = window;
+        self
+    }
+
+    /// At most `n` calls of this tool held at once by this process, from
+    /// the claim to the final receipt (see [`Limits`](crate::Limits)); a
+    /// call of the tool is claimed only when a slot is free. Zero is
+    /// refused at [`build`](crate::ExecutorBuilder::build).
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.limits = self.limits.concurrency(n);
         self
     }
 }
@@ -518,6 +529,7 @@ impl<O> IntoTool for FnTool<O> {
             reconcile: self.reconcile,
             rerun: self.rerun,
             commit_window: self.commit_window,
+            limits: self.limits,
             needs: self.needs,
             _output: PhantomData,
         })))
@@ -606,5 +618,9 @@ impl ErasedTool for Bound {
 
     fn commit_window(&self) -> std::time::Duration {
         self.tool.commit_window
+    }
+
+    fn limits(&self) -> crate::Limits {
+        self.tool.limits
     }
 }

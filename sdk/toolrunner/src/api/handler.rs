@@ -333,6 +333,14 @@ pub trait Tool: Send + Sync + 'static {
     fn commit_window(&self) -> std::time::Duration {
         DEFAULT_COMMIT_WINDOW
     }
+
+    /// The tool's flow-control limits (see [`Limits`](crate::Limits)):
+    /// how many of its calls this process holds at once. Default: none,
+    /// only the executor's capacity. Configuration overrides them
+    /// ([`ExecutorBuilder::limit`](crate::ExecutorBuilder::limit)).
+    fn limits(&self) -> crate::Limits {
+        crate::Limits::none()
+    }
 }
 
 /// A tool's [`commit_window`](Tool::commit_window) unless it sets another.
@@ -355,6 +363,7 @@ pub(crate) trait ErasedTool: Send + Sync {
     async fn reconcile(&self, ctx: &CallContext) -> Reconciled<Value>;
     fn rerun_when_not_performed(&self) -> bool;
     fn commit_window(&self) -> std::time::Duration;
+    fn limits(&self) -> crate::Limits;
 }
 
 pub(crate) struct Erased<T>(pub(crate) T);
@@ -458,6 +467,10 @@ impl<T: Tool> ErasedTool for Erased<T> {
 
     fn commit_window(&self) -> std::time::Duration {
         self.0.commit_window()
+    }
+
+    fn limits(&self) -> crate::Limits {
+        self.0.limits()
     }
 }
 

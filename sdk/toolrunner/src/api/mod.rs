@@ -11,4 +11,5 @@ pub(crate) mod authorizer;
 pub(crate) mod context;
 pub(crate) mod function;
 pub(crate) mod handler;
+pub(crate) mod limits;
 pub(crate) mod transaction;

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use toolrunner_protocol::wire::{Assignment, CallState, Claim, Claimed, ReceiptKind};
 use tracing::Instrument;
 
+use super::flow::Held;
 use super::machine::accept::{OnAccepted, OnSaved, Saved};
 use super::machine::claim::OnClaim;
 use super::machine::resume::{Again, OnRunning, StillRuns};
@@ -43,7 +43,7 @@ use run::run;
 pub(super) async fn drive(
     core: Arc<Core>,
     confirmed: bool,
-    mut permit: Option<OwnedSemaphorePermit>,
+    mut held: Held,
     active: Active,
     known: Option<Box<LocalCall>>,
 ) {
@@ -112,7 +112,7 @@ pub(super) async fn drive(
             // The platform has no capacity (or this executor drains): give
             // the slot to another call, and keep this one off for a while
             // rather than asking again at once.
-            drop(permit.take());
+            drop(std::mem::take(&mut held));
             tokio::select! {
                 _ = core.life.halted() => {}
                 _ = tokio::time::sleep(core.cfg.timing.poll_interval.clamp(
@@ -127,7 +127,7 @@ pub(super) async fn drive(
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
     drop(active);
-    drop(permit);
+    drop(held);
 }
 
 /// The stored row of a call.
@@ -323,7 +323,7 @@ mod tests {
             call_id: "call_1".into(),
         };
         let active = core.activate(&key).expect("no task drives the call yet");
-        let drive = super::drive(core.clone(), false, None, active, None);
+        let drive = super::drive(core.clone(), false, super::Held::default(), active, None);
         let bytes = std::mem::size_of_val(&drive);
         println!("a call's drive future: {bytes} bytes");
         assert!(

@@ -8,12 +8,12 @@
 
 use std::sync::Arc;
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::call::{Checked, check};
+use super::flow::Held;
 use super::{Active, CallKey, Core, Pause, outbox};
 use crate::store::LocalCall;
 
@@ -76,8 +76,9 @@ pub(crate) struct Job {
     /// The call, marked as driven by this process from the moment it was
     /// handed over (so no other task picks it up meanwhile).
     active: Active,
-    /// A slot of the executor's capacity, if the caller took one.
-    permit: Option<OwnedSemaphorePermit>,
+    /// The slots the caller took: of the executor's capacity, of the
+    /// tool's limit.
+    held: Held,
     /// The row as the caller just wrote it, if it did (boxed: see
     /// `call::drive`).
     known: Option<Box<LocalCall>>,
@@ -104,32 +105,22 @@ impl Default for Queue {
 }
 
 /// Hands a call to the queue, unless this process already drives it.
-pub(crate) fn submit(
-    core: &Arc<Core>,
-    key: CallKey,
-    known: Option<LocalCall>,
-    permit: Option<OwnedSemaphorePermit>,
-) {
+pub(crate) fn submit(core: &Arc<Core>, key: CallKey, known: Option<LocalCall>, held: Held) {
     // Activated here, synchronously, so no other task can pick the call up
     // between this decision and the drive's start.
     let Some(active) = core.activate(&key) else {
         return;
     };
-    submit_activated(core, permit, active, known);
+    submit_activated(core, held, active, known);
 }
 
 /// [`submit`] for a call the caller has already activated.
-pub(crate) fn submit_activated(
-    core: &Core,
-    permit: Option<OwnedSemaphorePermit>,
-    active: Active,
-    known: Option<LocalCall>,
-) {
+pub(crate) fn submit_activated(core: &Core, held: Held, active: Active, known: Option<LocalCall>) {
     hand(
         core,
         Work::Drive(Job {
             active,
-            permit,
+            held,
             known: known.map(Box::new),
             confirmed: false,
         }),
@@ -202,7 +193,7 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                 tokio::spawn(super::call::drive(
                     core.clone(),
                     job.confirmed,
-                    job.permit,
+                    job.held,
                     job.active,
                     job.known,
                 ));
@@ -262,12 +253,15 @@ async fn checked(
         Ok(Checked::Moved(moved)) if moved.state == crate::store::LocalState::Running => {
             // The check itself moved the call to `running`: its handler may
             // start, in a drive of its own (the call stays marked).
-            let permit = core.calls.slots.clone().try_acquire_owned().ok();
+            let held = Held {
+                capacity: core.calls.slots.clone().try_acquire_owned().ok(),
+                tool: core.calls.flow.take_owed(&moved.tool_name),
+            };
             hand(
                 &core,
                 Work::Drive(Job {
                     active,
-                    permit,
+                    held,
                     known: Some(Box::new(moved)),
                     confirmed: true,
                 }),

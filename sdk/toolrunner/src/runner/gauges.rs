@@ -97,6 +97,12 @@ pub(crate) async fn publish(core: &Core) {
             .set(f64::from(in_use));
         metrics::gauge!(metric::CAPACITY_AVAILABLE, "executor_id" => id.clone())
             .set(f64::from(free));
+        for (tool, limit, held) in core.calls.flow.in_use() {
+            metrics::gauge!(metric::FLOW_SLOTS_IN_USE, "executor_id" => id.clone(), "tool" => tool.to_owned())
+                .set(f64::from(held));
+            metrics::gauge!(metric::FLOW_SLOT_LIMIT, "executor_id" => id.clone(), "tool" => tool.to_owned())
+                .set(f64::from(limit));
+        }
     });
     if let Some(renewed) = lease_health(core) {
         core.gauges.set(|| {

@@ -9,6 +9,7 @@ mod checks;
 mod connection;
 mod dispatch;
 pub(crate) mod fenced;
+pub(crate) mod flow;
 mod gauges;
 mod host;
 pub(crate) mod lease;
@@ -139,6 +140,8 @@ pub(crate) struct Calls {
     pub(crate) cancelled: StdMutex<std::collections::HashSet<CallKey>>,
     /// The executor's capacity: a permit per call a handler may run.
     pub(crate) slots: Arc<Semaphore>,
+    /// Each limited tool's slots in this process.
+    pub(crate) flow: Arc<flow::Flow>,
     /// The one dispatch queue of calls to drive.
     pub(crate) dispatch: dispatch::Queue,
     /// Wakes the claimer (a stream notice, a slot given back).

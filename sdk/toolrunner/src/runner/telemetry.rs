@@ -123,6 +123,10 @@ pub(crate) mod metric {
     pub(crate) const CAPACITY_IN_USE: &str = "toolrunner_capacity_in_use";
     /// Gauge: capacity slots free.
     pub(crate) const CAPACITY_AVAILABLE: &str = "toolrunner_capacity_available";
+    /// Gauge: a limited tool's slots held in this process, by tool.
+    pub(crate) const FLOW_SLOTS_IN_USE: &str = "toolrunner_flow_slots_in_use";
+    /// Gauge: a limited tool's concurrency limit, by tool.
+    pub(crate) const FLOW_SLOT_LIMIT: &str = "toolrunner_flow_slot_limit";
     /// Gauge: receipts saved and not yet acknowledged.
     pub(crate) const UNDELIVERED: &str = "toolrunner_undelivered_receipts";
     /// Gauge (seconds): the oldest of them.
@@ -252,6 +256,14 @@ fn describe() {
     );
     describe_gauge!(metric::CAPACITY_IN_USE, "capacity slots in use");
     describe_gauge!(metric::CAPACITY_AVAILABLE, "capacity slots free");
+    describe_gauge!(
+        metric::FLOW_SLOTS_IN_USE,
+        "a limited tool's slots held in this process, by tool"
+    );
+    describe_gauge!(
+        metric::FLOW_SLOT_LIMIT,
+        "a limited tool's concurrency limit, by tool"
+    );
     describe_gauge!(
         metric::UNDELIVERED,
         "receipts saved and not yet acknowledged by the platform"

@@ -33,6 +33,9 @@ pub(crate) struct Template {
     pub(crate) client: Client,
     pub(crate) store_url: String,
     pub(crate) tools: Tools,
+    /// The limited tools' slots, one set for the process: shared by the
+    /// identities it adopts.
+    pub(crate) flow: Arc<super::flow::Flow>,
     pub(crate) authorizer: Arc<dyn Authorizer>,
     pub(crate) definitions: Vec<ToolDefinition>,
     pub(crate) crash_plan: Option<CrashPlan>,
@@ -130,6 +133,7 @@ impl Template {
             client: self.client.fresh(),
             store_url: self.store_url.clone(),
             tools: self.tools.clone(),
+            flow: self.flow.clone(),
             authorizer: self.authorizer.clone(),
             definitions: self.definitions.clone(),
             crash_plan: None,
@@ -209,6 +213,7 @@ impl Template {
                 active: StdMutex::new(Default::default()),
                 cancelled: StdMutex::new(Default::default()),
                 slots,
+                flow: self.flow,
                 dispatch: Default::default(),
                 wake: Notify::new(),
                 paused: AtomicBool::new(false),
@@ -271,6 +276,7 @@ impl Template {
             .expect("a client"),
             store_url: String::new(),
             tools: Arc::default(),
+            flow: Arc::default(),
             authorizer: Arc::new(crate::api::authorizer::AllowAll),
             definitions: Vec::new(),
             crash_plan: None,

@@ -1,10 +1,10 @@
 //! Finds work: polls `pending` (woken early by the stream), claims only
-//! with a free capacity slot, and resumes calls that had to wait.
+//! with a free capacity slot and a free slot of the tool's limit, and
+//! resumes calls that had to wait.
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tokio::sync::OwnedSemaphorePermit;
-
+use super::super::flow::{Held, Take};
 use super::super::{CallKey, Core, Pause, connection, dispatch};
 use crate::lifecycle::{self, Advanced, Event, Reads};
 use crate::store::{CallFilter, LocalCall, LocalState, StoreError};
@@ -62,12 +62,28 @@ async fn resume_waiting(core: &Arc<Core>) {
         if core.is_active(&CallKey::of(&c)) {
             continue;
         }
+        // A call not claimed yet waits for its tool's slot like a new one;
+        // one already claimed is this process's own work and takes its
+        // slot whatever the count.
+        let tool = if c.state == LocalState::Claiming {
+            match core.calls.flow.try_take(&c.tool_name) {
+                Take::Full => continue,
+                Take::Unlimited => None,
+                Take::Slot(slot) => Some(slot),
+            }
+        } else {
+            core.calls.flow.take_owed(&c.tool_name)
+        };
         let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
             return;
         };
+        let held = Held {
+            capacity: Some(permit),
+            tool,
+        };
         // A `running` call that no task drives lost its task to an error:
         // it is resumed as after a crash (a write tool is never re-run).
-        dispatch::submit(core, CallKey::of(&c), None, Some(permit));
+        dispatch::submit(core, CallKey::of(&c), None, held);
     }
 }
 
@@ -108,15 +124,30 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
         if core.is_active(&key) {
             continue;
         }
+        // Decided before the claim: a tool at its limit is not claimed now
+        // (never claimed to wait); the candidate stays pending for another
+        // replica, or for a later poll here.
+        let tool = match core.calls.flow.try_take(&candidate.tool_name) {
+            Take::Full => {
+                tracing::debug!(run_id = %key.run_id, call_id = %key.call_id, tool = %candidate.tool_name, "not claimed: the tool is at its concurrency limit");
+                continue;
+            }
+            Take::Unlimited => None,
+            Take::Slot(slot) => Some(slot),
+        };
         let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
             break;
         };
-        saves.push(save_key(core, key, candidate.tool_name, permit));
+        let held = Held {
+            capacity: Some(permit),
+            tool,
+        };
+        saves.push(save_key(core, key, candidate.tool_name, held));
     }
     for saved in futures_util::future::join_all(saves).await {
-        if let Some((call, permit)) = saved? {
+        if let Some((call, held)) = saved? {
             core.crash_point("after_operation_key_saved")?;
-            dispatch::submit(core, CallKey::of(&call), Some(call), Some(permit));
+            dispatch::submit(core, CallKey::of(&call), Some(call), held);
         }
     }
     Ok(())
@@ -129,8 +160,8 @@ async fn save_key(
     core: &Arc<Core>,
     key: CallKey,
     tool_name: String,
-    permit: OwnedSemaphorePermit,
-) -> Result<Option<(LocalCall, OwnedSemaphorePermit)>, StoreError> {
+    held: Held,
+) -> Result<Option<(LocalCall, Held)>, StoreError> {
     // Usually a call this store has never seen: try the insert at once (it
     // is refused if the row exists, and then decided on a fresh read).
     let moved = core
@@ -149,7 +180,7 @@ async fn save_key(
         })
         .await?;
     Ok(match moved {
-        Advanced::Moved { call, .. } => Some((call, permit)),
+        Advanced::Moved { call, .. } => Some((call, held)),
         Advanced::Stayed(_) => None,
     })
 }

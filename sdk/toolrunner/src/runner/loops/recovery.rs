@@ -10,6 +10,7 @@ use toolrunner_protocol::wire::CallState;
 
 use super::super::connection::Connected;
 use super::super::dispatch::{self, Work};
+use super::super::flow::Held;
 use super::super::machine::resume::PLANTED_RESUME;
 use super::super::{CallKey, Core};
 use crate::lifecycle::{Event, Reads};
@@ -167,15 +168,20 @@ async fn resume(core: &Arc<Core>, connected: Connected) {
                 }
                 continue;
             }
-            let permit = core.calls.slots.clone().try_acquire_owned().ok();
-            resumed.push((permit, active));
+            // Resumed work is never refused: it takes its tool's slot
+            // whatever the count (and a capacity slot if one is free).
+            let held = Held {
+                capacity: core.calls.slots.clone().try_acquire_owned().ok(),
+                tool: core.calls.flow.take_owed(&c.tool_name),
+            };
+            resumed.push((held, active));
         }
     }
     // The states to report go out first, as when recovery started them on
     // a task of its own before any resumed call ran.
     dispatch::hand(core, Work::Reports { done: None });
-    for (permit, active) in resumed {
-        dispatch::submit_activated(core, permit, active, None);
+    for (held, active) in resumed {
+        dispatch::submit_activated(core, held, active, None);
     }
 }
 

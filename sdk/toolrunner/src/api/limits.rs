@@ -1,0 +1,96 @@
+//! A tool's flow-control limits: how many of its calls may be held at once
+//! by this executor, decided before a call is claimed.
+
+/// A tool's limits, set on the tool ([`Tool::limits`](crate::Tool::limits),
+/// [`FnTool::concurrency`](crate::FnTool::concurrency),
+/// `#[toolrunner::tool(concurrency = 4)]`) and overridden by configuration
+/// ([`ExecutorBuilder::limit`](crate::ExecutorBuilder::limit)).
+///
+/// **Concurrency** is how many calls of the tool this process holds at
+/// once, from the claim to the final receipt's delivery (or to the call
+/// entering `reconciliation_required`: a call waiting for a person holds
+/// no slot). The claimer claims a call of the tool only when a slot is
+/// free; it never claims a call to make it wait. The executor's capacity
+/// stays the total over every tool. Calls this process resumes (after a
+/// restart, a lost task, an automatic check that allowed a re-run) take
+/// their slot even when the tool is at its limit: they are its own work,
+/// already claimed, and are never refused; new claims wait until the
+/// count is below the limit again.
+///
+/// ```
+/// use toolrunner::Limits;
+///
+/// let limits = Limits::none().concurrency(4);
+/// assert_eq!(limits.max_concurrency(), Some(4));
+/// assert_eq!(Limits::none().max_concurrency(), None);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    concurrency: Option<u32>,
+}
+
+impl Limits {
+    /// No limit: only the executor's capacity bounds the tool.
+    pub const fn none() -> Limits {
+        Limits { concurrency: None }
+    }
+
+    /// At most `n` calls of the tool held at once by this process. Zero is
+    /// refused at [`build`](crate::ExecutorBuilder::build).
+    #[must_use]
+    pub const fn concurrency(mut self, n: u32) -> Limits {
+        self.concurrency = Some(n);
+        self
+    }
+
+    /// The concurrency limit, if one is set.
+    pub const fn max_concurrency(&self) -> Option<u32> {
+        self.concurrency
+    }
+
+    /// These limits, with each limit `over` sets taking the place of this
+    /// one's (configuration over code).
+    pub(crate) fn overridden_by(self, over: Limits) -> Limits {
+        Limits {
+            concurrency: over.concurrency.or(self.concurrency),
+        }
+    }
+
+    /// What is wrong with these limits, said as what to set instead.
+    pub(crate) fn problem(&self) -> Option<&'static str> {
+        (self.concurrency == Some(0)).then_some(
+            "a concurrency limit of 0 would never run the tool: set at least 1, or no limit (Limits::none())",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Limits;
+
+    #[test]
+    fn configuration_overrides_code_limit_by_limit() {
+        let code = Limits::none().concurrency(4);
+        assert_eq!(code.overridden_by(Limits::none()), code);
+        assert_eq!(
+            code.overridden_by(Limits::none().concurrency(2))
+                .max_concurrency(),
+            Some(2)
+        );
+        assert_eq!(
+            Limits::none()
+                .overridden_by(Limits::none().concurrency(7))
+                .max_concurrency(),
+            Some(7)
+        );
+    }
+
+    #[test]
+    fn zero_is_a_problem_that_says_what_to_set() {
+        let why = Limits::none().concurrency(0).problem().unwrap();
+        assert!(why.contains("at least 1"), "{why}");
+        assert_eq!(Limits::none().concurrency(1).problem(), None);
+        assert_eq!(Limits::none().problem(), None);
+    }
+}

@@ -1,0 +1,151 @@
+//! Flow control in one process: a tool's concurrency limit holds back the
+//! claim (the call stays pending on the platform), never a claimed call;
+//! configuration overrides the tool's own limit; bad limits are refused at
+//! `build()`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+use toolrunner::testing::TestKit;
+use toolrunner::{CallContext, Executor, Limits, State, ToolError};
+
+/// What to do.
+#[toolrunner::schema]
+#[derive(serde::Deserialize)]
+struct Job {
+    /// Which one.
+    n: u64,
+}
+
+/// What was done.
+#[toolrunner::schema]
+#[derive(serde::Serialize)]
+struct Done {
+    /// Which one.
+    n: u64,
+}
+
+/// How many handlers run now, and the most that ever ran at once.
+#[derive(Clone, Default)]
+struct Gauge {
+    now: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+/// Works a while, counting how many of its calls run at once.
+#[toolrunner::tool(name = "slow.work", effect = write, concurrency = 2)]
+async fn slow_work(
+    State(gauge): State<Gauge>,
+    _ctx: CallContext,
+    job: Job,
+) -> Result<Done, ToolError> {
+    let now = gauge.now.fetch_add(1, Ordering::SeqCst) + 1;
+    gauge.most.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    gauge.now.fetch_sub(1, Ordering::SeqCst);
+    Ok(Done { n: job.n })
+}
+
+/// Submits `n` calls at once and waits for all of them: every one must
+/// complete.
+async fn run_all(kit: &TestKit, n: u64) -> toolrunner::Result<()> {
+    let mut handles = Vec::new();
+    for i in 0..n {
+        handles.push(kit.submit("slow.work", json!({"n": i})).await?);
+    }
+    for h in &handles {
+        let outcome = kit.wait(h).await?;
+        assert!(outcome.is_completed(), "{outcome:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_at_its_concurrency_limit_is_not_claimed_and_every_call_still_completes()
+-> toolrunner::Result<()> {
+    let gauge = Gauge::default();
+    let held = gauge.clone();
+    // Capacity 8 would let 8 run at once; the tool's own limit is 2.
+    let kit = TestKit::start(move |b| {
+        b.tool(slow_work)
+            .state(held.clone())
+            .capacity(8)
+            .poll_interval(Duration::from_millis(50))
+    })
+    .await?;
+    run_all(&kit, 10).await?;
+    let most = gauge.most.load(Ordering::SeqCst);
+    assert_eq!(most, 2, "at most 2 at once, and the limit was reached");
+    kit.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configuration_overrides_the_tools_own_limit() -> toolrunner::Result<()> {
+    let gauge = Gauge::default();
+    let held = gauge.clone();
+    let kit = TestKit::start(move |b| {
+        b.tool(slow_work)
+            .state(held.clone())
+            .capacity(8)
+            .poll_interval(Duration::from_millis(50))
+            .limit("slow.work", Limits::none().concurrency(1))
+    })
+    .await?;
+    run_all(&kit, 5).await?;
+    assert_eq!(gauge.most.load(Ordering::SeqCst), 1);
+    kit.shutdown().await
+}
+
+#[test]
+fn bad_limits_are_refused_at_build_saying_what_to_set() {
+    let build = |configure: fn(toolrunner::ExecutorBuilder) -> toolrunner::ExecutorBuilder| {
+        configure(
+            Executor::builder()
+                .base_url("http://127.0.0.1:9")
+                .token("tok")
+                .executor_id("ex-1")
+                .binding_id("bnd_1")
+                .allow_all()
+                .state(Gauge::default())
+                .tool(slow_work),
+        )
+        .build()
+        .err()
+        .map(|e| (e.is_builder(), e.to_string()))
+    };
+    let zero = build(|b| b.limit("slow.work", Limits::none().concurrency(0)))
+        .expect("a zero limit is refused");
+    assert!(zero.0, "{zero:?}");
+    assert!(
+        zero.1.contains("slow.work") && zero.1.contains("at least 1"),
+        "{}",
+        zero.1
+    );
+    let unknown = build(|b| b.limit("slow.wrok", Limits::none().concurrency(2)))
+        .expect("a limit for a tool not registered is refused");
+    assert!(
+        unknown.1.contains("\"slow.wrok\"") && unknown.1.contains("slow.work"),
+        "it names the tool and the ones there are: {}",
+        unknown.1
+    );
+    let fn_tool = toolrunner::tool::write("zero.fn", |_ctx: CallContext, job: Job| async move {
+        Ok::<_, ToolError>(Done { n: job.n })
+    })
+    .describe("Does it")
+    .concurrency(0);
+    let Err(refused) = Executor::builder()
+        .base_url("http://127.0.0.1:9")
+        .token("tok")
+        .executor_id("ex-1")
+        .binding_id("bnd_1")
+        .allow_all()
+        .tool(fn_tool)
+        .build()
+    else {
+        panic!("a tool's own zero limit is refused");
+    };
+    assert!(refused.to_string().contains("zero.fn"), "{refused}");
+    assert_eq!(build(|b| b), None, "the tool's own limit of 2 builds");
+}
