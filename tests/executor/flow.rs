@@ -149,3 +149,142 @@ fn bad_limits_are_refused_at_build_saying_what_to_set() {
     assert!(refused.to_string().contains("zero.fn"), "{refused}");
     assert_eq!(build(|b| b), None, "the tool's own limit of 2 builds");
 }
+
+/// Answers at once.
+#[toolrunner::tool(name = "quick.work", effect = write, rate = 3)]
+async fn quick_work(_ctx: CallContext, job: Job) -> Result<Done, ToolError> {
+    Ok(Done { n: job.n })
+}
+
+/// The most instants of `times` (milliseconds) within any `window_ms`.
+fn most_within(times: &mut [i128], window_ms: i128) -> usize {
+    times.sort_unstable();
+    (0..times.len())
+        .map(|i| {
+            times[i..]
+                .iter()
+                .take_while(|t| **t - times[i] < window_ms)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_second_sees_more_first_accepted_than_the_rate_and_every_call_completes()
+-> toolrunner::Result<()> {
+    let kit = TestKit::start(|b| {
+        b.tool(quick_work)
+            .capacity(8)
+            .poll_interval(Duration::from_millis(50))
+    })
+    .await?;
+    let started = std::time::Instant::now();
+    let mut handles = Vec::new();
+    for i in 0..9 {
+        handles.push(kit.submit("quick.work", json!({"n": i})).await?);
+    }
+    let mut accepted_at = Vec::new();
+    for h in &handles {
+        let outcome = kit.wait(h).await?;
+        assert!(outcome.is_completed(), "{outcome:?}");
+        let run = kit.platform().run(&h.run_id).await?;
+        let call = run
+            .tool_calls
+            .iter()
+            .find(|c| c.call_id == h.call_id)
+            .expect("the call is in its run");
+        let first = call
+            .receipts
+            .iter()
+            .filter(|r| r.kind == toolrunner::protocol::wire::ReceiptKind::Accepted)
+            .map(|r| humantime::parse_rfc3339(&r.received_at).expect("an RFC 3339 time"))
+            .min()
+            .expect("an accepted");
+        let ms = first
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis();
+        accepted_at.push(i128::try_from(ms).expect("a time in milliseconds"));
+    }
+    // The platform stamps in milliseconds: a second is 1,000 of them, and
+    // two stamps 1,000 apart are in two windows.
+    let most = most_within(&mut accepted_at, 1_000);
+    assert_eq!(
+        most, 3,
+        "at most 3 first accepted a second, and the rate was reached: {accepted_at:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "9 calls at 3 a second take at least two seconds after the first three"
+    );
+    kit.shutdown().await
+}
+
+/// Takes longer than a rate token's reservation lasts, the first time.
+#[derive(Clone, Default)]
+struct SlowOnce(Arc<AtomicUsize>);
+
+#[toolrunner::async_trait]
+impl toolrunner::Authorizer for SlowOnce {
+    async fn authorize(
+        &self,
+        _request: &toolrunner::AuthorizationRequest,
+    ) -> Result<(), toolrunner::Denied> {
+        if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(1_300)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Counts its runs.
+#[toolrunner::tool(name = "counted.work", effect = write, rate = 5)]
+async fn counted_work(
+    State(runs): State<Arc<AtomicUsize>>,
+    _ctx: CallContext,
+    job: Job,
+) -> Result<Done, ToolError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(Done { n: job.n })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_token_that_lapsed_before_accepted_gives_the_claim_back_and_the_call_runs_once_later()
+-> toolrunner::Result<()> {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let kit = TestKit::start(move |b| {
+        b.tool(counted_work)
+            .state(counted.clone())
+            .authorizer(SlowOnce::default())
+            .poll_interval(Duration::from_millis(50))
+    })
+    .await?;
+    let call = kit.submit("counted.work", json!({"n": 1})).await?;
+    let outcome = kit.wait(&call).await?;
+    assert!(outcome.is_completed(), "{outcome:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    let timeline = kit
+        .reconciler()
+        .await?
+        .show(&call.run_id, &call.call_id)
+        .await?;
+    assert!(
+        timeline.events().iter().any(|e| e.what() == "released"),
+        "the claim was given back: {:?}",
+        timeline.events()
+    );
+    let keys: std::collections::BTreeSet<&str> = timeline
+        .attempts()
+        .iter()
+        .map(|a| a.operation_key())
+        .collect();
+    assert_eq!(
+        keys.len(),
+        2,
+        "claimed again with a new key: {:?}",
+        timeline.attempts()
+    );
+    kit.shutdown().await
+}

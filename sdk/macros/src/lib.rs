@@ -18,6 +18,8 @@ struct ToolArgs {
     commit_window: Option<proc_macro2::TokenStream>,
     /// `.concurrency(..)`'s argument.
     concurrency: Option<Expr>,
+    /// `.rate(..)`'s argument.
+    rate: Option<Expr>,
 }
 
 /// A duration written `"500ms"`, `"30s"` or `"2m"`, in milliseconds.
@@ -54,6 +56,7 @@ impl Parse for ToolArgs {
         let mut rerun = false;
         let mut commit_window = None;
         let mut concurrency = None;
+        let mut rate = None;
         for meta in metas {
             match &meta {
                 Meta::NameValue(nv) if nv.path.is_ident("name") => match &nv.value {
@@ -103,24 +106,22 @@ impl Parse for ToolArgs {
                         other => quote!(#other),
                     });
                 }
-                Meta::NameValue(nv) if nv.path.is_ident("concurrency") => match &nv.value {
-                    Expr::Lit(ExprLit {
-                        lit: Lit::Int(n), ..
-                    }) if n.base10_parse::<u32>().is_ok_and(|n| n > 0) => {
-                        concurrency = Some(nv.value.clone());
-                    }
-                    Expr::Lit(_) => {
-                        return Err(syn::Error::new_spanned(
-                            &nv.value,
-                            "`concurrency` takes how many calls of the tool may be held at once, at least 1: concurrency = 4",
-                        ));
-                    }
-                    other => concurrency = Some(other.clone()),
-                },
+                Meta::NameValue(nv) if nv.path.is_ident("concurrency") => {
+                    concurrency = Some(count(
+                        &nv.value,
+                        "`concurrency` takes how many calls of the tool may be held at once, at least 1: concurrency = 4",
+                    )?);
+                }
+                Meta::NameValue(nv) if nv.path.is_ident("rate") => {
+                    rate = Some(count(
+                        &nv.value,
+                        "`rate` takes how many calls of the tool may start (first `accepted`) in any second, at least 1: rate = 100",
+                    )?);
+                }
                 other => {
                     return Err(syn::Error::new_spanned(
                         other,
-                        "unknown setting; #[tool] takes name = \"…\", effect = write | read | transactional, reconcile = fn_name, rerun, commit_window = \"30s\", concurrency = 4",
+                        "unknown setting; #[tool] takes name = \"…\", effect = write | read | transactional, reconcile = fn_name, rerun, commit_window = \"30s\", concurrency = 4, rate = 100",
                     ));
                 }
             }
@@ -150,7 +151,20 @@ impl Parse for ToolArgs {
             rerun,
             commit_window,
             concurrency,
+            rate,
         })
+    }
+}
+
+/// A limit's count: a literal of at least 1 (checked here), or any other
+/// expression (checked at `build()`).
+fn count(value: &Expr, what: &str) -> syn::Result<Expr> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(n), ..
+        }) if n.base10_parse::<u32>().is_ok_and(|n| n > 0) => Ok(value.clone()),
+        Expr::Lit(_) => Err(syn::Error::new_spanned(value, what)),
+        other => Ok(other.clone()),
     }
 }
 
@@ -189,9 +203,10 @@ fn doc_of(attrs: &[syn::Attribute]) -> String {
 /// run the tool again) and `commit_window = "30s"` (how long the handler
 /// may take from its commit point, or its start, to its effect: `"500ms"`,
 /// `"30s"`, `"2m"`, or a `std::time::Duration` expression; default 30 s)
-/// and `concurrency = 4` (at most that many calls of the tool held at once
-/// by this process, from the claim to the final receipt: see
-/// `toolrunner::Limits`).
+/// and the limits (see `toolrunner::Limits`): `concurrency = 4` (at most
+/// that many calls of the tool held at once by this process, from the claim
+/// to the final receipt) and `rate = 100` (at most that many first
+/// `accepted` sends of the tool in any sliding second).
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = syn::parse_macro_input!(item as ItemFn);
@@ -239,6 +254,7 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
         .as_ref()
         .map(|w| quote!(.commit_window(#w)));
     let concurrency = args.concurrency.as_ref().map(|n| quote!(.concurrency(#n)));
+    let rate = args.rate.as_ref().map(|n| quote!(.rate(#n)));
     let doc = format!("The tool `{}`: {description}", args.name.value());
     // The function becomes a value of the SDK's own type (`Declared`) that
     // `.tool(..)` takes: the expansion implements no trait of the SDK but
@@ -262,6 +278,7 @@ fn expand_tool(args: ToolArgs, mut func: ItemFn) -> syn::Result<proc_macro2::Tok
                         #rerun
                         #window
                         #concurrency
+                        #rate
                 )
             }
         }

@@ -395,6 +395,15 @@ impl<O: Serialize + Send + 'static> FnTool<O> {
         self.limits = self.limits.concurrency(n);
         self
     }
+
+    /// At most `n` first `accepted` sends of this tool in any sliding
+    /// second, by this process (see [`Limits`](crate::Limits)); a call of
+    /// the tool is claimed only when a token is free. Zero is refused at
+    /// [`build`](crate::ExecutorBuilder::build).
+    pub fn rate(mut self, n: u32) -> Self {
+        self.limits = self.limits.rate(n);
+        self
+    }
 }
 
 /// Something [`ExecutorBuilder::tool`](crate::ExecutorBuilder::tool)

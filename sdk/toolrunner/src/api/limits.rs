@@ -1,5 +1,6 @@
 //! A tool's flow-control limits: how many of its calls may be held at once
-//! by this executor, decided before a call is claimed.
+//! by this executor, and how many may start a second, decided before a
+//! call is claimed.
 
 /// A tool's limits, set on the tool ([`Tool::limits`](crate::Tool::limits),
 /// [`FnTool::concurrency`](crate::FnTool::concurrency),
@@ -17,23 +18,36 @@
 /// already claimed, and are never refused; new claims wait until the
 /// count is below the limit again.
 ///
+/// **Rate** is how many first `accepted` sends of the tool this process
+/// makes in any sliding second. A token is reserved when the call is
+/// claimed, for at most a second, and becomes the send when `accepted` is
+/// due; a reservation that lapsed (a slow authorizer) gives the claim back
+/// (`released`: nothing ran, the call is claimed again later). A send
+/// counts from then until a second after the platform's answer. A call
+/// this process resumes sends its `accepted` whatever the count.
+///
 /// ```
 /// use toolrunner::Limits;
 ///
-/// let limits = Limits::none().concurrency(4);
+/// let limits = Limits::none().concurrency(4).rate(100);
 /// assert_eq!(limits.max_concurrency(), Some(4));
+/// assert_eq!(limits.max_rate(), Some(100));
 /// assert_eq!(Limits::none().max_concurrency(), None);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Limits {
     concurrency: Option<u32>,
+    rate: Option<u32>,
 }
 
 impl Limits {
     /// No limit: only the executor's capacity bounds the tool.
     pub const fn none() -> Limits {
-        Limits { concurrency: None }
+        Limits {
+            concurrency: None,
+            rate: None,
+        }
     }
 
     /// At most `n` calls of the tool held at once by this process. Zero is
@@ -49,18 +63,38 @@ impl Limits {
         self.concurrency
     }
 
+    /// At most `n` first `accepted` sends of the tool in any sliding
+    /// second, by this process. Zero is refused at
+    /// [`build`](crate::ExecutorBuilder::build).
+    #[must_use]
+    pub const fn rate(mut self, n: u32) -> Limits {
+        self.rate = Some(n);
+        self
+    }
+
+    /// The rate limit (first `accepted` sends a second), if one is set.
+    pub const fn max_rate(&self) -> Option<u32> {
+        self.rate
+    }
+
     /// These limits, with each limit `over` sets taking the place of this
     /// one's (configuration over code).
     pub(crate) fn overridden_by(self, over: Limits) -> Limits {
         Limits {
             concurrency: over.concurrency.or(self.concurrency),
+            rate: over.rate.or(self.rate),
         }
     }
 
     /// What is wrong with these limits, said as what to set instead.
     pub(crate) fn problem(&self) -> Option<&'static str> {
-        (self.concurrency == Some(0)).then_some(
-            "a concurrency limit of 0 would never run the tool: set at least 1, or no limit (Limits::none())",
+        if self.concurrency == Some(0) {
+            return Some(
+                "a concurrency limit of 0 would never run the tool: set at least 1, or no limit (Limits::none())",
+            );
+        }
+        (self.rate == Some(0)).then_some(
+            "a rate limit of 0 would never start the tool: set at least 1 (first `accepted` sends a second), or no limit (Limits::none())",
         )
     }
 }
@@ -73,6 +107,11 @@ mod tests {
     fn configuration_overrides_code_limit_by_limit() {
         let code = Limits::none().concurrency(4);
         assert_eq!(code.overridden_by(Limits::none()), code);
+        let both = code.overridden_by(Limits::none().rate(9));
+        assert_eq!(
+            (both.max_concurrency(), both.max_rate()),
+            (Some(4), Some(9))
+        );
         assert_eq!(
             code.overridden_by(Limits::none().concurrency(2))
                 .max_concurrency(),
@@ -90,6 +129,8 @@ mod tests {
     fn zero_is_a_problem_that_says_what_to_set() {
         let why = Limits::none().concurrency(0).problem().unwrap();
         assert!(why.contains("at least 1"), "{why}");
+        let why = Limits::none().rate(0).problem().unwrap();
+        assert!(why.contains("rate") && why.contains("at least 1"), "{why}");
         assert_eq!(Limits::none().concurrency(1).problem(), None);
         assert_eq!(Limits::none().problem(), None);
     }

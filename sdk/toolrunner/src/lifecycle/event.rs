@@ -54,6 +54,9 @@ pub(crate) enum Event {
         code: String,
         message: String,
     },
+    /// The tool's rate token lapsed before `accepted` was saved: the claim
+    /// is given back, nothing ran.
+    RateLapsed,
     AcceptedSaved,
     AcceptConfirmed {
         receipt_id: String,
@@ -173,6 +176,7 @@ impl Event {
             Event::ClaimFoundEnded { .. } => "claim_found_ended",
             Event::ClaimReturnedRefused { .. } => "claim_returned_refused",
             Event::RefusedBeforeStart { .. } => "refused_before_start",
+            Event::RateLapsed => "rate_lapsed",
             Event::AcceptedSaved => "accepted_saved",
             Event::AcceptConfirmed { .. } => "accept_confirmed",
             Event::AcceptRefusedPending { .. } => "accept_refused_pending",

@@ -389,6 +389,14 @@ pub(super) fn apply_event(
             d.call.next_sequence += 1;
             d.receipt = Some(r);
         }
+        Event::RateLapsed => {
+            if d.call.next_sequence != 0 {
+                return Err(refuse("assigned with `accepted` already saved"));
+            }
+            d.call.reason =
+                Some("given back: the tool's rate token lapsed before `accepted` was saved".into());
+            d.call.report = Some(PendingReport::Released);
+        }
         Event::AcceptedSaved => {
             if d.call.next_sequence != 0 {
                 return Err(refuse("assigned with `accepted` already saved"));

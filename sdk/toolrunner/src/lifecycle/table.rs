@@ -86,6 +86,12 @@ pub(crate) const TABLE: &[Rule] = &[
         writes: "final `failed` at sequence 0 (`invalid_arguments`, `digest_mismatch`, `forbidden`)",
     },
     Rule {
+        event: "rate_lapsed",
+        from: &[Assigned],
+        to: To::State(Released),
+        writes: "report `released`: the tool's rate token lapsed before `accepted` was saved; nothing ran (claimed again, with a new key, once pending)",
+    },
+    Rule {
         event: "accepted_saved",
         from: &[Assigned],
         to: To::Same,

@@ -45,6 +45,7 @@ fn one_of_each() -> Vec<Event> {
             code: "forbidden".into(),
             message: "no".into(),
         },
+        Event::RateLapsed,
         Event::AcceptedSaved,
         Event::AcceptConfirmed {
             receipt_id: "rcp_1".into(),

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use toolrunner_protocol::wire::{Assignment, CallState, Claim, Claimed, ReceiptKind};
 use tracing::Instrument;
 
-use super::flow::Held;
+use super::flow::{Held, ToolHold};
 use super::machine::accept::{OnAccepted, OnSaved, Saved};
 use super::machine::claim::OnClaim;
 use super::machine::resume::{Again, OnRunning, StillRuns};
@@ -73,7 +73,7 @@ pub(super) async fn drive(
                     telemetry::finish(&span, "interrupted", None);
                     return;
                 }
-                r = steps(&core, &key, *call, confirmed, &active.token).instrument(span.clone()) => r,
+                r = steps(&core, &key, *call, confirmed, &active.token, &held.tool).instrument(span.clone()) => r,
             };
             (span, ended)
         }
@@ -162,6 +162,7 @@ async fn steps(
     mut call: LocalCall,
     mut confirmed: bool,
     cancel: &CancellationToken,
+    hold: &ToolHold,
 ) -> Result<(&'static str, Option<String>), Pause> {
     let mut checked = false;
     // The `accepted` this task's claim just saved with the assignment.
@@ -179,9 +180,10 @@ async fn steps(
         let next = match machine::step::next(call.state, checked) {
             Step::Claim => {
                 confirmed = false;
-                let (next, saved) =
-                    Box::pin(claim(core, call).instrument(tracing::info_span!("toolrunner.claim")))
-                        .await?;
+                let (next, saved) = Box::pin(
+                    claim(core, call, hold).instrument(tracing::info_span!("toolrunner.claim")),
+                )
+                .await?;
                 if let Some(r) = saved.as_ref().filter(|r| r.kind.is_final()) {
                     final_seen = Some(r.clone());
                 }
@@ -189,7 +191,7 @@ async fn steps(
                 next
             }
             Step::Accept => {
-                let accepting = accept(core, call, saved_accepted.take())
+                let accepting = accept(core, call, saved_accepted.take(), hold)
                     .instrument(tracing::info_span!("toolrunner.accepted"));
                 let (next, mine) = Box::pin(accepting).await?;
                 confirmed = mine;

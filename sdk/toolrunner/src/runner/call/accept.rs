@@ -10,6 +10,7 @@ pub(super) async fn accept(
     core: &Arc<Core>,
     call: LocalCall,
     saved: Option<OutboxReceipt>,
+    hold: &ToolHold,
 ) -> Result<(LocalCall, bool), Pause> {
     let key = CallKey::of(&call);
     let asg = assignment(&call)?;
@@ -64,6 +65,22 @@ pub(super) async fn accept(
                 }
                 return Ok((call, false));
             }
+            // The tool's rate: the token reserved at the claim becomes this
+            // send, or, lapsed, the claim goes back (nothing saved, nothing
+            // ran) rather than an `accepted` outside the window.
+            if hold.sending().is_err() {
+                tracing::info!(
+                    "the tool's rate token lapsed before accepted was due: the claim is given back"
+                );
+                let moved = core
+                    .advance(
+                        &key,
+                        Reads::Row,
+                        while_in(LocalState::Assigned, id, Event::RateLapsed),
+                    )
+                    .await?;
+                return Ok((row(moved)?, false));
+            }
             match core
                 .advance_from(
                     &key,
@@ -90,6 +107,9 @@ pub(super) async fn accept(
     if !core.lease.live() {
         return Err(Pause::LeaseNotLive);
     }
+    // Counted against the tool's rate until a window after its answer (an
+    // `accepted` saved before, sent again: counted whatever the count).
+    hold.sending_owed();
     let answer = core
         .client
         .receipt_if(
@@ -100,6 +120,7 @@ pub(super) async fn accept(
             &|| core.lease.live(),
         )
         .await;
+    hold.sent();
     let event = match machine::accept::on_reply(&answers::reply(&answer), &accepted.receipt_id) {
         OnAccepted::Confirmed(event) => {
             core.crash_point("after_accepted_confirmed")?;

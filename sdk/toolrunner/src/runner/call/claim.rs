@@ -9,6 +9,7 @@ use super::*;
 pub(super) async fn claim(
     core: &Arc<Core>,
     call: LocalCall,
+    hold: &ToolHold,
 ) -> Result<(LocalCall, Option<OutboxReceipt>), Pause> {
     if core.life.is_stopping() {
         // The key stays saved: the next start claims with it.
@@ -89,6 +90,15 @@ pub(super) async fn claim(
     let then = if fresh && claimed.call_state == CallState::Claimed {
         Some(
             match first_checks(core, &call.tool_name, &claimed.assignment).await {
+                // The tool's rate: the token reserved before the claim
+                // becomes this `accepted`, or, lapsed (slow checks), the
+                // claim goes back with nothing saved and nothing run.
+                Ok(()) if hold.sending().is_err() => {
+                    tracing::info!(
+                        "the tool's rate token lapsed before accepted was due: the claim is given back"
+                    );
+                    Event::RateLapsed
+                }
                 Ok(()) => Event::AcceptedSaved,
                 Err((code, message)) => {
                     tracing::info!(code, "refused before start; nothing ran");

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::super::flow::{Held, Take};
+use super::super::flow::Held;
 use super::super::{CallKey, Core, Pause, connection, dispatch};
 use crate::lifecycle::{self, Advanced, Event, Reads};
 use crate::store::{CallFilter, LocalCall, LocalState, StoreError};
@@ -67,9 +67,8 @@ async fn resume_waiting(core: &Arc<Core>) {
         // slot whatever the count.
         let tool = if c.state == LocalState::Claiming {
             match core.calls.flow.try_take(&c.tool_name) {
-                Take::Full => continue,
-                Take::Unlimited => None,
-                Take::Slot(slot) => Some(slot),
+                None => continue,
+                Some(hold) => hold,
             }
         } else {
             core.calls.flow.take_owed(&c.tool_name)
@@ -127,13 +126,9 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
         // Decided before the claim: a tool at its limit is not claimed now
         // (never claimed to wait); the candidate stays pending for another
         // replica, or for a later poll here.
-        let tool = match core.calls.flow.try_take(&candidate.tool_name) {
-            Take::Full => {
-                tracing::debug!(run_id = %key.run_id, call_id = %key.call_id, tool = %candidate.tool_name, "not claimed: the tool is at its concurrency limit");
-                continue;
-            }
-            Take::Unlimited => None,
-            Take::Slot(slot) => Some(slot),
+        let Some(tool) = core.calls.flow.try_take(&candidate.tool_name) else {
+            tracing::debug!(run_id = %key.run_id, call_id = %key.call_id, tool = %candidate.tool_name, "not claimed: the tool is at its concurrency or rate limit");
+            continue;
         };
         let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
             break;
