@@ -76,6 +76,14 @@ struct Args {
     /// Sleep after the write (a slow downstream confirmation).
     #[arg(long, default_value_t = 0)]
     effect_delay_ms: u64,
+    /// At most N calls of `ledger.append` held at once, from the claim to
+    /// the final receipt (this process's; see `toolrunner::Limits`).
+    #[arg(long, value_name = "N")]
+    concurrency: Option<u32>,
+    /// At most N first `accepted` of `ledger.append` in any sliding second
+    /// (this process's; see `toolrunner::Limits`).
+    #[arg(long, value_name = "N")]
+    rate: Option<u32>,
     /// Switch the automatic reconciliation hook off: every ambiguity stays
     /// for a human.
     #[arg(long)]
@@ -290,6 +298,14 @@ fn executor(
     token: &str,
 ) -> Result<Executor> {
     let mut builder = Executor::builder();
+    let mut limits = toolrunner::Limits::none();
+    if let Some(n) = args.concurrency {
+        limits = limits.concurrency(n);
+    }
+    if let Some(n) = args.rate {
+        limits = limits.rate(n);
+    }
+    builder = builder.limit("ledger.append", limits);
     if let Some(ms) = args.takeover_grace_ms {
         builder = builder.takeover_grace(Duration::from_millis(ms));
     }
