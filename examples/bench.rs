@@ -53,6 +53,14 @@ struct Args {
     /// concurrency).
     #[arg(long, default_value_t = 64)]
     capacity: u32,
+    /// The durable side's tool limited to at most N calls held at once
+    /// (`toolrunner::Limits`; default: no limit).
+    #[arg(long, value_name = "N")]
+    concurrency: Option<u32>,
+    /// The durable side's tool limited to at most N first `accepted` a
+    /// second (`toolrunner::Limits`; default: no limit).
+    #[arg(long, value_name = "N")]
+    rate: Option<u32>,
     /// Where the executor's store file goes (default: a temporary
     /// directory).
     #[arg(long)]
@@ -253,6 +261,7 @@ async fn main() -> Result<()> {
         .capacity(args.capacity)
         .allow_all()
         .tool(noop)
+        .limit("bench.noop", support::limits(args.concurrency, args.rate))
         .build()?;
     let version = admin
         .publish(&agent.agent_id, executor.tool_definitions())

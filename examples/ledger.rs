@@ -298,14 +298,10 @@ fn executor(
     token: &str,
 ) -> Result<Executor> {
     let mut builder = Executor::builder();
-    let mut limits = toolrunner::Limits::none();
-    if let Some(n) = args.concurrency {
-        limits = limits.concurrency(n);
-    }
-    if let Some(n) = args.rate {
-        limits = limits.rate(n);
-    }
-    builder = builder.limit("ledger.append", limits);
+    builder = builder.limit(
+        "ledger.append",
+        support::limits(args.concurrency, args.rate),
+    );
     if let Some(ms) = args.takeover_grace_ms {
         builder = builder.takeover_grace(Duration::from_millis(ms));
     }

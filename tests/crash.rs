@@ -17,7 +17,8 @@ use toolrunner::testing::store::{
     CallFilter, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store,
 };
 use toolrunner::{
-    CallContext, Effect, Executor, Reconciled, RunningExecutor, Tool, ToolError, async_trait,
+    CallContext, Effect, Executor, Limits, Reconciled, RunningExecutor, Tool, ToolError,
+    async_trait,
 };
 use toolrunner_devserver::DevServer;
 
@@ -382,6 +383,11 @@ fn build_executor(executor_id: &str, binding_id: &str, base_url: &str, o: &Optio
         .backoff(Duration::from_millis(50), Duration::from_millis(500), 6)
         .reconcile_interval(Duration::from_millis(200))
         .allow_all()
+        // Every row runs with limits on: a crash must give back no slot or
+        // token twice and keep none, and the calls recovery resumes take
+        // theirs whatever the count.
+        .limit(WRITE_TOOL, Limits::none().concurrency(1).rate(20))
+        .limit(READ_TOOL, Limits::none().concurrency(2).rate(20))
         .tool(Recorder {
             name: WRITE_TOOL,
             effect: Effect::Write,

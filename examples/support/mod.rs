@@ -102,3 +102,16 @@ pub(crate) fn print(lines: &[Line]) {
     }
     println!("{table}");
 }
+
+/// The limits a `--concurrency N` and a `--rate N` flag set (none when
+/// neither is given).
+pub(crate) fn limits(concurrency: Option<u32>, rate: Option<u32>) -> toolrunner::Limits {
+    let mut limits = toolrunner::Limits::none();
+    if let Some(n) = concurrency {
+        limits = limits.concurrency(n);
+    }
+    if let Some(n) = rate {
+        limits = limits.rate(n);
+    }
+    limits
+}
