@@ -446,10 +446,10 @@ async fn the_scrape_holds_every_metric_of_the_table_and_no_other() -> Result<()>
         // One tool with a concurrency limit, so that the flow gauges are
         // published (only limited tools have them).
         .start(|b| {
-            b.tool(m_ok)
-                .tool(m_fail)
-                .tool(m_unknown)
-                .limit("m.ok", toolrunner::Limits::none().concurrency(8))
+            b.tool(m_ok).tool(m_fail).tool(m_unknown).limit(
+                "m.ok",
+                toolrunner::Limits::none().concurrency(8).rate(1_000),
+            )
         })
         .await?;
     // The first call's key is saved and the process dies before its claim;
@@ -990,7 +990,10 @@ async fn every_family_of_the_table_is_scraped_from_the_start() -> Result<()> {
     // limited tools only.
     let executor = solo
         .executor("fresh-01")
-        .limit("t.ok", toolrunner::Limits::none().concurrency(4))
+        .limit(
+            "t.ok",
+            toolrunner::Limits::none().concurrency(4).rate(1_000),
+        )
         .build()?;
     let health = executor.health();
     let running = executor.start().await?;

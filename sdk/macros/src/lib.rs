@@ -162,7 +162,9 @@ fn count(value: &Expr, what: &str) -> syn::Result<Expr> {
     match value {
         Expr::Lit(ExprLit {
             lit: Lit::Int(n), ..
-        }) if n.base10_parse::<u32>().is_ok_and(|n| n > 0) => Ok(value.clone()),
+        }) if matches!(n.suffix(), "" | "u32") && n.base10_parse::<u32>().is_ok_and(|n| n > 0) => {
+            Ok(value.clone())
+        }
         Expr::Lit(_) => Err(syn::Error::new_spanned(value, what)),
         other => Ok(other.clone()),
     }

@@ -335,8 +335,9 @@ pub trait Tool: Send + Sync + 'static {
     }
 
     /// The tool's flow-control limits (see [`Limits`](crate::Limits)):
-    /// how many of its calls this process holds at once. Default: none,
-    /// only the executor's capacity. Configuration overrides them
+    /// how many of its calls this process holds at once, and how many
+    /// first `accepted` it sends a second. Default: none, only the
+    /// executor's capacity. Configuration overrides them
     /// ([`ExecutorBuilder::limit`](crate::ExecutorBuilder::limit)).
     fn limits(&self) -> crate::Limits {
         crate::Limits::none()

@@ -8,23 +8,27 @@
 /// ([`ExecutorBuilder::limit`](crate::ExecutorBuilder::limit)).
 ///
 /// **Concurrency** is how many calls of the tool this process holds at
-/// once, from the claim to the final receipt's delivery (or to the call
-/// entering `reconciliation_required`: a call waiting for a person holds
-/// no slot). The claimer claims a call of the tool only when a slot is
-/// free; it never claims a call to make it wait. The executor's capacity
-/// stays the total over every tool. Calls this process resumes (after a
-/// restart, a lost task, an automatic check that allowed a re-run) take
-/// their slot even when the tool is at its limit: they are its own work,
-/// already claimed, and are never refused; new claims wait until the
-/// count is below the limit again.
+/// once: from the claim until the task driving the call is done with it
+/// (its final receipt delivered, or, the platform not answering, left to
+/// the outbox's redelivery; or the call waiting in
+/// `reconciliation_required`: a call waiting for a person holds no slot).
+/// A call that pauses on the way (the platform unreachable, a lapsed
+/// lease) keeps its slot until it is picked up again. The claimer claims
+/// a call of the tool only when a slot is free; it never claims a call to
+/// make it wait. The executor's capacity stays the total over every tool.
+/// A call the platform already holds as this executor's, picked up again
+/// without its slot (after a restart), takes one even when the tool is at
+/// its limit: it is its own work, and is never refused; new claims wait
+/// until the count is below the limit again.
 ///
 /// **Rate** is how many first `accepted` sends of the tool this process
 /// makes in any sliding second. A token is reserved when the call is
 /// claimed, for at most a second, and becomes the send when `accepted` is
 /// due; a reservation that lapsed (a slow authorizer) gives the claim back
-/// (`released`: nothing ran, the call is claimed again later). A send
-/// counts from then until a second after the platform's answer. A call
-/// this process resumes sends its `accepted` whatever the count.
+/// (`released`: nothing ran, the call is claimed again after a back-off).
+/// A send counts from then until a second after the platform's answer. An
+/// `accepted` saved before a restart or a pause waits, when sent again,
+/// for a free token.
 ///
 /// ```
 /// use toolrunner::Limits;
@@ -89,12 +93,10 @@ impl Limits {
     /// What is wrong with these limits, said as what to set instead.
     pub(crate) fn problem(&self) -> Option<&'static str> {
         if self.concurrency == Some(0) {
-            return Some(
-                "a concurrency limit of 0 would never run the tool: set at least 1, or no limit (Limits::none())",
-            );
+            return Some("a concurrency limit of 0 would never run the tool: set at least 1");
         }
         (self.rate == Some(0)).then_some(
-            "a rate limit of 0 would never start the tool: set at least 1 (first `accepted` sends a second), or no limit (Limits::none())",
+            "a rate limit of 0 would never start the tool: set at least 1 (first `accepted` sends a second)",
         )
     }
 }

@@ -110,9 +110,10 @@ pub(super) async fn drive(
         tracing::warn!(run_id = %key.run_id, call_id = %key.call_id, error = %e, "call paused; it resumes from the store");
         if matches!(e, Pause::Deferred(_)) {
             // The platform has no capacity (or this executor drains): give
-            // the slot to another call, and keep this one off for a while
-            // rather than asking again at once.
-            drop(std::mem::take(&mut held));
+            // the capacity slot to another call, and keep this one off for
+            // a while rather than asking again at once (its tool's slot is
+            // parked below: the call may still be claimed).
+            drop(held.capacity.take());
             tokio::select! {
                 _ = core.life.halted() => {}
                 _ = tokio::time::sleep(core.cfg.timing.poll_interval.clamp(
@@ -121,13 +122,19 @@ pub(super) async fn drive(
                 )) => {}
             }
         }
+        // A paused call may still be claimed (or running) on the platform:
+        // it keeps its tool's slot until it is picked up again.
+        core.calls
+            .flow
+            .park(key.clone(), std::mem::take(&mut held.tool));
         // The claim loop resumes it (the guard's drop wakes the loop).
         core.calls
             .paused
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
-    drop(active);
+    // What it held goes back before the guard's drop wakes the claimer.
     drop(held);
+    drop(active);
 }
 
 /// The stored row of a call.

@@ -255,7 +255,11 @@ async fn checked(
             // start, in a drive of its own (the call stays marked).
             let held = Held {
                 capacity: core.calls.slots.clone().try_acquire_owned().ok(),
-                tool: core.calls.flow.take_owed(&moved.tool_name),
+                tool: core
+                    .calls
+                    .flow
+                    .resume(&key, &moved.tool_name, true)
+                    .unwrap_or_default(),
             };
             hand(
                 &core,

@@ -97,11 +97,20 @@ pub(crate) async fn publish(core: &Core) {
             .set(f64::from(in_use));
         metrics::gauge!(metric::CAPACITY_AVAILABLE, "executor_id" => id.clone())
             .set(f64::from(free));
-        for (tool, limit, held) in core.calls.flow.in_use() {
-            metrics::gauge!(metric::FLOW_SLOTS_IN_USE, "executor_id" => id.clone(), "tool" => tool.to_owned())
-                .set(f64::from(held));
-            metrics::gauge!(metric::FLOW_SLOT_LIMIT, "executor_id" => id.clone(), "tool" => tool.to_owned())
-                .set(f64::from(limit));
+        for used in core.calls.flow.in_use() {
+            let tool = used.tool.to_owned();
+            if let Some((limit, held)) = used.slots {
+                metrics::gauge!(metric::FLOW_SLOTS_IN_USE, "executor_id" => id.clone(), "tool" => tool.clone())
+                    .set(f64::from(held));
+                metrics::gauge!(metric::FLOW_SLOT_LIMIT, "executor_id" => id.clone(), "tool" => tool.clone())
+                    .set(f64::from(limit));
+            }
+            if let Some((limit, counting)) = used.tokens {
+                metrics::gauge!(metric::FLOW_TOKENS_IN_USE, "executor_id" => id.clone(), "tool" => tool.clone())
+                    .set(f64::from(counting));
+                metrics::gauge!(metric::FLOW_RATE_LIMIT, "executor_id" => id.clone(), "tool" => tool)
+                    .set(f64::from(limit));
+            }
         }
     });
     if let Some(renewed) = lease_health(core) {

@@ -127,6 +127,12 @@ pub(crate) mod metric {
     pub(crate) const FLOW_SLOTS_IN_USE: &str = "toolrunner_flow_slots_in_use";
     /// Gauge: a limited tool's concurrency limit, by tool.
     pub(crate) const FLOW_SLOT_LIMIT: &str = "toolrunner_flow_slot_limit";
+    /// Gauge: a rate-limited tool's tokens counting in the last second, by
+    /// tool.
+    pub(crate) const FLOW_TOKENS_IN_USE: &str = "toolrunner_flow_tokens_in_use";
+    /// Gauge: a rate-limited tool's rate limit (first `accepted` a second),
+    /// by tool.
+    pub(crate) const FLOW_RATE_LIMIT: &str = "toolrunner_flow_rate_limit";
     /// Gauge: receipts saved and not yet acknowledged.
     pub(crate) const UNDELIVERED: &str = "toolrunner_undelivered_receipts";
     /// Gauge (seconds): the oldest of them.
@@ -263,6 +269,14 @@ fn describe() {
     describe_gauge!(
         metric::FLOW_SLOT_LIMIT,
         "a limited tool's concurrency limit, by tool"
+    );
+    describe_gauge!(
+        metric::FLOW_TOKENS_IN_USE,
+        "a rate-limited tool's tokens counting now (reserved, sending, or sent in the last second), by tool"
+    );
+    describe_gauge!(
+        metric::FLOW_RATE_LIMIT,
+        "a rate-limited tool's limit of first accepted a second, by tool"
     );
     describe_gauge!(
         metric::UNDELIVERED,

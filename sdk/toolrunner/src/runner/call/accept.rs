@@ -66,12 +66,11 @@ pub(super) async fn accept(
                 return Ok((call, false));
             }
             // The tool's rate: the token reserved at the claim becomes this
-            // send, or, lapsed, the claim goes back (nothing saved, nothing
-            // ran) rather than an `accepted` outside the window.
-            if hold.sending().is_err() {
-                tracing::info!(
-                    "the tool's rate token lapsed before accepted was due: the claim is given back"
-                );
+            // send, or, lapsed or none free, the claim goes back (nothing
+            // saved, nothing ran) rather than an `accepted` outside the
+            // window.
+            if hold.sending(&id).is_err() {
+                core.calls.flow.lapsed(&key, &call.tool_name);
                 let moved = core
                     .advance(
                         &key,
@@ -107,9 +106,17 @@ pub(super) async fn accept(
     if !core.lease.live() {
         return Err(Pause::LeaseNotLive);
     }
-    // Counted against the tool's rate until a window after its answer (an
-    // `accepted` saved before, sent again: counted whatever the count).
-    hold.sending_owed();
+    // Counted against the tool's rate until a window after its answer. An
+    // `accepted` saved before (by this task's claim step, or before a
+    // pause or a restart) waits for a free token if it has none: the call
+    // is claimed already, and waits at most about a window.
+    while hold.sending(&id).is_err() {
+        let wait = hold
+            .token_frees_in()
+            .unwrap_or(std::time::Duration::from_millis(50))
+            .max(std::time::Duration::from_millis(5));
+        tokio::time::sleep(wait).await;
+    }
     let answer = core
         .client
         .receipt_if(
@@ -120,7 +127,7 @@ pub(super) async fn accept(
             &|| core.lease.live(),
         )
         .await;
-    hold.sent();
+    hold.answered();
     let event = match machine::accept::on_reply(&answers::reply(&answer), &accepted.receipt_id) {
         OnAccepted::Confirmed(event) => {
             core.crash_point("after_accepted_confirmed")?;

@@ -91,12 +91,11 @@ pub(super) async fn claim(
         Some(
             match first_checks(core, &call.tool_name, &claimed.assignment).await {
                 // The tool's rate: the token reserved before the claim
-                // becomes this `accepted`, or, lapsed (slow checks), the
-                // claim goes back with nothing saved and nothing run.
-                Ok(()) if hold.sending().is_err() => {
-                    tracing::info!(
-                        "the tool's rate token lapsed before accepted was due: the claim is given back"
-                    );
+                // becomes this `accepted`, or, lapsed (slow checks) or none
+                // free, the claim goes back with nothing saved and nothing
+                // run.
+                Ok(()) if hold.sending(&claimed.assignment.assignment_id).is_err() => {
+                    core.calls.flow.lapsed(&key, &call.tool_name);
                     Event::RateLapsed
                 }
                 Ok(()) => Event::AcceptedSaved,

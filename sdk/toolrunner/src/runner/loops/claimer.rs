@@ -15,7 +15,12 @@ pub(crate) async fn claim_loop(core: Arc<Core>) {
         tokio::select! {
             _ = core.life.stopping() => return,
             _ = core.calls.wake.notified() => {}
-            _ = tokio::time::sleep(core.cfg.timing.poll_interval) => {}
+            // A tool at its rate limit has a token again before the next
+            // poll: look then.
+            _ = tokio::time::sleep(core.calls.flow.next_token_in().map_or(
+                core.cfg.timing.poll_interval,
+                |d| d.clamp(std::time::Duration::from_millis(5), core.cfg.timing.poll_interval),
+            )) => {}
         }
         if !core.life.claiming() {
             continue;
@@ -58,20 +63,20 @@ async fn resume_waiting(core: &Arc<Core>) {
     // (`running`, `assigned`) go first: a claim waiting for capacity must
     // never starve the very call that holds it.
     calls.sort_by_key(|c| c.state != LocalState::Running && c.state != LocalState::Assigned);
+    // The holds parked by calls that no longer wait here go back.
+    let waiting: Vec<CallKey> = calls.iter().map(CallKey::of).collect();
+    core.calls.flow.sweep(&waiting, |k| core.is_active(k));
     for c in calls {
-        if core.is_active(&CallKey::of(&c)) {
+        let key = CallKey::of(&c);
+        if core.is_active(&key) {
             continue;
         }
         // A call not claimed yet waits for its tool's slot like a new one;
         // one already claimed is this process's own work and takes its
-        // slot whatever the count.
-        let tool = if c.state == LocalState::Claiming {
-            match core.calls.flow.try_take(&c.tool_name) {
-                None => continue,
-                Some(hold) => hold,
-            }
-        } else {
-            core.calls.flow.take_owed(&c.tool_name)
+        // slot whatever the count (or the one it parked when it paused).
+        let claimed = c.state != LocalState::Claiming;
+        let Some(tool) = core.calls.flow.resume(&key, &c.tool_name, claimed) else {
+            continue;
         };
         let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
             return;
@@ -82,7 +87,7 @@ async fn resume_waiting(core: &Arc<Core>) {
         };
         // A `running` call that no task drives lost its task to an error:
         // it is resumed as after a crash (a write tool is never re-run).
-        dispatch::submit(core, CallKey::of(&c), None, held);
+        dispatch::submit(core, key, None, held);
     }
 }
 
@@ -126,7 +131,7 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
         // Decided before the claim: a tool at its limit is not claimed now
         // (never claimed to wait); the candidate stays pending for another
         // replica, or for a later poll here.
-        let Some(tool) = core.calls.flow.try_take(&candidate.tool_name) else {
+        let Some(tool) = core.calls.flow.try_take(&key, &candidate.tool_name) else {
             tracing::debug!(run_id = %key.run_id, call_id = %key.call_id, tool = %candidate.tool_name, "not claimed: the tool is at its concurrency or rate limit");
             continue;
         };

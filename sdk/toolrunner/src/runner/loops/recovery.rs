@@ -168,11 +168,22 @@ async fn resume(core: &Arc<Core>, connected: Connected) {
                 }
                 continue;
             }
-            // Resumed work is never refused: it takes its tool's slot
-            // whatever the count (and a capacity slot if one is free).
+            // Work the platform holds as this executor's is never refused:
+            // it takes its tool's slot whatever the count (and a capacity
+            // slot if one is free). A call still to be claimed (never
+            // claimed, or its claim released while away) waits for its
+            // tool's limits like a new claim: at a limit, it stays in the
+            // store for the claimer.
+            let claimed = match c.state {
+                LocalState::Claiming | LocalState::Assigned => bound.contains(&key),
+                _ => true,
+            };
+            let Some(tool) = core.calls.flow.resume(&key, &c.tool_name, claimed) else {
+                continue;
+            };
             let held = Held {
                 capacity: core.calls.slots.clone().try_acquire_owned().ok(),
-                tool: core.calls.flow.take_owed(&c.tool_name),
+                tool,
             };
             resumed.push((held, active));
         }

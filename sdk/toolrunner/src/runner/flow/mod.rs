@@ -1,0 +1,316 @@
+//! Flow control in this process: each limited tool's slots (concurrency)
+//! and rate tokens, decided before a call of the tool is claimed.
+//!
+//! - A new claim takes a slot and reserves a token only below the limits
+//!   ([`Flow::try_take`]); the claimer never claims a call to make it
+//!   wait.
+//! - A call holds its slot while a task drives it, and while it is parked
+//!   after a pause ([`Flow::park`]): a claimed call that waits (the
+//!   platform unreachable, a lapsed lease) keeps its slot, so no other
+//!   call takes it meanwhile. A parked hold is taken back when the call is
+//!   picked up again ([`Flow::resume`]), and dropped once the call no
+//!   longer waits in the store ([`Flow::sweep`]).
+//! - A call picked up again without a hold (after a restart, a reconnect)
+//!   takes a slot whatever the count when the platform already holds its
+//!   claim: it is this process's own work, and is never refused. One that
+//!   has still to be claimed waits for a slot like a new claim.
+//! - The token becomes the call's first `accepted` ([`ToolHold::sending`])
+//!   just before it is saved; see [`rate`].
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::CallKey;
+use crate::Limits;
+
+mod rate;
+mod slots;
+
+use rate::{RateWindow, Token};
+use slots::{Slot, ToolSlots};
+
+/// How long a call whose rate token lapsed before `accepted` waits before
+/// it is claimed again, at first (doubled each time, up to
+/// [`LAPSE_BACKOFF_MAX`]).
+const LAPSE_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait after lapsed tokens.
+const LAPSE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Every limited tool's slots and tokens (a part of [`super::Calls`]),
+/// with the holds of the calls that paused.
+#[derive(Default)]
+pub(crate) struct Flow {
+    tools: BTreeMap<String, ToolFlow>,
+    parked: Mutex<HashMap<CallKey, ToolHold>>,
+    /// Calls whose token lapsed before `accepted`: not claimed again
+    /// before the instant, and how many times in a row.
+    lapsed: Mutex<HashMap<CallKey, (Instant, u32)>>,
+}
+
+/// One limited tool's slots and tokens.
+struct ToolFlow {
+    slots: Option<Arc<ToolSlots>>,
+    rate: Option<Arc<RateWindow>>,
+}
+
+/// No token for an `accepted` now.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum NoToken {
+    /// The reservation made before the claim is older than a window.
+    Lapsed,
+    /// The tool's rate is at its limit.
+    Full,
+}
+
+/// What a call holds of its tool's limits: nothing for a tool without
+/// limits; else a slot, a token, each if the tool has that limit (boxed:
+/// every call's drive holds one, and most tools have no limit).
+#[derive(Debug, Default)]
+pub(crate) struct ToolHold(Option<Box<Limited>>);
+
+/// What a call of a limited tool holds.
+#[derive(Debug)]
+struct Limited {
+    // Held only to be dropped: never read.
+    #[allow(dead_code)]
+    slot: Option<Slot>,
+    rate: Option<Arc<RateWindow>>,
+    send: Mutex<Sending>,
+}
+
+/// A call's token of its tool's rate, and the assignment whose `accepted`
+/// it became (`None`: still a reservation).
+#[derive(Debug, Default)]
+struct Sending {
+    token: Option<Token>,
+    assignment_id: Option<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ToolHold {
+    fn limited(slot: Option<Slot>, rate: Option<Arc<RateWindow>>, token: Option<Token>) -> Self {
+        if slot.is_none() && rate.is_none() {
+            return ToolHold(None);
+        }
+        ToolHold(Some(Box::new(Limited {
+            slot,
+            rate,
+            send: Mutex::new(Sending {
+                token,
+                assignment_id: None,
+            }),
+        })))
+    }
+
+    /// The first `accepted` of assignment `assignment_id` is about to be
+    /// saved or sent: it takes the token reserved before the claim, or,
+    /// with none (a call picked up again, a new assignment), a token below
+    /// the limit. Asked again for the same assignment (a send again), it
+    /// takes nothing more.
+    ///
+    /// # Errors
+    /// [`NoToken::Lapsed`] when the reservation is older than a window,
+    /// [`NoToken::Full`] when no token is free now.
+    pub(crate) fn sending(&self, assignment_id: &str) -> Result<(), NoToken> {
+        let Some(limited) = &self.0 else {
+            return Ok(());
+        };
+        let Some(rate) = &limited.rate else {
+            return Ok(());
+        };
+        let mut send = lock(&limited.send);
+        if send.assignment_id.as_deref() == Some(assignment_id) {
+            return Ok(());
+        }
+        if send.assignment_id.is_none()
+            && let Some(reserved) = send.token.take()
+        {
+            if !reserved.start_send() {
+                // Dropping a lapsed reservation gives it back.
+                return Err(NoToken::Lapsed);
+            }
+            send.token = Some(reserved);
+            send.assignment_id = Some(assignment_id.to_owned());
+            return Ok(());
+        }
+        // Another assignment's token (it keeps counting as sent), or none.
+        send.token = None;
+        send.assignment_id = None;
+        send.token = Some(rate.send_now().ok_or(NoToken::Full)?);
+        send.assignment_id = Some(assignment_id.to_owned());
+        Ok(())
+    }
+
+    /// The platform answered the `accepted` (or the client gave up): its
+    /// token counts for a window from now.
+    pub(crate) fn answered(&self) {
+        if let Some(limited) = &self.0
+            && let Some(token) = &lock(&limited.send).token
+        {
+            token.answered();
+        }
+    }
+
+    /// How long until a token of this call's tool may be free, when it has
+    /// a rate at its limit.
+    pub(crate) fn token_frees_in(&self) -> Option<Duration> {
+        self.0.as_ref()?.rate.as_ref()?.frees_in()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Whether it holds a slot of its tool's concurrency.
+    #[cfg(test)]
+    fn has_slot(&self) -> bool {
+        self.0.as_ref().is_some_and(|l| l.slot.is_some())
+    }
+}
+
+impl Flow {
+    /// The slots and windows of the tools `limits` limits (a tool without
+    /// a limit has none).
+    pub(crate) fn new(limits: &BTreeMap<String, Limits>) -> Flow {
+        let tools = limits
+            .iter()
+            .filter(|(_, l)| l.max_concurrency().is_some() || l.max_rate().is_some())
+            .map(|(tool, l)| {
+                let flow = ToolFlow {
+                    slots: l.max_concurrency().map(ToolSlots::new),
+                    rate: l.max_rate().map(RateWindow::new),
+                };
+                (tool.clone(), flow)
+            })
+            .collect();
+        Flow {
+            tools,
+            ..Flow::default()
+        }
+    }
+
+    /// A slot and a token of `tool` for a new claim of `key`, only when
+    /// both are free now and the call is not backing off after a lapsed
+    /// token (`None`: do not claim it now).
+    pub(crate) fn try_take(&self, key: &CallKey, tool: &str) -> Option<ToolHold> {
+        let Some(flow) = self.tools.get(tool) else {
+            return Some(ToolHold::default());
+        };
+        if let Some((until, _)) = lock(&self.lapsed).get(key)
+            && Instant::now() < *until
+        {
+            return None;
+        }
+        let slot = match &flow.slots {
+            Some(slots) => Some(slots.take()?),
+            None => None,
+        };
+        // The slot (if any) is given back if no token is free.
+        let token = match &flow.rate {
+            Some(rate) => Some(rate.reserve()?),
+            None => None,
+        };
+        Some(ToolHold::limited(slot, flow.rate.clone(), token))
+    }
+
+    /// What a call this process picks up again holds: the hold it parked
+    /// when it paused; else, when the platform already holds its claim
+    /// (`claimed`), a slot whatever the count; else what a new claim takes
+    /// (`None`: at a limit, it waits in the store).
+    pub(crate) fn resume(&self, key: &CallKey, tool: &str, claimed: bool) -> Option<ToolHold> {
+        if let Some(hold) = lock(&self.parked).remove(key) {
+            return Some(hold);
+        }
+        if !claimed {
+            return self.try_take(key, tool);
+        }
+        let Some(flow) = self.tools.get(tool) else {
+            return Some(ToolHold::default());
+        };
+        let slot = flow.slots.as_ref().map(ToolSlots::take_owed);
+        Some(ToolHold::limited(slot, flow.rate.clone(), None))
+    }
+
+    /// Keeps the hold of a call that paused until it is picked up again.
+    pub(crate) fn park(&self, key: CallKey, hold: ToolHold) {
+        if !hold.is_empty() {
+            lock(&self.parked).insert(key, hold);
+        }
+    }
+
+    /// Drops the parked holds of calls that no longer wait in the store
+    /// (`waiting`: the calls that do) and are not driven (`driven`).
+    pub(crate) fn sweep(&self, waiting: &[CallKey], driven: impl Fn(&CallKey) -> bool) {
+        lock(&self.parked).retain(|key, _| waiting.contains(key) || driven(key));
+        let now = Instant::now();
+        lock(&self.lapsed).retain(|key, (until, _)| *until > now || waiting.contains(key));
+    }
+
+    /// The call's rate token lapsed before `accepted`: it is not claimed
+    /// again for a while, longer each time in a row.
+    pub(crate) fn lapsed(&self, key: &CallKey, tool: &str) {
+        let mut lapsed = lock(&self.lapsed);
+        let times = lapsed.get(key).map_or(0, |(_, n)| *n).saturating_add(1);
+        let wait = LAPSE_BACKOFF
+            .saturating_mul(1 << times.saturating_sub(1).min(5))
+            .min(LAPSE_BACKOFF_MAX);
+        lapsed.insert(key.clone(), (Instant::now() + wait, times));
+        tracing::warn!(
+            run_id = %key.run_id,
+            call_id = %key.call_id,
+            tool,
+            times,
+            wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            "the checks after the claim took longer than a rate token lasts (a second): the claim is given back and the call claimed again later; a slow authorizer keeps a rate-limited tool from running"
+        );
+    }
+
+    /// How long until a token of some tool at its rate limit may be free
+    /// (the claimer looks again then rather than at its next poll).
+    pub(crate) fn next_token_in(&self) -> Option<Duration> {
+        self.tools
+            .values()
+            .filter_map(|f| f.rate.as_ref()?.frees_in())
+            .min()
+    }
+
+    /// Each limited tool: its concurrency limit and slots held, its rate
+    /// limit and tokens counting now.
+    pub(crate) fn in_use(&self) -> Vec<ToolUse<'_>> {
+        self.tools
+            .iter()
+            .map(|(tool, f)| ToolUse {
+                tool,
+                slots: f.slots.as_ref().map(|s| (s.limit, s.held())),
+                tokens: f.rate.as_ref().map(|r| (r.limit, r.in_use())),
+            })
+            .collect()
+    }
+}
+
+/// One limited tool's use, for the gauges.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ToolUse<'a> {
+    pub(crate) tool: &'a str,
+    /// Its concurrency limit and the slots held.
+    pub(crate) slots: Option<(u32, u32)>,
+    /// Its rate limit and the tokens counting.
+    pub(crate) tokens: Option<(u32, u32)>,
+}
+
+/// What a call's drive holds while it runs: a slot of the executor's
+/// capacity if it took one, and what it holds of its tool's limits.
+/// Dropping it gives them back.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    // Held only to be dropped: never read.
+    #[allow(dead_code)]
+    pub(crate) capacity: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub(crate) tool: ToolHold,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,183 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::rate::WINDOW;
+use super::*;
+
+fn flow(limits: Limits) -> Flow {
+    Flow::new(&BTreeMap::from([("t".to_owned(), limits)]))
+}
+
+fn key(n: u32) -> CallKey {
+    CallKey {
+        run_id: "run_1".into(),
+        call_id: format!("call_{n}"),
+    }
+}
+
+fn slots(f: &Flow) -> Option<(u32, u32)> {
+    f.in_use()[0].slots
+}
+
+#[test]
+fn a_new_claim_takes_a_slot_only_below_the_limit_and_a_dropped_slot_comes_back() {
+    let f = flow(Limits::none().concurrency(2));
+    let a = f.try_take(&key(1), "t");
+    let b = f.try_take(&key(2), "t");
+    assert!(a.is_some() && b.is_some());
+    assert!(f.try_take(&key(3), "t").is_none());
+    drop(a);
+    assert!(f.try_take(&key(3), "t").is_some());
+    assert_eq!(slots(&f), Some((2, 1)), "the slot just taken was dropped");
+}
+
+#[test]
+fn a_tool_without_a_limit_is_never_full() {
+    let f = flow(Limits::none().concurrency(1));
+    let _held = f.try_take(&key(1), "t");
+    assert!(f.try_take(&key(2), "other").is_some());
+    let resumed = f.resume(&key(3), "other", true).expect("never full");
+    assert!(!resumed.has_slot());
+}
+
+#[test]
+fn a_call_whose_claim_the_platform_holds_takes_its_slot_over_the_limit() {
+    let f = flow(Limits::none().concurrency(1));
+    let first = f.try_take(&key(1), "t");
+    let owed = f.resume(&key(2), "t", true).expect("its own work");
+    assert!(owed.has_slot());
+    assert_eq!(slots(&f), Some((1, 2)));
+    drop(first);
+    assert!(
+        f.try_take(&key(3), "t").is_none(),
+        "still at the limit with the resumed call"
+    );
+    drop(owed);
+    assert!(f.try_take(&key(3), "t").is_some());
+}
+
+#[test]
+fn a_call_still_to_be_claimed_waits_for_a_slot_when_picked_up_again() {
+    let f = flow(Limits::none().concurrency(1));
+    let _first = f.try_take(&key(1), "t");
+    assert!(
+        f.resume(&key(2), "t", false).is_none(),
+        "not claimed there: it waits like a new claim"
+    );
+}
+
+#[test]
+fn a_paused_call_keeps_its_slot_until_picked_up_again_or_swept() {
+    let f = flow(Limits::none().concurrency(1));
+    let a = f.try_take(&key(1), "t").expect("a slot");
+    f.park(key(1), a);
+    assert!(
+        f.try_take(&key(2), "t").is_none(),
+        "the parked call keeps its slot"
+    );
+    let again = f.resume(&key(1), "t", true).expect("its parked hold");
+    assert!(again.has_slot());
+    assert_eq!(slots(&f), Some((1, 1)), "the same slot, not a second one");
+    f.park(key(1), again);
+    f.sweep(&[key(1)], |_| false);
+    assert_eq!(slots(&f), Some((1, 1)), "still waiting in the store: kept");
+    f.sweep(&[], |_| false);
+    assert_eq!(slots(&f), Some((1, 0)), "gone from the store: given back");
+}
+
+#[test]
+fn a_rate_counts_reservations_and_sends_and_frees_a_reservation_dropped_unsent() {
+    let f = flow(Limits::none().rate(2));
+    let a = f.try_take(&key(1), "t").expect("a token");
+    let b = f.try_take(&key(2), "t").expect("a token");
+    assert!(
+        f.try_take(&key(3), "t").is_none(),
+        "two reserved: none left"
+    );
+    drop(b);
+    let c = f
+        .try_take(&key(3), "t")
+        .expect("the reservation dropped unsent came back");
+    assert_eq!(a.sending("asg_a"), Ok(()));
+    a.answered();
+    drop(a);
+    assert!(
+        f.try_take(&key(4), "t").is_none(),
+        "a send counts for a window after its answer, even once its call is done"
+    );
+    drop(c);
+}
+
+#[test]
+fn a_send_frees_its_token_a_window_after_its_answer() {
+    let f = flow(Limits::none().rate(1));
+    let a = f.try_take(&key(1), "t").expect("a token");
+    assert_eq!(a.sending("asg_a"), Ok(()));
+    std::thread::sleep(WINDOW + Duration::from_millis(50));
+    assert!(
+        f.try_take(&key(2), "t").is_none(),
+        "still sending (no answer yet): it counts however long it takes"
+    );
+    a.answered();
+    assert!(f.try_take(&key(2), "t").is_none());
+    assert!(f.next_token_in().is_some_and(|d| d <= WINDOW));
+    std::thread::sleep(WINDOW + Duration::from_millis(50));
+    assert!(
+        f.try_take(&key(2), "t").is_some(),
+        "a window after the answer"
+    );
+}
+
+#[test]
+fn a_reservation_older_than_the_window_lapses_and_its_token_is_free() {
+    let f = flow(Limits::none().rate(1));
+    let a = f.try_take(&key(1), "t").expect("a token");
+    std::thread::sleep(WINDOW + Duration::from_millis(50));
+    assert_eq!(a.sending("asg_a"), Err(NoToken::Lapsed));
+    let b = f.try_take(&key(2), "t").expect("the lapsed token is free");
+    assert_eq!(b.sending("asg_b"), Ok(()));
+}
+
+#[test]
+fn a_call_picked_up_again_sends_only_with_a_free_token() {
+    let f = flow(Limits::none().rate(1));
+    let a = f.try_take(&key(1), "t").expect("a token");
+    let resumed = f.resume(&key(2), "t", true).expect("its own work");
+    assert_eq!(
+        resumed.sending("asg_r"),
+        Err(NoToken::Full),
+        "no second accepted in the window"
+    );
+    drop(a);
+    assert_eq!(
+        resumed.sending("asg_r"),
+        Ok(()),
+        "the reservation gave it back"
+    );
+    assert_eq!(
+        resumed.sending("asg_r"),
+        Ok(()),
+        "a send again takes nothing more"
+    );
+}
+
+#[test]
+fn a_new_assignment_needs_a_token_of_its_own() {
+    let f = flow(Limits::none().rate(1));
+    let a = f.try_take(&key(1), "t").expect("a token");
+    assert_eq!(a.sending("asg_1"), Ok(()));
+    a.answered();
+    assert_eq!(
+        a.sending("asg_2"),
+        Err(NoToken::Full),
+        "the first assignment's accepted still counts"
+    );
+}
+
+#[test]
+fn a_call_whose_token_lapsed_is_not_claimed_again_for_a_while() {
+    let f = flow(Limits::none().rate(5));
+    f.lapsed(&key(1), "t");
+    assert!(f.try_take(&key(1), "t").is_none(), "it backs off");
+    assert!(f.try_take(&key(2), "t").is_some(), "the others do not");
+}
