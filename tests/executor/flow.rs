@@ -62,19 +62,30 @@ async fn run_all(kit: &TestKit, n: u64) -> toolrunner::Result<()> {
     Ok(())
 }
 
+/// The kit with `slow.work` (its own limit 2) at capacity 8, each builder
+/// passed through `configure` too; the gauge its calls count on.
+async fn slow_kit(
+    configure: fn(toolrunner::ExecutorBuilder) -> toolrunner::ExecutorBuilder,
+) -> toolrunner::Result<(TestKit, Gauge)> {
+    let gauge = Gauge::default();
+    let held = gauge.clone();
+    let kit = TestKit::start(move |b| {
+        configure(
+            b.tool(slow_work)
+                .state(held.clone())
+                .capacity(8)
+                .poll_interval(Duration::from_millis(50)),
+        )
+    })
+    .await?;
+    Ok((kit, gauge))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_at_its_concurrency_limit_is_not_claimed_and_every_call_still_completes()
 -> toolrunner::Result<()> {
-    let gauge = Gauge::default();
-    let held = gauge.clone();
     // Capacity 8 would let 8 run at once; the tool's own limit is 2.
-    let kit = TestKit::start(move |b| {
-        b.tool(slow_work)
-            .state(held.clone())
-            .capacity(8)
-            .poll_interval(Duration::from_millis(50))
-    })
-    .await?;
+    let (kit, gauge) = slow_kit(|b| b).await?;
     run_all(&kit, 10).await?;
     let most = gauge.most.load(Ordering::SeqCst);
     assert_eq!(most, 2, "at most 2 at once, and the limit was reached");
@@ -83,16 +94,7 @@ async fn a_tool_at_its_concurrency_limit_is_not_claimed_and_every_call_still_com
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configuration_overrides_the_tools_own_limit() -> toolrunner::Result<()> {
-    let gauge = Gauge::default();
-    let held = gauge.clone();
-    let kit = TestKit::start(move |b| {
-        b.tool(slow_work)
-            .state(held.clone())
-            .capacity(8)
-            .poll_interval(Duration::from_millis(50))
-            .limit("slow.work", Limits::none().concurrency(1))
-    })
-    .await?;
+    let (kit, gauge) = slow_kit(|b| b.limit("slow.work", Limits::none().concurrency(1))).await?;
     run_all(&kit, 5).await?;
     assert_eq!(gauge.most.load(Ordering::SeqCst), 1);
     kit.shutdown().await
