@@ -81,6 +81,16 @@ impl Limits {
         self.rate
     }
 
+    /// Limits of these values (`None`: no such limit).
+    pub(crate) const fn of(concurrency: Option<u32>, rate: Option<u32>) -> Limits {
+        Limits { concurrency, rate }
+    }
+
+    /// Whether no limit is set.
+    pub(crate) const fn is_none(&self) -> bool {
+        self.concurrency.is_none() && self.rate.is_none()
+    }
+
     /// These limits, with each limit `over` sets taking the place of this
     /// one's (configuration over code).
     pub(crate) fn overridden_by(self, over: Limits) -> Limits {

@@ -258,7 +258,8 @@ async fn checked(
                 tool: core
                     .calls
                     .flow
-                    .resume(&key, &moved.tool_name, true)
+                    .take_for_resume(core.flow_holder().as_ref(), &key, &moved.tool_name, true)
+                    .await
                     .unwrap_or_default(),
             };
             hand(

@@ -98,7 +98,7 @@ pub(crate) async fn publish(core: &Core) {
         metrics::gauge!(metric::CAPACITY_AVAILABLE, "executor_id" => id.clone())
             .set(f64::from(free));
         for used in core.calls.flow.in_use() {
-            let tool = used.tool.to_owned();
+            let tool = used.tool;
             if let Some((limit, held)) = used.slots {
                 metrics::gauge!(metric::FLOW_SLOTS_IN_USE, "executor_id" => id.clone(), "tool" => tool.clone())
                     .set(f64::from(held));

@@ -151,6 +151,16 @@ pub(crate) struct Calls {
 }
 
 impl Core {
+    /// This identity as a taker of shared flow holds (on a store shared
+    /// by replicas: its executor id and fencing token).
+    pub(crate) fn flow_holder(&self) -> Option<flow::Holder> {
+        let token = self.lease.fencing_token()?;
+        Some(flow::Holder {
+            executor_id: self.cfg.executor_id.clone(),
+            lease_token: i64::try_from(token).unwrap_or(i64::MAX),
+        })
+    }
+
     /// Asks the lifecycle for a transition of one call (see
     /// [`lifecycle::advance`]).
     pub(crate) async fn advance(

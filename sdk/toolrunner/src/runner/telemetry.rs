@@ -133,6 +133,16 @@ pub(crate) mod metric {
     /// Gauge: a rate-limited tool's rate limit (first `accepted` a second),
     /// by tool.
     pub(crate) const FLOW_RATE_LIMIT: &str = "toolrunner_flow_rate_limit";
+    /// Counter: candidates not claimed because their tool was at a limit,
+    /// by tool.
+    pub(crate) const FLOW_THROTTLED: &str = "toolrunner_flow_throttled_total";
+    /// Counter: claims given back for a limit before anything ran (a rate
+    /// token that lapsed, a key at its limit), by tool and reason.
+    pub(crate) const FLOW_RELEASED: &str = "toolrunner_flow_released_total";
+    /// Counter: slots found taken back when given back (another replica
+    /// forgot them while this identity's lease looked lapsed: the limit
+    /// may have been exceeded), by tool.
+    pub(crate) const FLOW_SLOTS_LOST: &str = "toolrunner_flow_slots_lost_total";
     /// Gauge: receipts saved and not yet acknowledged.
     pub(crate) const UNDELIVERED: &str = "toolrunner_undelivered_receipts";
     /// Gauge (seconds): the oldest of them.
@@ -182,6 +192,24 @@ pub(crate) fn claim_answered(executor_id: &str, tool: &str, seconds: f64) {
 pub(crate) fn claim_refused(executor_id: &str, reason: &str) {
     metrics::counter!(metric::CLAIMS_REFUSED, "executor_id" => executor_id.to_owned(), "reason" => reason.to_owned())
         .increment(1);
+}
+
+/// A candidate of `tool` was not claimed: the tool is at a limit.
+pub(crate) fn flow_throttled(executor_id: &str, tool: &str) {
+    metrics::counter!(metric::FLOW_THROTTLED, "executor_id" => executor_id.to_owned(), "tool" => tool.to_owned())
+        .increment(1);
+}
+
+/// A claim of `tool` was given back for a limit (`reason`: `rate_lapsed`,
+/// `key_limit`).
+pub(crate) fn flow_released(executor_id: &str, tool: &str, reason: &'static str) {
+    metrics::counter!(metric::FLOW_RELEASED, "executor_id" => executor_id.to_owned(), "tool" => tool.to_owned(), "reason" => reason)
+        .increment(1);
+}
+
+/// A slot of `tool` was found taken back when given back.
+pub(crate) fn flow_slot_lost(tool: &str) {
+    metrics::counter!(metric::FLOW_SLOTS_LOST, "tool" => tool.to_owned()).increment(1);
 }
 
 /// A lease renewal failed.
@@ -277,6 +305,18 @@ fn describe() {
     describe_gauge!(
         metric::FLOW_RATE_LIMIT,
         "a rate-limited tool's limit of first accepted a second, by tool"
+    );
+    describe_counter!(
+        metric::FLOW_THROTTLED,
+        "candidates not claimed because their tool was at a concurrency or rate limit, by tool"
+    );
+    describe_counter!(
+        metric::FLOW_RELEASED,
+        "claims given back for a limit before anything ran, by tool and reason"
+    );
+    describe_counter!(
+        metric::FLOW_SLOTS_LOST,
+        "slots another replica took back while this identity's lease looked lapsed (the concurrency limit may have been exceeded), by tool"
     );
     describe_gauge!(
         metric::UNDELIVERED,

@@ -92,6 +92,8 @@ impl Template {
             self.longest_commit_window(),
         )
         .await?;
+        // The tools' limits count every replica of the database.
+        self.flow.share(Arc::new(store.shared_flow().await?));
         let template = self
             .takeover_grace
             .is_some()

@@ -25,6 +25,7 @@ macro_rules! prunable_calls {
 }
 
 mod columns;
+pub(crate) mod flow;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rows;

@@ -19,6 +19,7 @@ use super::{
 };
 
 use super::rows::{call_row, receipt_row};
+mod flow;
 mod handlers;
 mod lease;
 mod writer;
@@ -707,6 +708,15 @@ impl PgStore {
             .connect_with(session(options.clone()).options([("search_path", schema)]))
             .await?;
         Ok(Self::over(pool, options))
+    }
+
+    /// The flow control shared by every replica of this store's database
+    /// (a small pool of its own).
+    ///
+    /// # Errors
+    /// The server cannot be reached.
+    pub(crate) async fn shared_flow(&self) -> Result<flow::PgFlow, StoreError> {
+        flow::PgFlow::connect(session(self.options.clone())).await
     }
 
     /// A store over `pool`, holding no identity yet.

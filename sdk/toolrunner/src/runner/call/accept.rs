@@ -69,8 +69,9 @@ pub(super) async fn accept(
             // send, or, lapsed or none free, the claim goes back (nothing
             // saved, nothing ran) rather than an `accepted` outside the
             // window.
-            if hold.sending(&id).is_err() {
+            if hold.take_token(&id).await.is_err() {
                 core.calls.flow.lapsed(&key, &call.tool_name);
+                super::super::telemetry::flow_released(&core.cfg.executor_id, &call.tool_name, "rate_lapsed");
                 let moved = core
                     .advance(
                         &key,
@@ -110,7 +111,7 @@ pub(super) async fn accept(
     // `accepted` saved before (by this task's claim step, or before a
     // pause or a restart) waits for a free token if it has none: the call
     // is claimed already, and waits at most about a window.
-    while hold.sending(&id).is_err() {
+    while hold.take_token(&id).await.is_err() {
         let wait = hold
             .token_frees_in()
             .unwrap_or(std::time::Duration::from_millis(50))
@@ -127,7 +128,7 @@ pub(super) async fn accept(
             &|| core.lease.live(),
         )
         .await;
-    hold.answered();
+    hold.token_answered().await;
     let event = match machine::accept::on_reply(&answers::reply(&answer), &accepted.receipt_id) {
         OnAccepted::Confirmed(event) => {
             core.crash_point("after_accepted_confirmed")?;

@@ -17,16 +17,20 @@
 //! - The token becomes the call's first `accepted` ([`ToolHold::sending`])
 //!   just before it is saved; see [`rate`].
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::CallKey;
 use crate::Limits;
+use crate::store::flow::{HoldAt, SharedFlow, Take};
 
 mod rate;
+mod shared;
 mod slots;
 
 use rate::{RateWindow, Token};
+pub(crate) use shared::Holder;
+use shared::{Shared, SharedHold};
 use slots::{Slot, ToolSlots};
 
 /// How long a call whose rate token lapsed before `accepted` waits before
@@ -41,6 +45,12 @@ const LAPSE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 #[derive(Default)]
 pub(crate) struct Flow {
     tools: BTreeMap<String, ToolFlow>,
+    /// Every tool's limits from code and configuration (a tool without
+    /// one: none).
+    limits: BTreeMap<String, Limits>,
+    /// On a PostgreSQL store shared by replicas: the holds are the store's
+    /// rows, and `tools` (this process's alone) is not used.
+    shared: OnceLock<Arc<Shared>>,
     parked: Mutex<HashMap<CallKey, ToolHold>>,
     /// Calls whose token lapsed before `accepted`: not claimed again
     /// before the instant, and how many times in a row.
@@ -66,9 +76,18 @@ pub(crate) enum NoToken {
 /// limits; else a slot, a token, each if the tool has that limit (boxed:
 /// every call's drive holds one, and most tools have no limit).
 #[derive(Debug, Default)]
-pub(crate) struct ToolHold(Option<Box<Limited>>);
+pub(crate) struct ToolHold(Option<Box<Kept>>);
 
-/// What a call of a limited tool holds.
+/// Where a limited tool's hold is kept.
+#[derive(Debug)]
+enum Kept {
+    /// In this process.
+    Local(Limited),
+    /// In the store shared by replicas.
+    Shared(SharedHold),
+}
+
+/// What a call of a limited tool holds in this process.
 #[derive(Debug)]
 struct Limited {
     // Held only to be dropped: never read.
@@ -95,14 +114,35 @@ impl ToolHold {
         if slot.is_none() && rate.is_none() {
             return ToolHold(None);
         }
-        ToolHold(Some(Box::new(Limited {
+        ToolHold(Some(Box::new(Kept::Local(Limited {
             slot,
             rate,
             send: Mutex::new(Sending {
                 token,
                 assignment_id: None,
             }),
-        })))
+        }))))
+    }
+
+    /// The token for the first `accepted` of `assignment_id`, as
+    /// [`sending`](Self::sending) says, wherever the hold is kept.
+    ///
+    /// # Errors
+    /// As [`sending`](Self::sending); a shared hold whose database failed
+    /// counts as lapsed before its first send, else as full.
+    pub(crate) async fn take_token(&self, assignment_id: &str) -> Result<(), NoToken> {
+        match self.0.as_deref() {
+            Some(Kept::Shared(hold)) => hold.sending(assignment_id).await,
+            _ => self.sending(assignment_id),
+        }
+    }
+
+    /// The platform answered the `accepted`, wherever the hold is kept.
+    pub(crate) async fn token_answered(&self) {
+        match self.0.as_deref() {
+            Some(Kept::Shared(hold)) => hold.answered().await,
+            _ => self.answered(),
+        }
     }
 
     /// The first `accepted` of assignment `assignment_id` is about to be
@@ -115,7 +155,7 @@ impl ToolHold {
     /// [`NoToken::Lapsed`] when the reservation is older than a window,
     /// [`NoToken::Full`] when no token is free now.
     pub(crate) fn sending(&self, assignment_id: &str) -> Result<(), NoToken> {
-        let Some(limited) = &self.0 else {
+        let Some(Kept::Local(limited)) = self.0.as_deref() else {
             return Ok(());
         };
         let Some(rate) = &limited.rate else {
@@ -147,7 +187,7 @@ impl ToolHold {
     /// The platform answered the `accepted` (or the client gave up): its
     /// token counts for a window from now.
     pub(crate) fn answered(&self) {
-        if let Some(limited) = &self.0
+        if let Some(Kept::Local(limited)) = self.0.as_deref()
             && let Some(token) = &lock(&limited.send).token
         {
             token.answered();
@@ -157,7 +197,11 @@ impl ToolHold {
     /// How long until a token of this call's tool may be free, when it has
     /// a rate at its limit.
     pub(crate) fn token_frees_in(&self) -> Option<Duration> {
-        self.0.as_ref()?.rate.as_ref()?.frees_in()
+        match self.0.as_deref()? {
+            Kept::Local(limited) => limited.rate.as_ref()?.frees_in(),
+            // Counted by the database: looked at again soon.
+            Kept::Shared(_) => Some(Duration::from_millis(50)),
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -167,7 +211,7 @@ impl ToolHold {
     /// Whether it holds a slot of its tool's concurrency.
     #[cfg(test)]
     fn has_slot(&self) -> bool {
-        self.0.as_ref().is_some_and(|l| l.slot.is_some())
+        matches!(self.0.as_deref(), Some(Kept::Local(l)) if l.slot.is_some())
     }
 }
 
@@ -188,8 +232,86 @@ impl Flow {
             .collect();
         Flow {
             tools,
+            limits: limits.clone(),
             ..Flow::default()
         }
+    }
+
+    /// From now on the holds are `store`'s rows, shared by every replica
+    /// of its database (the first store given wins: one per process).
+    pub(crate) fn share(&self, store: Arc<dyn SharedFlow>) {
+        let _ = self.shared.set(Arc::new(Shared::new(store)));
+    }
+
+    /// The shared part and the limits of `tool` there (the store's over
+    /// this process's), when the holds are shared and the tool has any.
+    async fn shared_limits(&self, tool: &str) -> Option<(&Arc<Shared>, Limits)> {
+        let shared = self.shared.get()?;
+        let own = self.limits.get(tool).copied().unwrap_or_default();
+        let limits = own.overridden_by(shared.stored(tool).await);
+        (!limits.is_none()).then_some((shared, limits))
+    }
+
+    /// What a new claim of `key` holds, wherever holds are kept: as
+    /// [`try_take`](Self::try_take), or a shared take by `holder`.
+    pub(crate) async fn take_for_claim(
+        &self,
+        holder: Option<&Holder>,
+        key: &CallKey,
+        tool: &str,
+    ) -> Option<ToolHold> {
+        let Some(holder) = holder.filter(|_| self.shared.get().is_some()) else {
+            return self.try_take(key, tool);
+        };
+        if self.backing_off(key) {
+            return None;
+        }
+        let Some((shared, limits)) = self.shared_limits(tool).await else {
+            return Some(ToolHold::default());
+        };
+        let hold = shared
+            .take(hold_at(holder, key, tool), limits, Take::New)
+            .await?;
+        Some(ToolHold(Some(Box::new(Kept::Shared(hold)))))
+    }
+
+    /// What a call picked up again holds, wherever holds are kept: as
+    /// [`resume`](Self::resume), or shared.
+    pub(crate) async fn take_for_resume(
+        &self,
+        holder: Option<&Holder>,
+        key: &CallKey,
+        tool: &str,
+        claimed: bool,
+    ) -> Option<ToolHold> {
+        let Some(holder) = holder.filter(|_| self.shared.get().is_some()) else {
+            return self.resume(key, tool, claimed);
+        };
+        if let Some(hold) = lock(&self.parked).remove(key) {
+            return Some(hold);
+        }
+        if !claimed {
+            return Box::pin(self.take_for_claim(Some(holder), key, tool)).await;
+        }
+        let Some((shared, limits)) = self.shared_limits(tool).await else {
+            return Some(ToolHold::default());
+        };
+        // Its own work is never refused: without the database, it runs
+        // without a row (the limit may be exceeded; said in the log).
+        match shared
+            .take(hold_at(holder, key, tool), limits, Take::Owed)
+            .await
+        {
+            Some(hold) => Some(ToolHold(Some(Box::new(Kept::Shared(hold))))),
+            None => Some(ToolHold::default()),
+        }
+    }
+
+    /// Whether `key` backs off after a lapsed token.
+    fn backing_off(&self, key: &CallKey) -> bool {
+        lock(&self.lapsed)
+            .get(key)
+            .is_some_and(|(until, _)| Instant::now() < *until)
     }
 
     /// A slot and a token of `tool` for a new claim of `key`, only when
@@ -199,9 +321,7 @@ impl Flow {
         let Some(flow) = self.tools.get(tool) else {
             return Some(ToolHold::default());
         };
-        if let Some((until, _)) = lock(&self.lapsed).get(key)
-            && Instant::now() < *until
-        {
+        if self.backing_off(key) {
             return None;
         }
         let slot = match &flow.slots {
@@ -279,22 +399,60 @@ impl Flow {
 
     /// Each limited tool: its concurrency limit and slots held, its rate
     /// limit and tokens counting now.
-    pub(crate) fn in_use(&self) -> Vec<ToolUse<'_>> {
+    /// On a shared store, as last counted there (every replica's).
+    pub(crate) fn in_use(&self) -> Vec<ToolUse> {
+        if let Some(shared) = self.shared.get() {
+            let counted = lock(&shared.counted);
+            let mut used: Vec<ToolUse> = counted
+                .iter()
+                .map(|(tool, c)| ToolUse {
+                    tool: tool.clone(),
+                    slots: c.limits.max_concurrency().map(|l| (l, c.slots)),
+                    tokens: c.limits.max_rate().map(|l| (l, c.tokens)),
+                })
+                .collect();
+            used.sort_by(|a, b| a.tool.cmp(&b.tool));
+            return used;
+        }
         self.tools
             .iter()
             .map(|(tool, f)| ToolUse {
-                tool,
+                tool: tool.clone(),
                 slots: f.slots.as_ref().map(|s| (s.limit, s.held())),
                 tokens: f.rate.as_ref().map(|r| (r.limit, r.in_use())),
             })
             .collect()
     }
+
+    /// Slots found gone when given back (taken back by another replica
+    /// while this identity's lease looked lapsed): each a moment the
+    /// tool's concurrency limit may have been exceeded.
+    pub(crate) fn slots_lost(&self) -> u64 {
+        self.shared
+            .get()
+            .map_or(0, |s| s.lost.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The store that holds the shared limits, if any.
+    pub(crate) fn shared_store(&self) -> Option<Arc<dyn SharedFlow>> {
+        self.shared.get().map(|s| s.store.clone())
+    }
+}
+
+fn hold_at(holder: &Holder, key: &CallKey, tool: &str) -> HoldAt {
+    HoldAt {
+        tool: tool.to_owned(),
+        run_id: key.run_id.clone(),
+        call_id: key.call_id.clone(),
+        executor_id: holder.executor_id.clone(),
+        lease_token: holder.lease_token,
+    }
 }
 
 /// One limited tool's use, for the gauges.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct ToolUse<'a> {
-    pub(crate) tool: &'a str,
+pub(crate) struct ToolUse {
+    pub(crate) tool: String,
     /// Its concurrency limit and the slots held.
     pub(crate) slots: Option<(u32, u32)>,
     /// Its rate limit and the tokens counting.

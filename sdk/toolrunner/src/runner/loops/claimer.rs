@@ -75,7 +75,12 @@ async fn resume_waiting(core: &Arc<Core>) {
         // one already claimed is this process's own work and takes its
         // slot whatever the count (or the one it parked when it paused).
         let claimed = c.state != LocalState::Claiming;
-        let Some(tool) = core.calls.flow.resume(&key, &c.tool_name, claimed) else {
+        let Some(tool) = core
+            .calls
+            .flow
+            .take_for_resume(core.flow_holder().as_ref(), &key, &c.tool_name, claimed)
+            .await
+        else {
             continue;
         };
         let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
@@ -131,7 +136,13 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
         // Decided before the claim: a tool at its limit is not claimed now
         // (never claimed to wait); the candidate stays pending for another
         // replica, or for a later poll here.
-        let Some(tool) = core.calls.flow.try_take(&key, &candidate.tool_name) else {
+        let Some(tool) = core
+            .calls
+            .flow
+            .take_for_claim(core.flow_holder().as_ref(), &key, &candidate.tool_name)
+            .await
+        else {
+            super::super::telemetry::flow_throttled(&core.cfg.executor_id, &candidate.tool_name);
             tracing::debug!(run_id = %key.run_id, call_id = %key.call_id, tool = %candidate.tool_name, "not claimed: the tool is at its concurrency or rate limit");
             continue;
         };
