@@ -414,6 +414,14 @@ mod suite {
                 },
             ),
             (
+                "replicas::flow::three_replicas_hold_one_concurrency_and_rate_limit_and_no_claim_waits",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::flow::three_replicas_hold_one_limit(&u).await
+                    })
+                },
+            ),
+            (
                 "replicas::rolling::three_executors_restarted_in_turn_on_postgres_hand_every_call_over",
                 |u| {
                     Box::pin(async move {

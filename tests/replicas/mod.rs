@@ -17,10 +17,13 @@
 //! - `unlike`: replicas with unlike settings (lease lengths, graces,
 //!   `auto_reconcile`), a release followed by a restart, a step of the
 //!   database's clock, twins of one id on two databases;
+//! - `flow`: three `ledger` processes with one tool's limits, global
+//!   across them (and with a replica killed and another paused);
 //! - here: the fencing token itself.
 
 pub(crate) mod chaos;
 pub(crate) mod console;
+pub(crate) mod flow;
 pub(crate) mod health;
 pub(crate) mod pause;
 #[path = "../../examples/support/proxy.rs"]

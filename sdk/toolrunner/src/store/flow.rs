@@ -100,8 +100,7 @@ pub(crate) trait SharedFlow: Send + Sync {
     ///
     /// # Errors
     /// The database failed.
-    async fn set_limits(&self, tool: &str, limits: Limits, clear: bool)
-    -> Result<(), StoreError>;
+    async fn set_limits(&self, tool: &str, limits: Limits, clear: bool) -> Result<(), StoreError>;
 
     /// Every tool the store knows: its stored limits, slots held and
     /// tokens counting now.

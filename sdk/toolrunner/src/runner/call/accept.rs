@@ -71,7 +71,11 @@ pub(super) async fn accept(
             // window.
             if hold.take_token(&id).await.is_err() {
                 core.calls.flow.lapsed(&key, &call.tool_name);
-                super::super::telemetry::flow_released(&core.cfg.executor_id, &call.tool_name, "rate_lapsed");
+                super::super::telemetry::flow_released(
+                    &core.cfg.executor_id,
+                    &call.tool_name,
+                    "rate_lapsed",
+                );
                 let moved = core
                     .advance(
                         &key,

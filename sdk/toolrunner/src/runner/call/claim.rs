@@ -94,9 +94,18 @@ pub(super) async fn claim(
                 // becomes this `accepted`, or, lapsed (slow checks) or none
                 // free, the claim goes back with nothing saved and nothing
                 // run.
-                Ok(()) if hold.take_token(&claimed.assignment.assignment_id).await.is_err() => {
+                Ok(())
+                    if hold
+                        .take_token(&claimed.assignment.assignment_id)
+                        .await
+                        .is_err() =>
+                {
                     core.calls.flow.lapsed(&key, &call.tool_name);
-                    super::super::telemetry::flow_released(&core.cfg.executor_id, &call.tool_name, "rate_lapsed");
+                    super::super::telemetry::flow_released(
+                        &core.cfg.executor_id,
+                        &call.tool_name,
+                        "rate_lapsed",
+                    );
                     Event::RateLapsed
                 }
                 Ok(()) => Event::AcceptedSaved,

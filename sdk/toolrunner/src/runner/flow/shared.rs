@@ -153,7 +153,10 @@ impl SharedHold {
                 tracing::debug!(error = %e, "marking an earlier assignment's token sent failed (the next taker forgets it after a window)");
             }
         }
-        match store.take(&self.at, self.limits, Take::SendNow, assignment_id).await {
+        match store
+            .take(&self.at, self.limits, Take::SendNow, assignment_id)
+            .await
+        {
             Ok(counted) if counted.taken => {
                 *lock(&self.send) = Some(assignment_id.to_owned());
                 Ok(())

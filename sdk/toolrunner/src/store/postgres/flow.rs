@@ -97,13 +97,19 @@ impl PgFlow {
     /// The tool's row locked (made if missing): its stored limits.
     async fn lock_tool(tx: &mut PgConnection, tool: &str) -> Result<Limits, StoreError> {
         let select = "SELECT concurrency, rate FROM flow_tools WHERE tool = $1 FOR UPDATE";
-        let mut row = sqlx::query(select).bind(tool).fetch_optional(&mut *tx).await?;
+        let mut row = sqlx::query(select)
+            .bind(tool)
+            .fetch_optional(&mut *tx)
+            .await?;
         if row.is_none() {
             sqlx::query("INSERT INTO flow_tools (tool) VALUES ($1) ON CONFLICT DO NOTHING")
                 .bind(tool)
                 .execute(&mut *tx)
                 .await?;
-            row = sqlx::query(select).bind(tool).fetch_optional(&mut *tx).await?;
+            row = sqlx::query(select)
+                .bind(tool)
+                .fetch_optional(&mut *tx)
+                .await?;
         }
         let Some(row) = row else {
             return Err(StoreError::Refused(format!(
@@ -414,12 +420,7 @@ impl SharedFlow for PgFlow {
         Ok(!slot || slots > 0)
     }
 
-    async fn set_limits(
-        &self,
-        tool: &str,
-        limits: Limits,
-        clear: bool,
-    ) -> Result<(), StoreError> {
+    async fn set_limits(&self, tool: &str, limits: Limits, clear: bool) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO flow_tools (tool, concurrency, rate, set_at)
              VALUES ($1, $2, $3, clock_timestamp())

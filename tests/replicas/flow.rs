@@ -1,0 +1,300 @@
+//! Flow control across replicas: three `ledger` processes on one
+//! PostgreSQL database with `--concurrency 4 --rate 50`. The platform's
+//! receipt times (what the downstream saw) show never more than 4 calls
+//! between their first `accepted` and their final receipt at once, never
+//! more than 50 first `accepted` in any second; every call completes once
+//! (the ledger file, what the downstream received, has one line a call);
+//! and the executors' own timelines show that no claim waited for a slot:
+//! claim to `accepted`, p99, within 10 ms of the same run without limits.
+//! Then the same with a replica killed (`kill -9`) and another paused past
+//! its lease: their slots come back (the others go on at the limit), and
+//! nothing is duplicated or lost.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use anyhow::{Context, Result, ensure};
+use serde_json::json;
+use toolrunner::platform::Platform;
+use toolrunner::protocol::wire::ReceiptKind;
+use toolrunner::testing::store::{CallFilter, PgStore, Store};
+use toolrunner_devserver::DevServer;
+
+const CONCURRENCY: usize = 4;
+const RATE: usize = 50;
+
+/// A platform time (RFC 3339, milliseconds) in milliseconds.
+fn ms(at: &str) -> Result<i128> {
+    let t = humantime::parse_rfc3339(at).with_context(|| format!("a receipt time: {at}"))?;
+    Ok(i128::try_from(t.duration_since(UNIX_EPOCH)?.as_millis())?)
+}
+
+/// One play: its replicas' ids, and what the platform and the ledger saw.
+struct Played {
+    /// Each call's first `accepted` and final receipt, as the platform
+    /// received them (milliseconds).
+    spans: Vec<(i128, i128)>,
+    /// Claim (the key saved) to `running` (the `accepted` confirmed), for
+    /// each call, in milliseconds, from the executors' timelines.
+    claim_to_accepted: Vec<i64>,
+    /// Ledger lines by call id.
+    lines: BTreeMap<String, usize>,
+}
+
+struct Setup<'a> {
+    url: &'a str,
+    bin: &'a Path,
+    platform: &'a DevServer,
+    admin: &'a Platform,
+    tmp: &'a Path,
+}
+
+/// Runs `calls` calls through three replicas started with `extra` flags;
+/// `disturb` runs while they serve (given the replicas and their args).
+async fn play<F, Fut>(
+    s: &Setup<'_>,
+    tag: &str,
+    calls: usize,
+    extra: &[&str],
+    disturb: F,
+) -> Result<Played>
+where
+    F: FnOnce(Vec<(Child, Vec<String>)>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<(Child, Vec<String>)>>>,
+{
+    let published = super::rolling::publish_ledger(s.admin, tag).await?;
+    let ledger = s.tmp.join(format!("{tag}.jsonl"));
+    let ids: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|n| format!("flow-{n}-{tag}"))
+        .collect();
+    let new_calls = (0..calls)
+        .map(|i| {
+            toolrunner::platform::NewToolCall::new(
+                "ledger.append",
+                json!({"amount": 1 + i, "memo": "coffee"}),
+            )
+        })
+        .collect();
+    let run = s
+        .admin
+        .create_run(&published.agent_version, "user_42", new_calls)
+        .await?;
+    let mut replicas = Vec::new();
+    for id in &ids {
+        let args = super::rolling::Serving {
+            base_url: &s.platform.base_url(),
+            token: "dev-executor",
+            executor_id: id,
+            binding_id: &published.binding_id,
+            db: s.url,
+            ledger: &ledger,
+            capacity: 8,
+            effect_delay_ms: 30,
+        }
+        .args(extra);
+        let log = s.tmp.join(format!("{id}.log"));
+        let child = super::rolling::spawn(s.bin, &args, &[("RUST_BACKTRACE", "0")], &log)?;
+        replicas.push((child, args));
+    }
+    let mut replicas = disturb(replicas).await?;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let done = loop {
+        let now = s.admin.run(&run.run_id).await?;
+        if now
+            .tool_calls
+            .iter()
+            .all(|c| c.state.as_str() == "completed")
+        {
+            break now;
+        }
+        if Instant::now() > deadline {
+            let mut said = String::new();
+            for id in &ids {
+                said +=
+                    &std::fs::read_to_string(s.tmp.join(format!("{id}.log"))).unwrap_or_default();
+            }
+            let states: BTreeMap<&str, usize> =
+                now.tool_calls.iter().fold(BTreeMap::new(), |mut m, c| {
+                    *m.entry(c.state.as_str()).or_default() += 1;
+                    m
+                });
+            anyhow::bail!("not every call completed in time ({states:?}):\n{said}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for (child, _) in &mut replicas {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    let mut spans = Vec::new();
+    for call in &done.tool_calls {
+        let first = |kind: ReceiptKind| -> Result<i128> {
+            let mut times = call
+                .receipts
+                .iter()
+                .filter(|r| r.kind == kind)
+                .map(|r| ms(&r.received_at))
+                .collect::<Result<Vec<_>>>()?;
+            times.sort_unstable();
+            times.first().copied().context("a receipt of the kind")
+        };
+        spans.push((
+            first(ReceiptKind::Accepted)?,
+            first(ReceiptKind::Completed)?,
+        ));
+    }
+    let mut claim_to_accepted = Vec::new();
+    for id in &ids {
+        let store = PgStore::connect_in_schema(s.url, &PgStore::identity_schema(id)).await?;
+        for c in store.calls(&CallFilter::default()).await? {
+            let events = store.events(&c.run_id, &c.call_id).await?;
+            let at = |what: &str| {
+                events
+                    .iter()
+                    .find(|e| e.what() == what)
+                    .map(|e| e.at().timestamp_millis())
+            };
+            if let (Some(claimed), Some(running)) = (at("claiming"), at("running")) {
+                claim_to_accepted.push(running - claimed);
+            }
+        }
+    }
+    let mut lines = BTreeMap::new();
+    for line in std::fs::read_to_string(&ledger)?.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let call = v["call_id"].as_str().context("a ledger line's call")?;
+        *lines.entry(call.to_owned()).or_default() += 1;
+    }
+    super::clean_up(s.url, &ids).await?;
+    Ok(Played {
+        spans,
+        claim_to_accepted,
+        lines,
+    })
+}
+
+/// The most calls between their first `accepted` and final receipt at
+/// once, and the most first `accepted` in one second.
+fn most(spans: &[(i128, i128)]) -> (usize, usize) {
+    let at_once = spans
+        .iter()
+        .map(|(start, _)| {
+            spans
+                .iter()
+                .filter(|(a, f)| a <= start && start < f)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    let mut starts: Vec<i128> = spans.iter().map(|(a, _)| *a).collect();
+    starts.sort_unstable();
+    let a_second = (0..starts.len())
+        .map(|i| {
+            starts[i..]
+                .iter()
+                .take_while(|t| **t - starts[i] < 1_000)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    (at_once, a_second)
+}
+
+fn p99(mut v: Vec<i64>) -> i64 {
+    v.sort_unstable();
+    v.get((v.len() * 99).div_ceil(100).saturating_sub(1))
+        .copied()
+        .unwrap_or(0)
+}
+
+fn once_each(played: &Played, calls: usize) -> Result<()> {
+    ensure!(
+        played.lines.len() == calls && played.lines.values().all(|n| *n == 1),
+        "the ledger holds {} calls, some more than once: {:?}",
+        played.lines.len(),
+        played
+            .lines
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+async fn setup_platform(tmp: &Path) -> Result<(DevServer, Platform)> {
+    let platform = DevServer::builder()
+        .listen("127.0.0.1:0".parse()?)
+        .db_path(tmp.join("platform.db"))
+        .lease_ttl_ms(2_000)
+        .heartbeat_interval_ms(300)
+        .start()
+        .await?;
+    let admin = Platform::new(&platform.base_url(), "dev-admin")?;
+    Ok((platform, admin))
+}
+
+/// 600 calls through three replicas, with limits and without.
+pub(crate) async fn three_replicas_hold_one_limit(url: &str) -> Result<()> {
+    const CALLS: usize = 600;
+    let bin = super::rolling::ledger_binary()?;
+    let tmp = tempfile::tempdir()?;
+    let (platform, admin) = setup_platform(tmp.path()).await?;
+    let s = Setup {
+        url,
+        bin: &bin,
+        platform: &platform,
+        admin: &admin,
+        tmp: tmp.path(),
+    };
+    let tag = format!("{:08x}", rand::random::<u32>());
+    let free = play(&s, &format!("free{tag}"), CALLS, &[], |r| async { Ok(r) }).await?;
+    let (c, r) = (CONCURRENCY.to_string(), RATE.to_string());
+    let limited = play(
+        &s,
+        &format!("lim{tag}"),
+        CALLS,
+        &["--concurrency", &c, "--rate", &r],
+        |r| async { Ok(r) },
+    )
+    .await?;
+    platform.shutdown().await;
+
+    once_each(&free, CALLS)?;
+    once_each(&limited, CALLS)?;
+    let (at_once, a_second) = most(&limited.spans);
+    let (free_at_once, free_a_second) = most(&free.spans);
+    ensure!(
+        at_once <= CONCURRENCY,
+        "{at_once} calls between accepted and their final receipt at once"
+    );
+    ensure!(
+        a_second <= RATE,
+        "{a_second} first accepted within a second"
+    );
+    ensure!(
+        free_at_once > CONCURRENCY && free_a_second > RATE,
+        "without limits the load stays under them ({free_at_once} at once, {free_a_second} a second): the test shows nothing"
+    );
+    ensure!(
+        limited.claim_to_accepted.len() == CALLS && free.claim_to_accepted.len() == CALLS,
+        "a timeline without its claim or its start: {} and {} of {CALLS}",
+        limited.claim_to_accepted.len(),
+        free.claim_to_accepted.len()
+    );
+    let (lim99, free99) = (
+        p99(limited.claim_to_accepted.clone()),
+        p99(free.claim_to_accepted.clone()),
+    );
+    eprintln!(
+        "flow: 3 replicas, {CALLS} calls: limited {at_once} at once (limit {CONCURRENCY}), {a_second} a second (limit {RATE}); claim to accepted p99 {lim99} ms limited, {free99} ms without limits ({free_at_once} at once, {free_a_second} a second)"
+    );
+    ensure!(
+        lim99 <= free99 + 10,
+        "claim to accepted p99 {lim99} ms with limits against {free99} ms without: a claim waited"
+    );
+    Ok(())
+}
