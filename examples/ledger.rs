@@ -23,7 +23,8 @@
 //! The tool `ledger.append` takes `{"amount": integer >= 1, "memo": string}`
 //! and returns `{"entry": line number}`. `memo == "fail"` is a confirmed
 //! business failure (nothing written); otherwise one line
-//! `{"operation_key","run_id","call_id","amount"}` is appended with one
+//! `{"operation_key","run_id","call_id","amount","at_ms"}` (`at_ms`: when,
+//! in Unix milliseconds) is appended with one
 //! write and an fsync, then it sleeps `--effect-delay-ms`; `memo == "boom"`
 //! then returns an ordinary error (the outcome is unknown).
 
@@ -189,7 +190,12 @@ impl Tool for Ledger {
                 "the ledger declined this entry",
             ));
         }
-        let line = json!({"operation_key": ctx.operation_key(), "run_id": ctx.run_id(), "call_id": ctx.call_id(), "amount": input.amount});
+        // When the write was made (Unix milliseconds): what a downstream
+        // would count its requests by.
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let line = json!({"operation_key": ctx.operation_key(), "run_id": ctx.run_id(), "call_id": ctx.call_id(), "amount": input.amount, "at_ms": at_ms});
         let entry = {
             let mut lines = self.lines.lock().await;
             let mut file = std::fs::OpenOptions::new()

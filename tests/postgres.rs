@@ -422,6 +422,15 @@ mod suite {
                 },
             ),
             (
+                "replicas::flow::killed_and_paused_replicas_give_their_slots_back_within_a_lease",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::flow::killed_and_paused_replicas_give_their_slots_back(&u)
+                            .await
+                    })
+                },
+            ),
+            (
                 "replicas::rolling::three_executors_restarted_in_turn_on_postgres_hand_every_call_over",
                 |u| {
                     Box::pin(async move {

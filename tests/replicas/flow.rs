@@ -41,6 +41,8 @@ struct Played {
     claim_to_accepted: Vec<i64>,
     /// Ledger lines by call id.
     lines: BTreeMap<String, usize>,
+    /// When each ledger line was written (Unix milliseconds).
+    writes: Vec<i128>,
 }
 
 struct Setup<'a> {
@@ -57,6 +59,7 @@ async fn play<F, Fut>(
     s: &Setup<'_>,
     tag: &str,
     calls: usize,
+    effect_delay_ms: u64,
     extra: &[&str],
     disturb: F,
 ) -> Result<Played>
@@ -92,7 +95,7 @@ where
             db: s.url,
             ledger: &ledger,
             capacity: 8,
-            effect_delay_ms: 30,
+            effect_delay_ms,
         }
         .args(extra);
         let log = s.tmp.join(format!("{id}.log"));
@@ -164,16 +167,21 @@ where
         }
     }
     let mut lines = BTreeMap::new();
+    let mut writes = Vec::new();
     for line in std::fs::read_to_string(&ledger)?.lines() {
         let v: serde_json::Value = serde_json::from_str(line)?;
         let call = v["call_id"].as_str().context("a ledger line's call")?;
         *lines.entry(call.to_owned()).or_default() += 1;
+        writes.push(i128::from(
+            v["at_ms"].as_u64().context("a ledger line's time")?,
+        ));
     }
     super::clean_up(s.url, &ids).await?;
     Ok(Played {
         spans,
         claim_to_accepted,
         lines,
+        writes,
     })
 }
 
@@ -251,12 +259,16 @@ pub(crate) async fn three_replicas_hold_one_limit(url: &str) -> Result<()> {
         tmp: tmp.path(),
     };
     let tag = format!("{:08x}", rand::random::<u32>());
-    let free = play(&s, &format!("free{tag}"), CALLS, &[], |r| async { Ok(r) }).await?;
+    let free = play(&s, &format!("free{tag}"), CALLS, 30, &[], |r| async {
+        Ok(r)
+    })
+    .await?;
     let (c, r) = (CONCURRENCY.to_string(), RATE.to_string());
     let limited = play(
         &s,
         &format!("lim{tag}"),
         CALLS,
+        30,
         &["--concurrency", &c, "--rate", &r],
         |r| async { Ok(r) },
     )
@@ -295,6 +307,140 @@ pub(crate) async fn three_replicas_hold_one_limit(url: &str) -> Result<()> {
     ensure!(
         lim99 <= free99 + 10,
         "claim to accepted p99 {lim99} ms with limits against {free99} ms without: a claim waited"
+    );
+    Ok(())
+}
+
+fn now_ms() -> i128 {
+    i128::try_from(
+        std::time::SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis()),
+    )
+    .unwrap_or(0)
+}
+
+/// The most effects at once among `writes` (each lasting `effect_ms` from
+/// its write) at the instants in `from..to`.
+fn effects_at_once(writes: &[i128], effect_ms: i128, from: i128, to: i128) -> usize {
+    writes
+        .iter()
+        .filter(|w| (from..to).contains(*w))
+        .map(|at| {
+            writes
+                .iter()
+                .filter(|w| **w <= *at && *at < **w + effect_ms)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// 300 calls through three limited replicas (4 at once, 50 a second,
+/// effects of 200 ms: the concurrency binds); one is killed (`kill -9`)
+/// and kept down past its lease, then restarted; then another is paused
+/// (SIGSTOP) past its lease, then let go on. The ledger's writes show
+/// never more than 4 effects at once, and 4 at once again while each was
+/// away (their slots came back within a lease); the platform never more
+/// than 50 first `accepted` a second; every call completes once.
+pub(crate) async fn killed_and_paused_replicas_give_their_slots_back(url: &str) -> Result<()> {
+    const CALLS: usize = 300;
+    const TTL_MS: i128 = 1_500;
+    const EFFECT_MS: u64 = 200;
+    let bin = super::rolling::ledger_binary()?;
+    let tmp = tempfile::tempdir()?;
+    let (platform, admin) = setup_platform(tmp.path()).await?;
+    let s = Setup {
+        url,
+        bin: &bin,
+        platform: &platform,
+        admin: &admin,
+        tmp: tmp.path(),
+    };
+    let tag = format!("{:08x}", rand::random::<u32>());
+    let (c, r, ttl) = (
+        CONCURRENCY.to_string(),
+        RATE.to_string(),
+        TTL_MS.to_string(),
+    );
+    let marks = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let noted = marks.clone();
+    let bin_for = bin.clone();
+    let log_dir = tmp.path().to_owned();
+    let played = play(
+        &s,
+        &format!("kp{tag}"),
+        CALLS,
+        EFFECT_MS,
+        &["--concurrency", &c, "--rate", &r, "--lease-ttl-ms", &ttl],
+        move |mut replicas| async move {
+            let note = |what: &'static str| noted.lock().unwrap().push((what, now_ms()));
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            // Killed, down past its lease, started again with its id.
+            note("kill");
+            replicas[0].0.kill()?;
+            replicas[0].0.wait()?;
+            tokio::time::sleep(Duration::from_millis(4_000)).await;
+            note("restart");
+            let log = log_dir.join("restarted.log");
+            replicas[0].0 = super::rolling::spawn(&bin_for, &replicas[0].1, &[], &log)?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            // Paused past its lease, then let go on.
+            note("stop");
+            let pid = replicas[1].0.id().to_string();
+            std::process::Command::new("kill")
+                .args(["-STOP", &pid])
+                .status()?;
+            tokio::time::sleep(Duration::from_millis(4_000)).await;
+            note("cont");
+            std::process::Command::new("kill")
+                .args(["-CONT", &pid])
+                .status()?;
+            Ok(replicas)
+        },
+    )
+    .await?;
+    platform.shutdown().await;
+    once_each(&played, CALLS)?;
+    let (_, a_second) = most(&played.spans);
+    ensure!(
+        a_second <= RATE,
+        "{a_second} first accepted within a second"
+    );
+    let effect = i128::from(EFFECT_MS);
+    let all = effects_at_once(&played.writes, effect, 0, i128::MAX);
+    ensure!(
+        all <= CONCURRENCY,
+        "{all} effects at once (the ledger's writes), over the limit of {CONCURRENCY}"
+    );
+    let marks = marks.lock().unwrap().clone();
+    let at = |what: &str| -> Result<i128> {
+        marks
+            .iter()
+            .find(|(w, _)| *w == what)
+            .map(|(_, t)| *t)
+            .with_context(|| format!("the mark {what}"))
+    };
+    // A lease after each went away (and a second to spare), the others
+    // use every slot again.
+    let while_killed = effects_at_once(
+        &played.writes,
+        effect,
+        at("kill")? + TTL_MS + 1_000,
+        at("restart")?,
+    );
+    let while_paused = effects_at_once(
+        &played.writes,
+        effect,
+        at("stop")? + TTL_MS + 1_000,
+        at("cont")?,
+    );
+    eprintln!(
+        "flow: killed and paused: {all} effects at once at most; {while_killed} at once while one was killed, {while_paused} while one was paused (limit {CONCURRENCY}); {a_second} first accepted a second at most"
+    );
+    ensure!(
+        while_killed == CONCURRENCY && while_paused == CONCURRENCY,
+        "the slots of a replica that went away did not come back within a lease: {while_killed} effects at once at most while one was killed, {while_paused} while one was paused"
     );
     Ok(())
 }
