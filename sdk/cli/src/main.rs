@@ -7,6 +7,7 @@ mod calls;
 mod console;
 mod dev;
 mod devserver;
+mod limits;
 mod outbox;
 mod output;
 mod reconcile;
@@ -38,6 +39,10 @@ enum Command {
     /// Settle calls whose outcome is unknown.
     #[command(subcommand)]
     Reconcile(reconcile::ReconcileCommand),
+    /// List and set the tools' limits a PostgreSQL store keeps for every
+    /// replica.
+    #[command(subcommand)]
+    Limits(limits::LimitsCommand),
     /// Inspect and redeliver the receipt outbox.
     #[command(subcommand)]
     Outbox(outbox::OutboxCommand),
@@ -100,6 +105,7 @@ fn main() -> ExitCode {
             Command::Calls(c) => calls::run(c).await,
             Command::Reconcile(c) => reconcile::run(c).await,
             Command::Outbox(c) => outbox::run(c).await,
+            Command::Limits(c) => limits::run(c).await,
             Command::Tools(c) => tools::run(c).await,
             Command::Budget(b) => budget::run(b),
             Command::Console(c) => console::run(c).await,

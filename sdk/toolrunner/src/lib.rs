@@ -14,6 +14,7 @@ mod error;
 mod gate;
 mod health;
 mod lifecycle;
+mod limits_store;
 mod net;
 mod notice;
 mod reconciler;
@@ -39,6 +40,7 @@ pub use builder::{ENV_VARS, PRINT_DEFINITIONS, UNBOUND};
 pub use builder::{Executor, ExecutorBuilder};
 pub use error::{Error, Result, shutdown_signal};
 pub use health::{Health, HealthReport};
+pub use limits_store::{StoredLimits, ToolLimits};
 pub use toolrunner_macros::{schema, tool};
 
 /// Function tools: [`write`](tool::write), [`read`](tool::read) and

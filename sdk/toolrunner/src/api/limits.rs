@@ -81,14 +81,15 @@ impl Limits {
         self.rate
     }
 
-    /// Limits of these values (`None`: no such limit).
-    pub(crate) const fn of(concurrency: Option<u32>, rate: Option<u32>) -> Limits {
-        Limits { concurrency, rate }
-    }
-
-    /// Whether no limit is set.
-    pub(crate) const fn is_none(&self) -> bool {
-        self.concurrency.is_none() && self.rate.is_none()
+    /// These limits with the given ones set (`None`: left as they are).
+    pub(crate) const fn with(mut self, concurrency: Option<u32>, rate: Option<u32>) -> Limits {
+        if concurrency.is_some() {
+            self.concurrency = concurrency;
+        }
+        if rate.is_some() {
+            self.rate = rate;
+        }
+        self
     }
 
     /// These limits, with each limit `over` sets taking the place of this

@@ -6,7 +6,30 @@
 use std::collections::BTreeMap;
 
 use super::StoreError;
-use crate::Limits;
+
+/// A tool's limits as the store keeps them (`None`: no such limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Caps {
+    /// At most this many slots held at once.
+    pub(crate) concurrency: Option<u32>,
+    /// At most this many first `accepted` in a sliding second.
+    pub(crate) rate: Option<u32>,
+}
+
+impl Caps {
+    /// Limits of these values.
+    pub(crate) const fn of(concurrency: Option<u32>, rate: Option<u32>) -> Caps {
+        Caps { concurrency, rate }
+    }
+
+    /// These, with each limit `over` sets in place of this one's.
+    pub(crate) fn overridden_by(self, over: Caps) -> Caps {
+        Caps {
+            concurrency: over.concurrency.or(self.concurrency),
+            rate: over.rate.or(self.rate),
+        }
+    }
+}
 
 /// One call's hold of its tool's limits, as the store keys it: the tool,
 /// the call, and the identity (with its fencing token) that holds it.
@@ -42,7 +65,7 @@ pub(crate) struct Counted {
     /// The tool's tokens counting (after the take).
     pub(crate) tokens: u32,
     /// The tool's limits as they applied (the store's over the process's).
-    pub(crate) limits: Limits,
+    pub(crate) limits: Caps,
 }
 
 /// The slots and tokens of every replica of one database.
@@ -53,7 +76,7 @@ pub(crate) trait SharedFlow: Send + Sync {
     ///
     /// # Errors
     /// The database failed.
-    async fn stored_limits(&self) -> Result<BTreeMap<String, Limits>, StoreError>;
+    async fn stored_limits(&self) -> Result<BTreeMap<String, Caps>, StoreError>;
 
     /// Counts the tool's live holds under its lock (forgetting those that
     /// no longer count) and takes what `take` asks for when `limits` (the
@@ -65,7 +88,7 @@ pub(crate) trait SharedFlow: Send + Sync {
     async fn take(
         &self,
         at: &HoldAt,
-        limits: Limits,
+        limits: Caps,
         take: Take,
         assignment_id: &str,
     ) -> Result<Counted, StoreError>;
@@ -100,7 +123,7 @@ pub(crate) trait SharedFlow: Send + Sync {
     ///
     /// # Errors
     /// The database failed.
-    async fn set_limits(&self, tool: &str, limits: Limits, clear: bool) -> Result<(), StoreError>;
+    async fn set_limits(&self, tool: &str, limits: Caps, clear: bool) -> Result<(), StoreError>;
 
     /// Every tool the store knows: its stored limits, slots held and
     /// tokens counting now.
@@ -116,7 +139,7 @@ pub(crate) struct ToolRow {
     /// The tool's name.
     pub(crate) tool: String,
     /// The limits an operator set (each `None`: the process's own).
-    pub(crate) stored: Limits,
+    pub(crate) stored: Caps,
     /// The slots held now, by every identity.
     pub(crate) slots: u32,
     /// The tokens in the last second.

@@ -259,6 +259,26 @@ pub(crate) async fn open_postgres_schema(
     ))
 }
 
+/// The flow limits shared by every replica of the PostgreSQL database at
+/// `url` (operators' tools): its database-wide schema migrated if new.
+#[cfg(feature = "postgres")]
+pub(crate) async fn open_shared_flow(
+    url: &str,
+) -> crate::Result<std::sync::Arc<dyn flow::SharedFlow>> {
+    Ok(std::sync::Arc::new(PgStore::open_shared_flow(url).await?))
+}
+
+/// Without the `postgres` feature a `postgres://` URL is a missing feature.
+#[cfg(not(feature = "postgres"))]
+pub(crate) async fn open_shared_flow(
+    _url: &str,
+) -> crate::Result<std::sync::Arc<dyn flow::SharedFlow>> {
+    Err(crate::error::missing_feature(
+        "a postgres:// store",
+        "postgres",
+    ))
+}
+
 /// Without the `postgres` feature a `postgres://` URL is a missing feature.
 #[cfg(not(feature = "postgres"))]
 pub(crate) async fn postgres_identities(_url: &str) -> crate::Result<Vec<(String, String)>> {

@@ -719,6 +719,22 @@ impl PgStore {
         flow::PgFlow::connect(session(self.options.clone())).await
     }
 
+    /// The flow control shared by every replica of the database at `url`,
+    /// for operators' tools (no identity): the database-wide schema is
+    /// migrated first if this version never ran there.
+    ///
+    /// # Errors
+    /// The URL does not parse, the server cannot be reached, a migration
+    /// failed.
+    pub(crate) async fn open_shared_flow(url: &str) -> Result<flow::PgFlow, StoreError> {
+        let options = PgConnectOptions::from_str(url)?;
+        let leases = Self::in_schema_pool(options.clone(), lease::SCHEMA).await?;
+        let migrated = lease::migrate(&leases).await;
+        leases.close().await;
+        migrated?;
+        flow::PgFlow::connect(session(options)).await
+    }
+
     /// A store over `pool`, holding no identity yet.
     fn over(pool: PgPool, options: PgConnectOptions) -> PgStore {
         PgStore {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::CallKey;
 use crate::Limits;
-use crate::store::flow::{HoldAt, SharedFlow, Take};
+use crate::store::flow::{Caps, HoldAt, SharedFlow, Take};
 
 mod rate;
 mod shared;
@@ -245,11 +245,12 @@ impl Flow {
 
     /// The shared part and the limits of `tool` there (the store's over
     /// this process's), when the holds are shared and the tool has any.
-    async fn shared_limits(&self, tool: &str) -> Option<(&Arc<Shared>, Limits)> {
+    async fn shared_limits(&self, tool: &str) -> Option<(&Arc<Shared>, Caps)> {
         let shared = self.shared.get()?;
         let own = self.limits.get(tool).copied().unwrap_or_default();
+        let own = Caps::of(own.max_concurrency(), own.max_rate());
         let limits = own.overridden_by(shared.stored(tool).await);
-        (!limits.is_none()).then_some((shared, limits))
+        (limits.concurrency.is_some() || limits.rate.is_some()).then_some((shared, limits))
     }
 
     /// What a new claim of `key` holds, wherever holds are kept: as
@@ -407,8 +408,8 @@ impl Flow {
                 .iter()
                 .map(|(tool, c)| ToolUse {
                     tool: tool.clone(),
-                    slots: c.limits.max_concurrency().map(|l| (l, c.slots)),
-                    tokens: c.limits.max_rate().map(|l| (l, c.tokens)),
+                    slots: c.limits.concurrency.map(|l| (l, c.slots)),
+                    tokens: c.limits.rate.map(|l| (l, c.tokens)),
                 })
                 .collect();
             used.sort_by(|a, b| a.tool.cmp(&b.tool));
@@ -422,20 +423,6 @@ impl Flow {
                 tokens: f.rate.as_ref().map(|r| (r.limit, r.in_use())),
             })
             .collect()
-    }
-
-    /// Slots found gone when given back (taken back by another replica
-    /// while this identity's lease looked lapsed): each a moment the
-    /// tool's concurrency limit may have been exceeded.
-    pub(crate) fn slots_lost(&self) -> u64 {
-        self.shared
-            .get()
-            .map_or(0, |s| s.lost.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    /// The store that holds the shared limits, if any.
-    pub(crate) fn shared_store(&self) -> Option<Arc<dyn SharedFlow>> {
-        self.shared.get().map(|s| s.store.clone())
     }
 }
 

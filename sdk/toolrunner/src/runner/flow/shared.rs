@@ -12,13 +12,11 @@
 //!   forgotten by the next taker once this identity's lease lapses or its
 //!   token moves on.
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{NoToken, lock};
-use crate::Limits;
-use crate::store::flow::{Counted, HoldAt, SharedFlow, Take};
+use crate::store::flow::{Caps, Counted, HoldAt, SharedFlow, Take};
 
 /// How often the store's limits are read again.
 pub(super) const REFRESH: Duration = Duration::from_secs(1);
@@ -34,12 +32,9 @@ pub(crate) struct Holder {
 pub(super) struct Shared {
     pub(super) store: Arc<dyn SharedFlow>,
     /// The store's limits, and when they were read.
-    stored: Mutex<(Option<Instant>, BTreeMap<String, Limits>)>,
+    stored: Mutex<(Option<Instant>, BTreeMap<String, Caps>)>,
     /// Each tool's limits and use as last counted (for the gauges).
     pub(super) counted: Mutex<HashMap<String, Counted>>,
-    /// Slots found gone when given back: a taker forgot them while this
-    /// identity's lease looked lapsed (the limit may have been exceeded).
-    pub(super) lost: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -48,12 +43,11 @@ impl Shared {
             store,
             stored: Mutex::default(),
             counted: Mutex::default(),
-            lost: Arc::default(),
         }
     }
 
     /// The store's limits of `tool` (read again once a [`REFRESH`]).
-    pub(super) async fn stored(&self, tool: &str) -> Limits {
+    pub(super) async fn stored(&self, tool: &str) -> Caps {
         let due = lock(&self.stored)
             .0
             .is_none_or(|at| at.elapsed() >= REFRESH);
@@ -73,7 +67,7 @@ impl Shared {
     pub(super) async fn take(
         self: &Arc<Self>,
         at: HoldAt,
-        limits: Limits,
+        limits: Caps,
         take: Take,
     ) -> Option<SharedHold> {
         match self.store.take(&at, limits, take, "").await {
@@ -81,10 +75,10 @@ impl Shared {
                 lock(&self.counted).insert(at.tool.clone(), counted);
                 counted.taken.then(|| SharedHold {
                     shared: self.clone(),
-                    slot: take != Take::SendNow && limits.max_concurrency().is_some(),
+                    slot: take != Take::SendNow && limits.concurrency.is_some(),
                     limits,
-                    rate: limits.max_rate().is_some(),
-                    reserved: take == Take::New && limits.max_rate().is_some(),
+                    rate: limits.rate.is_some(),
+                    reserved: take == Take::New && limits.rate.is_some(),
                     at,
                     send: Mutex::default(),
                 })
@@ -104,7 +98,7 @@ pub(crate) struct SharedHold {
     /// Whether it holds a slot row.
     slot: bool,
     /// The tool's limits as this process applies them.
-    limits: Limits,
+    limits: Caps,
     /// Whether the tool has a rate limit.
     rate: bool,
     /// Whether a reservation row was taken before the claim.
@@ -186,7 +180,6 @@ impl Drop for SharedHold {
             return;
         };
         let store = self.shared.store.clone();
-        let lost = self.shared.lost.clone();
         let at = self.at.clone();
         let slot = self.slot;
         runtime.spawn(async move {
@@ -195,7 +188,6 @@ impl Drop for SharedHold {
                 match store.release(&at, slot).await {
                     Ok(true) => return,
                     Ok(false) => {
-                        lost.fetch_add(1, Ordering::Relaxed);
                         super::super::telemetry::flow_slot_lost(&at.tool);
                         tracing::warn!(tool = %at.tool, run_id = %at.run_id, call_id = %at.call_id, "this call's slot was taken back while it ran (this identity's lease looked lapsed to another replica: a pause, a stall): the tool's concurrency limit may have been exceeded meanwhile");
                         return;

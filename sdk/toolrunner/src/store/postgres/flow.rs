@@ -23,8 +23,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
 use super::super::StoreError;
-use super::super::flow::{Counted, HoldAt, SharedFlow, Take, ToolRow};
-use crate::Limits;
+use super::super::flow::{Caps, Counted, HoldAt, SharedFlow, Take, ToolRow};
 
 /// The slots and tokens of every replica of one database.
 pub(crate) struct PgFlow {
@@ -95,7 +94,7 @@ impl PgFlow {
     }
 
     /// The tool's row locked (made if missing): its stored limits.
-    async fn lock_tool(tx: &mut PgConnection, tool: &str) -> Result<Limits, StoreError> {
+    async fn lock_tool(tx: &mut PgConnection, tool: &str) -> Result<Caps, StoreError> {
         let select = "SELECT concurrency, rate FROM flow_tools WHERE tool = $1 FOR UPDATE";
         let mut row = sqlx::query(select)
             .bind(tool)
@@ -116,7 +115,7 @@ impl PgFlow {
                 "the flow row of tool {tool} vanished as it was made"
             )));
         };
-        Ok(Limits::of(
+        Ok(Caps::of(
             limit(row.try_get("concurrency")?),
             limit(row.try_get("rate")?),
         ))
@@ -259,7 +258,7 @@ async fn commit(
 
 #[async_trait::async_trait]
 impl SharedFlow for PgFlow {
-    async fn stored_limits(&self) -> Result<BTreeMap<String, Limits>, StoreError> {
+    async fn stored_limits(&self) -> Result<BTreeMap<String, Caps>, StoreError> {
         let rows = sqlx::query(
             "SELECT tool, concurrency, rate FROM flow_tools
               WHERE concurrency IS NOT NULL OR rate IS NOT NULL",
@@ -270,7 +269,7 @@ impl SharedFlow for PgFlow {
             .map(|r| {
                 Ok((
                     r.try_get("tool")?,
-                    Limits::of(limit(r.try_get("concurrency")?), limit(r.try_get("rate")?)),
+                    Caps::of(limit(r.try_get("concurrency")?), limit(r.try_get("rate")?)),
                 ))
             })
             .collect()
@@ -279,7 +278,7 @@ impl SharedFlow for PgFlow {
     async fn take(
         &self,
         at: &HoldAt,
-        limits: Limits,
+        limits: Caps,
         take: Take,
         assignment_id: &str,
     ) -> Result<Counted, StoreError> {
@@ -295,17 +294,17 @@ impl SharedFlow for PgFlow {
         };
         match take {
             Take::New => {
-                if !below(slots, limits.max_concurrency()) || !below(tokens, limits.max_rate()) {
+                if !below(slots, limits.concurrency) || !below(tokens, limits.rate) {
                     return commit(tx, counted).await;
                 }
-                if limits.max_concurrency().is_some() {
+                if limits.concurrency.is_some() {
                     if !Self::insert(&mut tx, at, "slot", "held", "", true).await? {
                         // Another identity reserved this very call.
                         return Ok(counted);
                     }
                     counted.slots += 1;
                 }
-                if limits.max_rate().is_some() {
+                if limits.rate.is_some() {
                     if !Self::insert(&mut tx, at, "token", "reserved", "", true).await? {
                         return Ok(counted);
                     }
@@ -313,10 +312,10 @@ impl SharedFlow for PgFlow {
                 }
             }
             Take::Owed => {
-                if limits.max_concurrency().is_some() {
+                if limits.concurrency.is_some() {
                     Self::insert(&mut tx, at, "slot", "held", "", false).await?;
                     counted.slots += 1;
-                    if counted.slots > limits.max_concurrency().unwrap_or(u32::MAX) {
+                    if counted.slots > limits.concurrency.unwrap_or(u32::MAX) {
                         tracing::warn!(
                             tool = %at.tool,
                             run_id = %at.run_id,
@@ -342,7 +341,7 @@ impl SharedFlow for PgFlow {
                 .fetch_one(&mut *tx)
                 .await?;
                 if mine == 0 {
-                    if !below(tokens, limits.max_rate()) {
+                    if !below(tokens, limits.rate) {
                         return commit(tx, counted).await;
                     }
                     if !Self::insert(&mut tx, at, "token", "sending", assignment_id, true).await? {
@@ -420,7 +419,7 @@ impl SharedFlow for PgFlow {
         Ok(!slot || slots > 0)
     }
 
-    async fn set_limits(&self, tool: &str, limits: Limits, clear: bool) -> Result<(), StoreError> {
+    async fn set_limits(&self, tool: &str, limits: Caps, clear: bool) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO flow_tools (tool, concurrency, rate, set_at)
              VALUES ($1, $2, $3, clock_timestamp())
@@ -432,8 +431,8 @@ impl SharedFlow for PgFlow {
                 set_at = clock_timestamp()",
         )
         .bind(tool)
-        .bind(sql_limit(limits.max_concurrency()))
-        .bind(sql_limit(limits.max_rate()))
+        .bind(sql_limit(limits.concurrency))
+        .bind(sql_limit(limits.rate))
         .bind(clear)
         .execute(&self.pool)
         .await?;
@@ -457,7 +456,7 @@ impl SharedFlow for PgFlow {
             .map(|r| {
                 Ok(ToolRow {
                     tool: r.try_get("tool")?,
-                    stored: Limits::of(limit(r.try_get("concurrency")?), limit(r.try_get("rate")?)),
+                    stored: Caps::of(limit(r.try_get("concurrency")?), limit(r.try_get("rate")?)),
                     slots: count(usize::try_from(r.try_get::<i64, _>("slots")?).unwrap_or(0)),
                     tokens: count(usize::try_from(r.try_get::<i64, _>("tokens")?).unwrap_or(0)),
                 })
