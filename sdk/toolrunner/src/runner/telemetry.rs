@@ -392,6 +392,11 @@ pub(crate) fn zero<'t>(executor_id: &str, tools: impl IntoIterator<Item = &'t st
             let _ = metrics::histogram!(metric::TOOL_DURATION, &labels);
         }
         let _ = metrics::histogram!(metric::CLAIM_DURATION, "executor_id" => id(), "tool" => tool.to_owned());
+        metrics::counter!(metric::FLOW_THROTTLED, "executor_id" => id(), "tool" => tool.to_owned())
+            .increment(0);
+        metrics::counter!(metric::FLOW_RELEASED, "executor_id" => id(), "tool" => tool.to_owned(), "reason" => "rate_lapsed")
+            .increment(0);
+        metrics::counter!(metric::FLOW_SLOTS_LOST, "tool" => tool.to_owned()).increment(0);
     }
     for reason in REFUSAL_CODES.iter().chain(&OTHER_REFUSALS) {
         metrics::counter!(metric::CLAIMS_REFUSED, "executor_id" => id(), "reason" => *reason)

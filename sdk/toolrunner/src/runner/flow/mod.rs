@@ -239,6 +239,7 @@ impl Flow {
 
     /// From now on the holds are `store`'s rows, shared by every replica
     /// of its database (the first store given wins: one per process).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // a PostgreSQL store's
     pub(crate) fn share(&self, store: Arc<dyn SharedFlow>) {
         let _ = self.shared.set(Arc::new(Shared::new(store)));
     }

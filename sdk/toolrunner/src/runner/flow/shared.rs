@@ -38,6 +38,7 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // a PostgreSQL store's
     pub(super) fn new(store: Arc<dyn SharedFlow>) -> Shared {
         Shared {
             store,
