@@ -11,6 +11,7 @@ mod failures;
 mod fixture;
 mod flat_cost;
 mod flow;
+mod flow_keys;
 mod function_tools;
 mod group_commit;
 mod happy;

@@ -634,12 +634,40 @@ fn tool_limits(
             Some(over) => own.overridden_by(over),
             None => own,
         };
-        if let Some(why) = set.problem() {
+        if let Some(why) = set
+            .problem()
+            .map(str::to_owned)
+            .or_else(|| key_problem(tool.as_ref(), set))
+        {
             return Err(Error::new(Kind::Builder, format!("tool {name}: {why}")));
         }
         limits.insert(name.clone(), set);
     }
     Ok(limits)
+}
+
+/// What is wrong with a tool's per-key limit and key function, said as
+/// what to do instead.
+fn key_problem(tool: &dyn ErasedTool, limits: crate::Limits) -> Option<String> {
+    let reads = tool.key_reads();
+    match (limits.max_per_key(), reads) {
+        (None, _) => None,
+        (Some(_), None) => Some(
+            "a per-key limit needs a key function to compute each call's key from its arguments: give it with FnTool::concurrency_key(n, |args: &Args| …), or drop the per-key limit".to_owned(),
+        ),
+        (Some(_), Some(reads)) if reads != tool.type_names().0 => Some(format!(
+            "the concurrency key's function reads {reads}, but the tool's arguments are {}: make it take &{}",
+            tool.type_names().0,
+            tool.type_names().0
+        )),
+        (Some(_), Some(_)) => {
+            let schema = tool.input_schema();
+            let properties = schema["properties"].as_object().map_or(0, |p| p.len());
+            (properties == 0).then(|| {
+                "the tool takes no arguments, so every call would have the same concurrency key: drop concurrency_key and set a concurrency limit instead".to_owned()
+            })
+        }
+    }
 }
 
 /// A base URL must be `http(s)://HOST…`, and plain `http` only to this

@@ -228,6 +228,9 @@ where
 type CallFn =
     Arc<dyn Fn(&States, CallContext, Value) -> BoxFuture<Result<Value, ToolError>> + Send + Sync>;
 type HookFn = Arc<dyn Fn(&States, CallContext) -> BoxFuture<Reconciled<Value>> + Send + Sync>;
+/// A concurrency key from a call's arguments (an error: they do not read
+/// as the type the key function takes).
+pub(crate) type KeyFn = Arc<dyn Fn(&Value) -> Result<String, String> + Send + Sync>;
 
 /// A tool made of functions (see [`tool::write`](crate::tool::write)).
 #[must_use = "a tool does nothing until it is given to `ExecutorBuilder::tool`"]
@@ -245,6 +248,8 @@ pub struct FnTool<O> {
     rerun: bool,
     commit_window: std::time::Duration,
     limits: crate::Limits,
+    /// The concurrency key's function, and the type it reads.
+    key: Option<(KeyFn, &'static str)>,
     needs: Vec<StateNeed>,
     _output: PhantomData<fn() -> O>,
 }
@@ -299,6 +304,7 @@ where
         rerun: false,
         commit_window: crate::api::handler::DEFAULT_COMMIT_WINDOW,
         limits: crate::Limits::none(),
+        key: None,
         needs: H::needs(),
         _output: PhantomData,
     }
@@ -402,6 +408,32 @@ impl<O: Serialize + Send + 'static> FnTool<O> {
     /// [`build`](crate::ExecutorBuilder::build).
     pub fn rate(mut self, n: u32) -> Self {
         self.limits = self.limits.rate(n);
+        self
+    }
+
+    /// At most `per_key` calls with one concurrency key held at once,
+    /// the key computed from the call's arguments by `key` (for example
+    /// the merchant account: `.concurrency_key(2, |a: &Charge|
+    /// a.merchant_id.clone())`). Decided after the claim, before
+    /// `accepted`: a call whose key is at its limit is given back at once
+    /// (nothing ran) and claimed again after a back-off; the other keys'
+    /// calls go on (see [`Limits`](crate::Limits)).
+    /// [`build`](crate::ExecutorBuilder::build) refuses a key function
+    /// that reads another type than the tool's arguments, a tool without
+    /// arguments, and zero.
+    pub fn concurrency_key<I, K, F>(mut self, per_key: u32, key: F) -> Self
+    where
+        I: DeserializeOwned + 'static,
+        K: std::fmt::Display,
+        F: Fn(&I) -> K + Send + Sync + 'static,
+    {
+        self.limits = self.limits.per_key(per_key);
+        let key: KeyFn = Arc::new(move |arguments| {
+            I::deserialize(arguments)
+                .map(|input| key(&input).to_string())
+                .map_err(|e| e.to_string())
+        });
+        self.key = Some((key, std::any::type_name::<I>()));
         self
     }
 }
@@ -539,6 +571,7 @@ impl<O> IntoTool for FnTool<O> {
             rerun: self.rerun,
             commit_window: self.commit_window,
             limits: self.limits,
+            key: self.key,
             needs: self.needs,
             _output: PhantomData,
         })))
@@ -631,5 +664,13 @@ impl ErasedTool for Bound {
 
     fn limits(&self) -> crate::Limits {
         self.tool.limits
+    }
+
+    fn concurrency_key(&self, arguments: &Value) -> Option<Result<String, String>> {
+        self.tool.key.as_ref().map(|(key, _)| key(arguments))
+    }
+
+    fn key_reads(&self) -> Option<&'static str> {
+        self.tool.key.as_ref().map(|(_, reads)| *reads)
     }
 }

@@ -365,6 +365,17 @@ pub(crate) trait ErasedTool: Send + Sync {
     fn rerun_when_not_performed(&self) -> bool;
     fn commit_window(&self) -> std::time::Duration;
     fn limits(&self) -> crate::Limits;
+    /// The call's concurrency key from its arguments (`None`: the tool
+    /// has no key function; an error: the arguments do not read as its
+    /// type).
+    fn concurrency_key(&self, arguments: &Value) -> Option<Result<String, String>> {
+        let _ = arguments;
+        None
+    }
+    /// The type the key function reads, if there is one.
+    fn key_reads(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 pub(crate) struct Erased<T>(pub(crate) T);

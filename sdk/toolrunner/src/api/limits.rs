@@ -30,6 +30,22 @@
 /// `accepted` saved before a restart or a pause waits, when sent again,
 /// for a free token.
 ///
+/// **Per key** is how many calls with one concurrency key (computed from
+/// the arguments by the tool's key function,
+/// [`FnTool::concurrency_key`](crate::FnTool::concurrency_key)) are held
+/// at once. The arguments come with the claim, so it is decided after the
+/// claim and before `accepted`: a call whose key is at its limit is given
+/// back at once (`released`: nothing ran) and not claimed again until a
+/// slot of its key comes back in this process (the oldest waiting call of
+/// the key first), or after a back-off (1 s, doubling to 10 s: a slot held
+/// by another replica), while the calls of other keys are claimed in the
+/// platform's order: one hot key takes at most its limit and never starves
+/// the others.
+///
+/// On a PostgreSQL store every limit counts every replica of the database
+/// (`docs/operations.md`, "Flow control"), and the store may hold limits
+/// of its own over these ([`StoredLimits`](crate::StoredLimits)).
+///
 /// ```
 /// use toolrunner::Limits;
 ///
@@ -43,6 +59,7 @@
 pub struct Limits {
     concurrency: Option<u32>,
     rate: Option<u32>,
+    per_key: Option<u32>,
 }
 
 impl Limits {
@@ -51,6 +68,7 @@ impl Limits {
         Limits {
             concurrency: None,
             rate: None,
+            per_key: None,
         }
     }
 
@@ -76,6 +94,20 @@ impl Limits {
         self
     }
 
+    /// At most `n` calls with one concurrency key held at once (the tool
+    /// needs a key function). Zero is refused at
+    /// [`build`](crate::ExecutorBuilder::build).
+    #[must_use]
+    pub const fn per_key(mut self, n: u32) -> Limits {
+        self.per_key = Some(n);
+        self
+    }
+
+    /// The per-key concurrency limit, if one is set.
+    pub const fn max_per_key(&self) -> Option<u32> {
+        self.per_key
+    }
+
     /// The rate limit (first `accepted` sends a second), if one is set.
     pub const fn max_rate(&self) -> Option<u32> {
         self.rate
@@ -98,6 +130,7 @@ impl Limits {
         Limits {
             concurrency: over.concurrency.or(self.concurrency),
             rate: over.rate.or(self.rate),
+            per_key: over.per_key.or(self.per_key),
         }
     }
 
@@ -105,6 +138,9 @@ impl Limits {
     pub(crate) fn problem(&self) -> Option<&'static str> {
         if self.concurrency == Some(0) {
             return Some("a concurrency limit of 0 would never run the tool: set at least 1");
+        }
+        if self.per_key == Some(0) {
+            return Some("a per-key limit of 0 would never run the tool: set at least 1");
         }
         (self.rate == Some(0)).then_some(
             "a rate limit of 0 would never start the tool: set at least 1 (first `accepted` sends a second)",

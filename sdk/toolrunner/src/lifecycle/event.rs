@@ -57,6 +57,9 @@ pub(crate) enum Event {
     /// The tool's rate token lapsed before `accepted` was saved: the claim
     /// is given back, nothing ran.
     RateLapsed,
+    /// The call's concurrency key is at its limit: the claim is given
+    /// back before `accepted`, nothing ran.
+    KeyLimited,
     AcceptedSaved,
     AcceptConfirmed {
         receipt_id: String,
@@ -177,6 +180,7 @@ impl Event {
             Event::ClaimReturnedRefused { .. } => "claim_returned_refused",
             Event::RefusedBeforeStart { .. } => "refused_before_start",
             Event::RateLapsed => "rate_lapsed",
+            Event::KeyLimited => "key_limited",
             Event::AcceptedSaved => "accepted_saved",
             Event::AcceptConfirmed { .. } => "accept_confirmed",
             Event::AcceptRefusedPending { .. } => "accept_refused_pending",

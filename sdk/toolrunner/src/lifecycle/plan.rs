@@ -397,6 +397,16 @@ pub(super) fn apply_event(
                 Some("given back: the tool's rate token lapsed before `accepted` was saved".into());
             d.call.report = Some(PendingReport::Released);
         }
+        Event::KeyLimited => {
+            if d.call.next_sequence != 0 {
+                return Err(refuse("assigned with `accepted` already saved"));
+            }
+            d.call.reason = Some(
+                "given back: the call's concurrency key was at its limit before `accepted` was saved"
+                    .into(),
+            );
+            d.call.report = Some(PendingReport::Released);
+        }
         Event::AcceptedSaved => {
             if d.call.next_sequence != 0 {
                 return Err(refuse("assigned with `accepted` already saved"));

@@ -92,6 +92,12 @@ pub(crate) const TABLE: &[Rule] = &[
         writes: "report `released`: the tool's rate token lapsed before `accepted` was saved; nothing ran (claimed again, with a new key, once pending)",
     },
     Rule {
+        event: "key_limited",
+        from: &[Assigned],
+        to: To::State(Released),
+        writes: "report `released`: the call's concurrency key was at its limit; nothing ran (claimed again, with a new key, once pending and a back-off has passed)",
+    },
+    Rule {
         event: "accepted_saved",
         from: &[Assigned],
         to: To::Same,

@@ -46,6 +46,7 @@ fn one_of_each() -> Vec<Event> {
             message: "no".into(),
         },
         Event::RateLapsed,
+        Event::KeyLimited,
         Event::AcceptedSaved,
         Event::AcceptConfirmed {
             receipt_id: "rcp_1".into(),

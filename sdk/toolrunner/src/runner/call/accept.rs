@@ -65,6 +65,18 @@ pub(super) async fn accept(
                 }
                 return Ok((call, false));
             }
+            // The call's concurrency key: at its limit, the claim goes back
+            // (nothing saved, nothing ran) and the call backs off.
+            if !super::claim::key_allows(core, &key, asg, hold).await {
+                let moved = core
+                    .advance(
+                        &key,
+                        Reads::Row,
+                        while_in(LocalState::Assigned, id, Event::KeyLimited),
+                    )
+                    .await?;
+                return Ok((row(moved)?, false));
+            }
             // The tool's rate: the token reserved at the claim becomes this
             // send, or, lapsed or none free, the claim goes back (nothing
             // saved, nothing ran) rather than an `accepted` outside the

@@ -90,6 +90,11 @@ pub(super) async fn claim(
     let then = if fresh && claimed.call_state == CallState::Claimed {
         Some(
             match first_checks(core, &call.tool_name, &claimed.assignment).await {
+                // The call's concurrency key at its limit: the claim goes
+                // back with nothing saved and nothing run, and backs off.
+                Ok(()) if !key_allows(core, &key, &claimed.assignment, hold).await => {
+                    Event::KeyLimited
+                }
                 // The tool's rate: the token reserved before the claim
                 // becomes this `accepted`, or, lapsed (slow checks) or none
                 // free, the claim goes back with nothing saved and nothing
@@ -197,6 +202,42 @@ fn refusal_reason(e: &ClientError) -> String {
 
 /// The checks before anything runs, for a call of `tool_name` (refused if
 /// this executor does not serve the tool).
+/// After the claim, before `accepted`: a slot of the call's concurrency
+/// key, taken into `hold` (`false`: the key is at its limit; the claim
+/// goes back and the call backs off). A tool without a key function needs
+/// none.
+pub(super) async fn key_allows(
+    core: &Core,
+    key: &CallKey,
+    asg: &Assignment,
+    hold: &ToolHold,
+) -> bool {
+    let Some(tool) = core.tools.get(&asg.tool_name) else {
+        return true;
+    };
+    let value = match tool.concurrency_key(&asg.arguments) {
+        None => return true,
+        Some(Ok(value)) => value,
+        Some(Err(e)) => {
+            // The checks read the arguments as the tool's type already:
+            // not reached, but never a reason to hold the call back.
+            tracing::warn!(error = %e, "the concurrency key could not be computed from the arguments: the call runs without its key's limit");
+            return true;
+        }
+    };
+    let flow = &core.calls.flow;
+    let holder = core.flow_holder();
+    if flow
+        .take_key(holder.as_ref(), key, &asg.tool_name, &value, hold)
+        .await
+    {
+        return true;
+    }
+    flow.key_limited(key, &asg.tool_name, &value);
+    telemetry::flow_released(&core.cfg.executor_id, &asg.tool_name, "key_limited");
+    false
+}
+
 pub(super) async fn first_checks(
     core: &Core,
     tool_name: &str,

@@ -24,10 +24,12 @@ use super::CallKey;
 use crate::Limits;
 use crate::store::flow::{Caps, HoldAt, SharedFlow, Take};
 
+mod keys;
 mod rate;
 mod shared;
 mod slots;
 
+use keys::{KeySlot, KeySlots, KeyWake};
 use rate::{RateWindow, Token};
 pub(crate) use shared::Holder;
 use shared::{Shared, SharedHold};
@@ -39,6 +41,13 @@ use slots::{Slot, ToolSlots};
 const LAPSE_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest wait after lapsed tokens.
 const LAPSE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How long a call given back because its concurrency key was at its
+/// limit waits before it is claimed again, at first (doubled each time,
+/// up to [`KEY_BACKOFF_MAX`]), unless a slot of its key comes back in this
+/// process first (it is woken then, the oldest first).
+const KEY_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait of a call whose key was at its limit.
+const KEY_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// Every limited tool's slots and tokens (a part of [`super::Calls`]),
 /// with the holds of the calls that paused.
@@ -52,6 +61,8 @@ pub(crate) struct Flow {
     /// rows, and `tools` (this process's alone) is not used.
     shared: OnceLock<Arc<Shared>>,
     parked: Mutex<HashMap<CallKey, ToolHold>>,
+    /// The calls held by concurrency key, in this process.
+    keys: Arc<KeySlots>,
     /// Calls whose token lapsed before `accepted`: not claimed again
     /// before the instant, and how many times in a row.
     lapsed: Mutex<HashMap<CallKey, (Instant, u32)>>,
@@ -76,7 +87,20 @@ pub(crate) enum NoToken {
 /// limits; else a slot, a token, each if the tool has that limit (boxed:
 /// every call's drive holds one, and most tools have no limit).
 #[derive(Debug, Default)]
-pub(crate) struct ToolHold(Option<Box<Kept>>);
+pub(crate) struct ToolHold {
+    kept: Option<Box<Kept>>,
+    /// Its slot of its concurrency key, once taken (after the claim).
+    key: Mutex<Option<KeyHold>>,
+}
+
+/// A call's slot of its concurrency key (held only to be dropped), and
+/// the waker of the next call waiting for the key.
+#[derive(Debug)]
+#[allow(dead_code)]
+enum KeyHold {
+    Local(KeySlot, KeyWake),
+    Shared(SharedHold, KeyWake),
+}
 
 /// Where a limited tool's hold is kept.
 #[derive(Debug)]
@@ -112,16 +136,28 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl ToolHold {
     fn limited(slot: Option<Slot>, rate: Option<Arc<RateWindow>>, token: Option<Token>) -> Self {
         if slot.is_none() && rate.is_none() {
-            return ToolHold(None);
+            return ToolHold::default();
         }
-        ToolHold(Some(Box::new(Kept::Local(Limited {
+        ToolHold::kept(Kept::Local(Limited {
             slot,
             rate,
             send: Mutex::new(Sending {
                 token,
                 assignment_id: None,
             }),
-        }))))
+        }))
+    }
+
+    fn kept(kept: Kept) -> Self {
+        ToolHold {
+            kept: Some(Box::new(kept)),
+            key: Mutex::default(),
+        }
+    }
+
+    /// Whether it holds a slot of its call's concurrency key.
+    fn has_key(&self) -> bool {
+        lock(&self.key).is_some()
     }
 
     /// The token for the first `accepted` of `assignment_id`, as
@@ -131,7 +167,7 @@ impl ToolHold {
     /// As [`sending`](Self::sending); a shared hold whose database failed
     /// counts as lapsed before its first send, else as full.
     pub(crate) async fn take_token(&self, assignment_id: &str) -> Result<(), NoToken> {
-        match self.0.as_deref() {
+        match self.kept.as_deref() {
             Some(Kept::Shared(hold)) => hold.sending(assignment_id).await,
             _ => self.sending(assignment_id),
         }
@@ -139,7 +175,7 @@ impl ToolHold {
 
     /// The platform answered the `accepted`, wherever the hold is kept.
     pub(crate) async fn token_answered(&self) {
-        match self.0.as_deref() {
+        match self.kept.as_deref() {
             Some(Kept::Shared(hold)) => hold.answered().await,
             _ => self.answered(),
         }
@@ -155,7 +191,7 @@ impl ToolHold {
     /// [`NoToken::Lapsed`] when the reservation is older than a window,
     /// [`NoToken::Full`] when no token is free now.
     pub(crate) fn sending(&self, assignment_id: &str) -> Result<(), NoToken> {
-        let Some(Kept::Local(limited)) = self.0.as_deref() else {
+        let Some(Kept::Local(limited)) = self.kept.as_deref() else {
             return Ok(());
         };
         let Some(rate) = &limited.rate else {
@@ -187,7 +223,7 @@ impl ToolHold {
     /// The platform answered the `accepted` (or the client gave up): its
     /// token counts for a window from now.
     pub(crate) fn answered(&self) {
-        if let Some(Kept::Local(limited)) = self.0.as_deref()
+        if let Some(Kept::Local(limited)) = self.kept.as_deref()
             && let Some(token) = &lock(&limited.send).token
         {
             token.answered();
@@ -197,7 +233,7 @@ impl ToolHold {
     /// How long until a token of this call's tool may be free, when it has
     /// a rate at its limit.
     pub(crate) fn token_frees_in(&self) -> Option<Duration> {
-        match self.0.as_deref()? {
+        match self.kept.as_deref()? {
             Kept::Local(limited) => limited.rate.as_ref()?.frees_in(),
             // Counted by the database: looked at again soon.
             Kept::Shared(_) => Some(Duration::from_millis(50)),
@@ -205,13 +241,13 @@ impl ToolHold {
     }
 
     fn is_empty(&self) -> bool {
-        self.0.is_none()
+        self.kept.is_none() && !self.has_key()
     }
 
     /// Whether it holds a slot of its tool's concurrency.
     #[cfg(test)]
     fn has_slot(&self) -> bool {
-        matches!(self.0.as_deref(), Some(Kept::Local(l)) if l.slot.is_some())
+        matches!(self.kept.as_deref(), Some(Kept::Local(l)) if l.slot.is_some())
     }
 }
 
@@ -274,7 +310,7 @@ impl Flow {
         let hold = shared
             .take(hold_at(holder, key, tool), limits, Take::New)
             .await?;
-        Some(ToolHold(Some(Box::new(Kept::Shared(hold)))))
+        Some(ToolHold::kept(Kept::Shared(hold)))
     }
 
     /// What a call picked up again holds, wherever holds are kept: as
@@ -304,13 +340,29 @@ impl Flow {
             .take(hold_at(holder, key, tool), limits, Take::Owed)
             .await
         {
-            Some(hold) => Some(ToolHold(Some(Box::new(Kept::Shared(hold))))),
+            Some(hold) => Some(ToolHold::kept(Kept::Shared(hold))),
             None => Some(ToolHold::default()),
         }
     }
 
-    /// Whether `key` backs off after a lapsed token.
+    /// How many calls back off now (a lapsed token, a key at its limit):
+    /// the claimer asks the platform for that many candidates more, so
+    /// that calls backing off never fill its page and hide the others.
+    pub(crate) fn backing_off_now(&self) -> usize {
+        let now = Instant::now();
+        lock(&self.lapsed)
+            .values()
+            .filter(|(until, _)| *until > now)
+            .count()
+    }
+
+    /// Whether `key` backs off (a lapsed token, its concurrency key at its
+    /// limit and no slot of it back since).
     fn backing_off(&self, key: &CallKey) -> bool {
+        if self.keys.take_woken(key) {
+            lock(&self.lapsed).remove(key);
+            return false;
+        }
         lock(&self.lapsed)
             .get(key)
             .is_some_and(|(until, _)| Instant::now() < *until)
@@ -320,12 +372,12 @@ impl Flow {
     /// both are free now and the call is not backing off after a lapsed
     /// token (`None`: do not claim it now).
     pub(crate) fn try_take(&self, key: &CallKey, tool: &str) -> Option<ToolHold> {
-        let Some(flow) = self.tools.get(tool) else {
-            return Some(ToolHold::default());
-        };
         if self.backing_off(key) {
             return None;
         }
+        let Some(flow) = self.tools.get(tool) else {
+            return Some(ToolHold::default());
+        };
         let slot = match &flow.slots {
             Some(slots) => Some(slots.take()?),
             None => None,
@@ -369,17 +421,14 @@ impl Flow {
         lock(&self.parked).retain(|key, _| waiting.contains(key) || driven(key));
         let now = Instant::now();
         lock(&self.lapsed).retain(|key, (until, _)| *until > now || waiting.contains(key));
+        let lapsed = lock(&self.lapsed);
+        self.keys.retain(|call| lapsed.contains_key(call));
     }
 
     /// The call's rate token lapsed before `accepted`: it is not claimed
     /// again for a while, longer each time in a row.
     pub(crate) fn lapsed(&self, key: &CallKey, tool: &str) {
-        let mut lapsed = lock(&self.lapsed);
-        let times = lapsed.get(key).map_or(0, |(_, n)| *n).saturating_add(1);
-        let wait = LAPSE_BACKOFF
-            .saturating_mul(1 << times.saturating_sub(1).min(5))
-            .min(LAPSE_BACKOFF_MAX);
-        lapsed.insert(key.clone(), (Instant::now() + wait, times));
+        let (times, wait) = self.back_off(key, LAPSE_BACKOFF, LAPSE_BACKOFF_MAX);
         tracing::warn!(
             run_id = %key.run_id,
             call_id = %key.call_id,
@@ -387,6 +436,75 @@ impl Flow {
             times,
             wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
             "the checks after the claim took longer than a rate token lasts (a second): the claim is given back and the call claimed again later; a slow authorizer keeps a rate-limited tool from running"
+        );
+    }
+
+    /// Backs `key` off: not claimed again for `first`, doubled each time
+    /// in a row, up to `max`; how many times in a row, and the wait.
+    fn back_off(&self, key: &CallKey, first: Duration, max: Duration) -> (u32, Duration) {
+        let mut lapsed = lock(&self.lapsed);
+        let times = lapsed.get(key).map_or(0, |(_, n)| *n).saturating_add(1);
+        let wait = first
+            .saturating_mul(1 << times.saturating_sub(1).min(5))
+            .min(max);
+        lapsed.insert(key.clone(), (Instant::now() + wait, times));
+        (times, wait)
+    }
+
+    /// After the claim of `call`: a slot of its concurrency key `key` (of
+    /// `tool`), kept in `hold` for as long as the call's drive; `false`
+    /// when the key is at its limit (give the claim back). A tool without
+    /// a per-key limit, or a hold that has its key's slot already, needs
+    /// none.
+    pub(crate) async fn take_key(
+        &self,
+        holder: Option<&Holder>,
+        call: &CallKey,
+        tool: &str,
+        key: &str,
+        hold: &ToolHold,
+    ) -> bool {
+        let Some(limit) = self.limits.get(tool).and_then(Limits::max_per_key) else {
+            return true;
+        };
+        if hold.has_key() {
+            return true;
+        }
+        let taken = match (holder, self.shared.get()) {
+            (Some(holder), Some(shared)) => shared
+                .take(
+                    hold_at(holder, call, &key_tool(tool, key)),
+                    Caps::of(Some(limit), None),
+                    Take::New,
+                )
+                .await
+                .map(|h| KeyHold::Shared(h, self.keys.wake_on_drop(tool, key))),
+            _ => self
+                .keys
+                .take(tool, key, limit)
+                .map(|s| KeyHold::Local(s, self.keys.wake_on_drop(tool, key))),
+        };
+        match taken {
+            Some(slot) => {
+                *lock(&hold.key) = Some(slot);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The call's concurrency key was at its limit: it is not claimed
+    /// again for a while, longer each time in a row.
+    pub(crate) fn key_limited(&self, call: &CallKey, tool: &str, key: &str) {
+        self.keys.wait(tool, key, call);
+        let (times, wait) = self.back_off(call, KEY_BACKOFF, KEY_BACKOFF_MAX);
+        tracing::debug!(
+            run_id = %call.run_id,
+            call_id = %call.call_id,
+            tool,
+            times,
+            wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            "given back: the call's concurrency key is at its limit; claimed again after a back-off"
         );
     }
 
@@ -425,6 +543,13 @@ impl Flow {
             })
             .collect()
     }
+}
+
+/// The name a tool's concurrency key is held under in a shared store
+/// (the tool, a unit separator, the key): a tool name never holds the
+/// separator.
+fn key_tool(tool: &str, key: &str) -> String {
+    format!("{tool}\u{1f}{key}")
 }
 
 fn hold_at(holder: &Holder, key: &CallKey, tool: &str) -> HoldAt {

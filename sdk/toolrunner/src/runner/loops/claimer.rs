@@ -110,7 +110,11 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
     core.link.learnt.caught_up(core).await;
     let page = match core
         .client
-        .pending(&core.cfg.executor_id, &connection_id, free.min(100))
+        .pending(
+            &core.cfg.executor_id,
+            &connection_id,
+            (free + core.calls.flow.backing_off_now()).min(100),
+        )
         .await
     {
         Ok(p) => p,

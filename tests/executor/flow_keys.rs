@@ -1,0 +1,220 @@
+//! Per-key limits in one process: calls with one concurrency key (from
+//! their arguments) never run more than the limit at once; a hot key with
+//! half of the calls does not hold the other keys back (they finish no
+//! later than the same calls alone, plus 20 %); a key function that reads
+//! another type, or a tool without arguments, is refused at `build()`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use toolrunner::testing::TestKit;
+use toolrunner::{CallContext, Executor, State, ToolError};
+
+/// A charge for a merchant.
+#[toolrunner::schema]
+#[derive(serde::Deserialize)]
+struct Charge {
+    /// The merchant's account: the concurrency key.
+    merchant: String,
+    /// Which charge.
+    n: u64,
+}
+
+/// What was done.
+#[toolrunner::schema]
+#[derive(serde::Serialize)]
+struct Charged {
+    /// Which charge.
+    n: u64,
+}
+
+/// Per merchant: how many run now and the most at once; when each
+/// merchant's last call finished.
+#[derive(Clone, Default)]
+struct Downstream {
+    running: Arc<Mutex<HashMap<String, (usize, usize)>>>,
+    finished: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+const EFFECT: Duration = Duration::from_millis(300);
+const PER_KEY: u32 = 2;
+
+async fn charge(
+    State(down): State<Downstream>,
+    _ctx: CallContext,
+    c: Charge,
+) -> Result<Charged, ToolError> {
+    {
+        let mut running = down.running.lock().unwrap();
+        let (now, most) = running.entry(c.merchant.clone()).or_default();
+        *now += 1;
+        *most = (*most).max(*now);
+    }
+    tokio::time::sleep(EFFECT).await;
+    running_done(&down, &c.merchant);
+    Ok(Charged { n: c.n })
+}
+
+fn running_done(down: &Downstream, merchant: &str) {
+    if let Some((now, _)) = down.running.lock().unwrap().get_mut(merchant) {
+        *now -= 1;
+    }
+    down.finished
+        .lock()
+        .unwrap()
+        .insert(merchant.to_owned(), Instant::now());
+}
+
+async fn kit(down: &Downstream) -> toolrunner::Result<TestKit> {
+    let held = down.clone();
+    TestKit::start(move |b| {
+        b.tool(
+            toolrunner::tool::write("charges.create", charge)
+                .describe("Charges a merchant's customer")
+                .concurrency_key(PER_KEY, |c: &Charge| c.merchant.clone()),
+        )
+        .state(held.clone())
+        .capacity(32)
+        .poll_interval(Duration::from_millis(50))
+    })
+    .await
+}
+
+/// Submits the calls at once, waits for every one to complete; how long
+/// until the last call of a merchant other than `hot` finished.
+async fn play(kit: &TestKit, down: &Downstream, calls: &[(String, u64)], hot: &str) -> Duration {
+    let start = Instant::now();
+    let submitted =
+        futures_util::future::join_all(calls.iter().map(|(merchant, n)| {
+            kit.submit("charges.create", json!({"merchant": merchant, "n": n}))
+        }))
+        .await;
+    for handle in submitted {
+        let handle = handle.expect("submitted");
+        let outcome = kit.wait(&handle).await.expect("settled");
+        assert!(outcome.is_completed(), "{outcome:?}");
+    }
+    let finished = down.finished.lock().unwrap();
+    finished
+        .iter()
+        .filter(|(m, _)| m.as_str() != hot)
+        .map(|(_, at)| at.duration_since(start))
+        .max()
+        .expect("other merchants ran")
+}
+
+/// 100 calls over nine merchants (`m1`…`m9`), and, with `hot`, 100 more
+/// of merchant `m0`, interleaved.
+fn calls(hot: bool) -> Vec<(String, u64)> {
+    let mut v = Vec::new();
+    for n in 0..100u64 {
+        if hot {
+            v.push(("m0".to_owned(), 1000 + n));
+        }
+        v.push((format!("m{}", 1 + n % 9), n));
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_takes_its_limit_and_never_starves_the_others() -> toolrunner::Result<()> {
+    let alone = Downstream::default();
+    let k = kit(&alone).await?;
+    let others_alone = play(&k, &alone, &calls(false), "m0").await;
+    k.shutdown().await?;
+
+    let mixed = Downstream::default();
+    let k = kit(&mixed).await?;
+    let others_mixed = play(&k, &mixed, &calls(true), "m0").await;
+    k.shutdown().await?;
+
+    let most = mixed.running.lock().unwrap().clone();
+    eprintln!(
+        "flow keys: the other keys' 100 calls took {others_alone:?} alone, {others_mixed:?} beside a hot key's 100; most at once by key {most:?}"
+    );
+    for (merchant, (_, at_once)) in &most {
+        assert!(
+            *at_once <= PER_KEY as usize,
+            "{merchant}: {at_once} at once, over the per-key limit {PER_KEY}"
+        );
+    }
+    assert_eq!(
+        most.get("m0").map(|m| m.1),
+        Some(PER_KEY as usize),
+        "the hot key reached its limit"
+    );
+    assert!(
+        others_mixed.as_secs_f64() <= others_alone.as_secs_f64() * 1.2,
+        "the other keys took {others_mixed:?} beside the hot key against {others_alone:?} alone (more than 20 % longer)"
+    );
+    Ok(())
+}
+
+/// Takes nothing.
+#[toolrunner::schema]
+#[derive(serde::Deserialize)]
+struct Nothing {}
+
+#[test]
+fn a_bad_key_function_is_refused_at_build_saying_what_to_do() {
+    let build = |tool: toolrunner::FnTool<Charged>| {
+        Executor::builder()
+            .base_url("http://127.0.0.1:9")
+            .token("tok")
+            .executor_id("ex-1")
+            .binding_id("bnd_1")
+            .allow_all()
+            .state(Downstream::default())
+            .tool(tool)
+            .build()
+            .err()
+            .map(|e| (e.is_builder(), e.to_string()))
+    };
+    let other_type = build(
+        toolrunner::tool::write("charges.create", charge)
+            .describe("Charges")
+            .concurrency_key(2, |n: &Nothing| format!("{:p}", n)),
+    );
+    let (builder, said) = other_type.expect("refused");
+    assert!(builder, "{said}");
+    assert!(said.contains("reads") && said.contains("Charge"), "{said}");
+
+    let no_arguments = build(
+        toolrunner::tool::write(
+            "charges.none",
+            |_ctx: CallContext, _n: Nothing| async move { Ok(Charged { n: 0 }) },
+        )
+        .describe("Nothing")
+        .concurrency_key(2, |_n: &Nothing| "all"),
+    );
+    let (_, said) = no_arguments.expect("refused");
+    assert!(said.contains("takes no arguments"), "{said}");
+
+    let zero = build(
+        toolrunner::tool::write("charges.create", charge)
+            .describe("Charges")
+            .concurrency_key(0, |c: &Charge| c.merchant.clone()),
+    );
+    let (_, said) = zero.expect("refused");
+    assert!(said.contains("at least 1"), "{said}");
+
+    let no_function = Executor::builder()
+        .base_url("http://127.0.0.1:9")
+        .token("tok")
+        .executor_id("ex-1")
+        .binding_id("bnd_1")
+        .allow_all()
+        .state(Downstream::default())
+        .tool(toolrunner::tool::write("charges.create", charge).describe("Charges"))
+        .limit("charges.create", toolrunner::Limits::none().per_key(2))
+        .build()
+        .err()
+        .map(|e| e.to_string())
+        .expect("refused");
+    assert!(
+        no_function.contains("needs a key function"),
+        "{no_function}"
+    );
+}
