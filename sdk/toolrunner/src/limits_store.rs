@@ -102,10 +102,25 @@ impl StoredLimits {
     /// it within about a second, without a restart.
     ///
     /// # Errors
-    /// A limit of zero (say at least 1), or the database failed.
+    /// An empty tool name, a limit of zero (say at least 1), a per-key
+    /// limit (kept in code with its key function), or the database failed.
     pub async fn set(&self, tool: &str, limits: Limits) -> Result<()> {
+        if tool.is_empty() || tool.contains('\u{1f}') {
+            return Err(Error::new(
+                Kind::Refused,
+                format!("{tool:?} is not a tool's name: name the tool as its definition does"),
+            ));
+        }
         if let Some(why) = limits.problem() {
             return Err(Error::new(Kind::Refused, format!("tool {tool}: {why}")));
+        }
+        if limits.max_per_key().is_some() {
+            return Err(Error::new(
+                Kind::Refused,
+                format!(
+                    "tool {tool}: a per-key limit is kept with its key function, in code (FnTool::concurrency_key), not in the store"
+                ),
+            ));
         }
         Ok(self.flow.set_limits(tool, caps(limits), false).await?)
     }

@@ -8,8 +8,10 @@
 -- both take the last slot.
 --
 -- `flow_holds`: a slot or a token held for one call (run, call), by an
--- identity (`executor_id`) under its fencing token (`lease_token`). The
--- key makes racing replicas reserve one call once. A hold counts while
+-- identity (`executor_id`) under its fencing token (`lease_token`), for
+-- one hold of the process (`hold_id`: a hold gives back only its own rows,
+-- never a newer hold's of the same call). The key makes racing replicas
+-- reserve one call once. A hold counts while
 -- its identity's lease row still has that token and is not seen lapsed
 -- (judged by the taker's monotonic clock, as adoptions are); a token
 -- counts for a second after `at` (the database's clock) once it is no
@@ -32,6 +34,7 @@ CREATE TABLE flow_holds (
     assignment_id TEXT NOT NULL DEFAULT '',
     executor_id TEXT NOT NULL CHECK (executor_id <> ''),
     lease_token BIGINT NOT NULL CHECK (lease_token > 0),
+    hold_id BIGINT NOT NULL,
     stage TEXT NOT NULL,
     at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (tool, kind, run_id, call_id, assignment_id),

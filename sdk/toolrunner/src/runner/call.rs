@@ -124,9 +124,11 @@ pub(super) async fn drive(
         }
         // A paused call may still be claimed (or running) on the platform:
         // it keeps its tool's slot until it is picked up again.
-        core.calls
-            .flow
-            .park(key.clone(), std::mem::take(&mut held.tool));
+        core.calls.flow.park(
+            &core.cfg.executor_id,
+            key.clone(),
+            std::mem::take(&mut held.tool),
+        );
         // The claim loop resumes it (the guard's drop wakes the loop).
         core.calls
             .paused

@@ -32,7 +32,9 @@ impl Caps {
 }
 
 /// One call's hold of its tool's limits, as the store keys it: the tool,
-/// the call, and the identity (with its fencing token) that holds it.
+/// the call, the identity (with its fencing token) that holds it, and the
+/// hold itself (`hold_id`, unique in the process: a hold gives back only
+/// its own rows).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HoldAt {
     pub(crate) tool: String,
@@ -40,6 +42,7 @@ pub(crate) struct HoldAt {
     pub(crate) call_id: String,
     pub(crate) executor_id: String,
     pub(crate) lease_token: i64,
+    pub(crate) hold_id: i64,
 }
 
 /// What a take asks for.

@@ -82,7 +82,9 @@ pub(super) async fn accept(
             // saved, nothing ran) rather than an `accepted` outside the
             // window.
             if hold.take_token(&id).await.is_err() {
-                core.calls.flow.lapsed(&key, &call.tool_name);
+                core.calls
+                    .flow
+                    .lapsed(&core.cfg.executor_id, &key, &call.tool_name);
                 super::super::telemetry::flow_released(
                     &core.cfg.executor_id,
                     &call.tool_name,

@@ -105,7 +105,9 @@ pub(super) async fn claim(
                         .await
                         .is_err() =>
                 {
-                    core.calls.flow.lapsed(&key, &call.tool_name);
+                    core.calls
+                        .flow
+                        .lapsed(&core.cfg.executor_id, &key, &call.tool_name);
                     super::super::telemetry::flow_released(
                         &core.cfg.executor_id,
                         &call.tool_name,
@@ -233,7 +235,7 @@ pub(super) async fn key_allows(
     {
         return true;
     }
-    flow.key_limited(key, &asg.tool_name, &value);
+    flow.key_limited(&core.cfg.executor_id, key, &asg.tool_name, &value);
     telemetry::flow_released(&core.cfg.executor_id, &asg.tool_name, "key_limited");
     false
 }

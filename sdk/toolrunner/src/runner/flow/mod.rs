@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::CallKey;
 use crate::Limits;
-use crate::store::flow::{Caps, HoldAt, SharedFlow, Take};
+use crate::store::flow::{Caps, SharedFlow, Take};
 
 mod keys;
 mod rate;
@@ -60,12 +60,23 @@ pub(crate) struct Flow {
     /// On a PostgreSQL store shared by replicas: the holds are the store's
     /// rows, and `tools` (this process's alone) is not used.
     shared: OnceLock<Arc<Shared>>,
-    parked: Mutex<HashMap<CallKey, ToolHold>>,
+    /// By call: the identity whose call it is (one process serves its own
+    /// and the identities it adopted, each sweeping only its own), and
+    /// the hold.
+    parked: Mutex<HashMap<CallKey, (String, ToolHold)>>,
     /// The calls held by concurrency key, in this process.
     keys: Arc<KeySlots>,
     /// Calls whose token lapsed before `accepted`: not claimed again
     /// before the instant, and how many times in a row.
-    lapsed: Mutex<HashMap<CallKey, (Instant, u32)>>,
+    lapsed: Mutex<HashMap<CallKey, BackOff>>,
+}
+
+/// A call backing off: whose it is, until when, how many times in a row.
+#[derive(Debug)]
+struct BackOff {
+    owner: String,
+    until: Instant,
+    times: u32,
 }
 
 /// One limited tool's slots and tokens.
@@ -90,7 +101,7 @@ pub(crate) enum NoToken {
 pub(crate) struct ToolHold {
     kept: Option<Box<Kept>>,
     /// Its slot of its concurrency key, once taken (after the claim).
-    key: Mutex<Option<KeyHold>>,
+    key: Mutex<Option<Box<KeyHold>>>,
 }
 
 /// A call's slot of its concurrency key (held only to be dropped), and
@@ -280,14 +291,19 @@ impl Flow {
         let _ = self.shared.set(Arc::new(Shared::new(store)));
     }
 
-    /// The shared part and the limits of `tool` there (the store's over
-    /// this process's), when the holds are shared and the tool has any.
-    async fn shared_limits(&self, tool: &str) -> Option<(&Arc<Shared>, Caps)> {
-        let shared = self.shared.get()?;
+    /// The limits of `tool` where holds are shared (the store's over this
+    /// process's; `None` until the store's were read once) and whether it
+    /// has any.
+    async fn shared_limits(&self, shared: &Shared, tool: &str) -> Option<Caps> {
         let own = self.limits.get(tool).copied().unwrap_or_default();
         let own = Caps::of(own.max_concurrency(), own.max_rate());
-        let limits = own.overridden_by(shared.stored(tool).await);
-        (limits.concurrency.is_some() || limits.rate.is_some()).then_some((shared, limits))
+        Some(own.overridden_by(shared.stored(tool).await?))
+    }
+
+    /// This process's own limits of `tool`, as the store takes them.
+    fn own_caps(&self, tool: &str) -> Caps {
+        let own = self.limits.get(tool).copied().unwrap_or_default();
+        Caps::of(own.max_concurrency(), own.max_rate())
     }
 
     /// What a new claim of `key` holds, wherever holds are kept: as
@@ -301,14 +317,18 @@ impl Flow {
         let Some(holder) = holder.filter(|_| self.shared.get().is_some()) else {
             return self.try_take(key, tool);
         };
+        let shared = self.shared.get()?;
         if self.backing_off(key) {
             return None;
         }
-        let Some((shared, limits)) = self.shared_limits(tool).await else {
+        // Until the store's limits were read once, nothing new: a tool
+        // limited only there would run unlimited.
+        let limits = self.shared_limits(shared, tool).await?;
+        if limits == Caps::default() {
             return Some(ToolHold::default());
-        };
+        }
         let hold = shared
-            .take(hold_at(holder, key, tool), limits, Take::New)
+            .take(Shared::hold_at(holder, key, tool), limits, Take::New)
             .await?;
         Some(ToolHold::kept(Kept::Shared(hold)))
     }
@@ -325,24 +345,33 @@ impl Flow {
         let Some(holder) = holder.filter(|_| self.shared.get().is_some()) else {
             return self.resume(key, tool, claimed);
         };
-        if let Some(hold) = lock(&self.parked).remove(key) {
+        let parked = lock(&self.parked).remove(key);
+        if let Some((_, hold)) = parked {
+            // A taker may have forgotten its rows while this identity's
+            // lease looked lapsed: asserted again before it goes on.
+            if let Some(Kept::Shared(shared)) = hold.kept.as_deref() {
+                shared.reassert().await;
+            }
             return Some(hold);
         }
         if !claimed {
             return Box::pin(self.take_for_claim(Some(holder), key, tool)).await;
         }
-        let Some((shared, limits)) = self.shared_limits(tool).await else {
-            return Some(ToolHold::default());
-        };
-        // Its own work is never refused: without the database, it runs
-        // without a row (the limit may be exceeded; said in the log).
-        match shared
-            .take(hold_at(holder, key, tool), limits, Take::Owed)
+        let shared = self.shared.get()?;
+        // Its own work is never refused: with the store's limits unknown,
+        // this process's; without the database, a hold without rows
+        // (the limit may be exceeded; said in the log).
+        let limits = self
+            .shared_limits(shared, tool)
             .await
-        {
-            Some(hold) => Some(ToolHold::kept(Kept::Shared(hold))),
-            None => Some(ToolHold::default()),
+            .unwrap_or_else(|| self.own_caps(tool));
+        if limits == Caps::default() {
+            return Some(ToolHold::default());
         }
+        let hold = shared
+            .take(Shared::hold_at(holder, key, tool), limits, Take::Owed)
+            .await;
+        Some(hold.map_or_else(ToolHold::default, |h| ToolHold::kept(Kept::Shared(h))))
     }
 
     /// How many calls back off now (a lapsed token, a key at its limit):
@@ -352,7 +381,7 @@ impl Flow {
         let now = Instant::now();
         lock(&self.lapsed)
             .values()
-            .filter(|(until, _)| *until > now)
+            .filter(|b| b.until > now)
             .count()
     }
 
@@ -365,7 +394,7 @@ impl Flow {
         }
         lock(&self.lapsed)
             .get(key)
-            .is_some_and(|(until, _)| Instant::now() < *until)
+            .is_some_and(|b| Instant::now() < b.until)
     }
 
     /// A slot and a token of `tool` for a new claim of `key`, only when
@@ -395,7 +424,8 @@ impl Flow {
     /// (`claimed`), a slot whatever the count; else what a new claim takes
     /// (`None`: at a limit, it waits in the store).
     pub(crate) fn resume(&self, key: &CallKey, tool: &str, claimed: bool) -> Option<ToolHold> {
-        if let Some(hold) = lock(&self.parked).remove(key) {
+        let parked = lock(&self.parked).remove(key);
+        if let Some((_, hold)) = parked {
             return Some(hold);
         }
         if !claimed {
@@ -408,27 +438,36 @@ impl Flow {
         Some(ToolHold::limited(slot, flow.rate.clone(), None))
     }
 
-    /// Keeps the hold of a call that paused until it is picked up again.
-    pub(crate) fn park(&self, key: CallKey, hold: ToolHold) {
+    /// Keeps the hold of a call of identity `owner` that paused until it
+    /// is picked up again.
+    pub(crate) fn park(&self, owner: &str, key: CallKey, hold: ToolHold) {
         if !hold.is_empty() {
-            lock(&self.parked).insert(key, hold);
+            lock(&self.parked).insert(key, (owner.to_owned(), hold));
         }
     }
 
-    /// Drops the parked holds of calls that no longer wait in the store
-    /// (`waiting`: the calls that do) and are not driven (`driven`).
-    pub(crate) fn sweep(&self, waiting: &[CallKey], driven: impl Fn(&CallKey) -> bool) {
-        lock(&self.parked).retain(|key, _| waiting.contains(key) || driven(key));
+    /// Drops the parked holds of `owner`'s calls that no longer wait in
+    /// its store (`waiting`: the calls that do) and are not driven
+    /// (`driven`), and its back-offs that are over; another identity's
+    /// are its own to sweep.
+    pub(crate) fn sweep(
+        &self,
+        owner: &str,
+        waiting: &[CallKey],
+        driven: impl Fn(&CallKey) -> bool,
+    ) {
+        lock(&self.parked)
+            .retain(|key, (whose, _)| whose != owner || waiting.contains(key) || driven(key));
         let now = Instant::now();
-        lock(&self.lapsed).retain(|key, (until, _)| *until > now || waiting.contains(key));
-        let lapsed = lock(&self.lapsed);
+        let mut lapsed = lock(&self.lapsed);
+        lapsed.retain(|key, b| b.owner != owner || b.until > now || waiting.contains(key));
         self.keys.retain(|call| lapsed.contains_key(call));
     }
 
     /// The call's rate token lapsed before `accepted`: it is not claimed
     /// again for a while, longer each time in a row.
-    pub(crate) fn lapsed(&self, key: &CallKey, tool: &str) {
-        let (times, wait) = self.back_off(key, LAPSE_BACKOFF, LAPSE_BACKOFF_MAX);
+    pub(crate) fn lapsed(&self, owner: &str, key: &CallKey, tool: &str) {
+        let (times, wait) = self.back_off(owner, key, LAPSE_BACKOFF, LAPSE_BACKOFF_MAX);
         tracing::warn!(
             run_id = %key.run_id,
             call_id = %key.call_id,
@@ -441,13 +480,28 @@ impl Flow {
 
     /// Backs `key` off: not claimed again for `first`, doubled each time
     /// in a row, up to `max`; how many times in a row, and the wait.
-    fn back_off(&self, key: &CallKey, first: Duration, max: Duration) -> (u32, Duration) {
+    fn back_off(
+        &self,
+        owner: &str,
+        key: &CallKey,
+        first: Duration,
+        max: Duration,
+    ) -> (u32, Duration) {
         let mut lapsed = lock(&self.lapsed);
-        let times = lapsed.get(key).map_or(0, |(_, n)| *n).saturating_add(1);
+        let times = lapsed.get(key).map_or(0, |b| b.times).saturating_add(1);
         let wait = first
             .saturating_mul(1 << times.saturating_sub(1).min(5))
             .min(max);
-        lapsed.insert(key.clone(), (Instant::now() + wait, times));
+        let until = Instant::now() + wait;
+        let owner = owner.to_owned();
+        lapsed.insert(
+            key.clone(),
+            BackOff {
+                owner,
+                until,
+                times,
+            },
+        );
         (times, wait)
     }
 
@@ -473,7 +527,7 @@ impl Flow {
         let taken = match (holder, self.shared.get()) {
             (Some(holder), Some(shared)) => shared
                 .take(
-                    hold_at(holder, call, &key_tool(tool, key)),
+                    Shared::hold_at(holder, call, &key_tool(tool, key)),
                     Caps::of(Some(limit), None),
                     Take::New,
                 )
@@ -486,7 +540,7 @@ impl Flow {
         };
         match taken {
             Some(slot) => {
-                *lock(&hold.key) = Some(slot);
+                *lock(&hold.key) = Some(Box::new(slot));
                 true
             }
             None => false,
@@ -495,9 +549,9 @@ impl Flow {
 
     /// The call's concurrency key was at its limit: it is not claimed
     /// again for a while, longer each time in a row.
-    pub(crate) fn key_limited(&self, call: &CallKey, tool: &str, key: &str) {
+    pub(crate) fn key_limited(&self, owner: &str, call: &CallKey, tool: &str, key: &str) {
         self.keys.wait(tool, key, call);
-        let (times, wait) = self.back_off(call, KEY_BACKOFF, KEY_BACKOFF_MAX);
+        let (times, wait) = self.back_off(owner, call, KEY_BACKOFF, KEY_BACKOFF_MAX);
         tracing::debug!(
             run_id = %call.run_id,
             call_id = %call.call_id,
@@ -552,16 +606,6 @@ fn key_tool(tool: &str, key: &str) -> String {
     format!("{tool}\u{1f}{key}")
 }
 
-fn hold_at(holder: &Holder, key: &CallKey, tool: &str) -> HoldAt {
-    HoldAt {
-        tool: tool.to_owned(),
-        run_id: key.run_id.clone(),
-        call_id: key.call_id.clone(),
-        executor_id: holder.executor_id.clone(),
-        lease_token: holder.lease_token,
-    }
-}
-
 /// One limited tool's use, for the gauges.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct ToolUse {
@@ -583,5 +627,7 @@ pub(crate) struct Held {
     pub(crate) tool: ToolHold,
 }
 
+#[cfg(test)]
+mod shared_tests;
 #[cfg(test)]
 mod tests;

@@ -7,10 +7,13 @@
 //!   limited nowhere never asks the database.
 //! - The store's limits are read again at most once a [`REFRESH`]: a
 //!   change reaches every replica within about a second.
+//! - Until the store's limits were read once, nothing new is claimed: a
+//!   tool limited only there is not taken as unlimited.
 //! - A hold's drop gives its rows back on a task of its own (the drop
-//!   itself cannot wait); one that cannot (the database unreachable) is
-//!   forgotten by the next taker once this identity's lease lapses or its
-//!   token moves on.
+//!   itself cannot wait), trying again until the database answers, and
+//!   only its own rows (`hold_id`): never a newer hold's of the same call.
+//! - A hold taken back after a pause asserts its rows again (a taker may
+//!   have forgotten them while this identity's lease looked lapsed).
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,11 +31,25 @@ pub(crate) struct Holder {
     pub(crate) lease_token: i64,
 }
 
+/// The store's limits as last read.
+#[derive(Default)]
+struct Stored {
+    tried: Option<Instant>,
+    read: bool,
+    limits: BTreeMap<String, Caps>,
+}
+
+/// A new hold's id (unique in the process, random across processes).
+fn hold_id() -> i64 {
+    i64::from_ne_bytes(rand::random::<u64>().to_ne_bytes())
+}
+
 /// The shared part of a process's [`super::Flow`].
 pub(super) struct Shared {
     pub(super) store: Arc<dyn SharedFlow>,
-    /// The store's limits, and when they were read.
-    stored: Mutex<(Option<Instant>, BTreeMap<String, Caps>)>,
+    /// The store's limits, when they were last read (or tried), and
+    /// whether a read ever succeeded.
+    stored: Mutex<Stored>,
     /// Each tool's limits and use as last counted (for the gauges).
     pub(super) counted: Mutex<HashMap<String, Counted>>,
 }
@@ -47,42 +64,72 @@ impl Shared {
         }
     }
 
-    /// The store's limits of `tool` (read again once a [`REFRESH`]).
-    pub(super) async fn stored(&self, tool: &str) -> Caps {
+    /// The store's limits of `tool` (read again once a [`REFRESH`]);
+    /// `None` until a read succeeded.
+    pub(super) async fn stored(&self, tool: &str) -> Option<Caps> {
         let due = lock(&self.stored)
-            .0
+            .tried
             .is_none_or(|at| at.elapsed() >= REFRESH);
         if due {
-            match self.store.stored_limits().await {
-                Ok(limits) => *lock(&self.stored) = (Some(Instant::now()), limits),
-                Err(e) => {
-                    tracing::debug!(error = %e, "reading the store's flow limits failed");
-                    lock(&self.stored).0 = Some(Instant::now());
+            let read = self.store.stored_limits().await;
+            let mut stored = lock(&self.stored);
+            stored.tried = Some(Instant::now());
+            match read {
+                Ok(limits) => {
+                    stored.read = true;
+                    stored.limits = limits;
                 }
+                Err(e) => tracing::debug!(error = %e, "reading the store's flow limits failed"),
             }
         }
-        lock(&self.stored).1.get(tool).copied().unwrap_or_default()
+        let stored = lock(&self.stored);
+        stored
+            .read
+            .then(|| stored.limits.get(tool).copied().unwrap_or_default())
+    }
+
+    /// The key of a new hold of `tool` for `call` by `holder`.
+    pub(super) fn hold_at(holder: &Holder, call: &super::CallKey, tool: &str) -> HoldAt {
+        HoldAt {
+            tool: tool.to_owned(),
+            run_id: call.run_id.clone(),
+            call_id: call.call_id.clone(),
+            executor_id: holder.executor_id.clone(),
+            lease_token: holder.lease_token,
+            hold_id: hold_id(),
+        }
     }
 
     /// Takes `take` of `tool` for `at` under `limits`: the hold if taken.
+    /// A call this identity owns ([`Take::Owed`]) is never refused: when
+    /// the database fails, it gets a hold without rows, which still needs
+    /// a token for each `accepted`.
     pub(super) async fn take(
         self: &Arc<Self>,
         at: HoldAt,
         limits: Caps,
         take: Take,
     ) -> Option<SharedHold> {
+        let hold = |slot: bool| SharedHold {
+            shared: self.clone(),
+            slot,
+            limits,
+            send: Mutex::new(Send {
+                reserved: take == Take::New && limits.rate.is_some(),
+                sent: None,
+            }),
+            at: at.clone(),
+        };
         match self.store.take(&at, limits, take, "").await {
             Ok(counted) => {
                 lock(&self.counted).insert(at.tool.clone(), counted);
-                counted.taken.then(|| SharedHold {
-                    shared: self.clone(),
-                    slot: take != Take::SendNow && limits.concurrency.is_some(),
-                    limits,
-                    rate: limits.rate.is_some(),
-                    reserved: take == Take::New && limits.rate.is_some(),
-                    at,
-                    send: Mutex::default(),
-                })
+                counted
+                    .taken
+                    .then(|| hold(take != Take::SendNow && limits.concurrency.is_some()))
+            }
+            Err(e) if take == Take::Owed => {
+                tracing::warn!(tool = %at.tool, run_id = %at.run_id, call_id = %at.call_id, error = %e, "the database could not count the tool's limits: this identity's own call goes on without its slot (the concurrency limit may be exceeded), and its accepted still waits for a token");
+                Some(hold(false))
             }
             Err(e) => {
                 tracing::warn!(tool = %at.tool, run_id = %at.run_id, call_id = %at.call_id, error = %e, "the database could not count the tool's limits: the call is not taken now");
@@ -90,6 +137,16 @@ impl Shared {
             }
         }
     }
+}
+
+/// Where a hold's rate token is.
+#[derive(Debug)]
+struct Send {
+    /// A reservation taken before the claim, not yet a send (or known
+    /// gone).
+    reserved: bool,
+    /// The assignment whose `accepted` holds a token.
+    sent: Option<String>,
 }
 
 /// What a call holds of its tool's shared limits (rows in the store).
@@ -100,12 +157,7 @@ pub(crate) struct SharedHold {
     slot: bool,
     /// The tool's limits as this process applies them.
     limits: Caps,
-    /// Whether the tool has a rate limit.
-    rate: bool,
-    /// Whether a reservation row was taken before the claim.
-    reserved: bool,
-    /// The assignment whose `accepted` holds a token (`None`: none yet).
-    send: Mutex<Option<String>>,
+    send: Mutex<Send>,
 }
 
 impl std::fmt::Debug for SharedHold {
@@ -113,26 +165,34 @@ impl std::fmt::Debug for SharedHold {
         f.debug_struct("SharedHold")
             .field("at", &self.at)
             .field("slot", &self.slot)
-            .field("rate", &self.rate)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
 
 impl SharedHold {
-    /// As [`super::ToolHold::sending`], in the store.
+    /// As [`super::ToolHold::sending`], in the store. A reservation that
+    /// lapsed (or whose turn into a send failed) is spent: the next try
+    /// takes a token below the limit, as a call picked up again does.
     pub(super) async fn sending(&self, assignment_id: &str) -> Result<(), NoToken> {
-        if !self.rate {
+        if self.limits.rate.is_none() {
             return Ok(());
         }
-        let before = lock(&self.send).clone();
+        let (reserved, before) = {
+            let send = lock(&self.send);
+            (send.reserved, send.sent.clone())
+        };
         if before.as_deref() == Some(assignment_id) {
             return Ok(());
         }
         let store = &self.shared.store;
-        if before.is_none() && self.reserved {
-            return match store.start_send(&self.at, assignment_id).await {
+        if before.is_none() && reserved {
+            let turned = store.start_send(&self.at, assignment_id).await;
+            let mut send = lock(&self.send);
+            send.reserved = false;
+            return match turned {
                 Ok(true) => {
-                    *lock(&self.send) = Some(assignment_id.to_owned());
+                    send.sent = Some(assignment_id.to_owned());
                     Ok(())
                 }
                 Ok(false) => Err(NoToken::Lapsed),
@@ -145,7 +205,7 @@ impl SharedHold {
         if let Some(old) = before {
             // Another assignment's token keeps counting as sent.
             if let Err(e) = store.answered(&self.at, &old).await {
-                tracing::debug!(error = %e, "marking an earlier assignment's token sent failed (the next taker forgets it after a window)");
+                tracing::debug!(error = %e, "marking an earlier assignment's token sent failed (it counts until the hold is given back)");
             }
         }
         match store
@@ -153,7 +213,7 @@ impl SharedHold {
             .await
         {
             Ok(counted) if counted.taken => {
-                *lock(&self.send) = Some(assignment_id.to_owned());
+                lock(&self.send).sent = Some(assignment_id.to_owned());
                 Ok(())
             }
             Ok(_) => Err(NoToken::Full),
@@ -166,18 +226,35 @@ impl SharedHold {
 
     /// As [`super::ToolHold::answered`], in the store.
     pub(super) async fn answered(&self) {
-        let sent = lock(&self.send).clone();
+        let sent = lock(&self.send).sent.clone();
         if let Some(assignment_id) = sent
             && let Err(e) = self.shared.store.answered(&self.at, &assignment_id).await
         {
-            tracing::debug!(error = %e, "marking a token sent failed (the next taker forgets it after a window)");
+            tracing::debug!(error = %e, "marking a token sent failed (it counts until the hold is given back)");
+        }
+    }
+
+    /// Taken back after a pause: its slot row asserted again (a taker may
+    /// have forgotten it while this identity's lease looked lapsed), as a
+    /// call this identity owns.
+    pub(super) async fn reassert(&self) {
+        if !self.slot {
+            return;
+        }
+        let caps = Caps::of(self.limits.concurrency, None);
+        if let Err(e) = self.shared.store.take(&self.at, caps, Take::Owed, "").await {
+            tracing::warn!(tool = %self.at.tool, run_id = %self.at.run_id, call_id = %self.at.call_id, error = %e, "the database could not assert a resumed call's slot again: it goes on, and the concurrency limit may be exceeded");
         }
     }
 }
 
+/// The longest wait between two tries to give a hold back.
+const RELEASE_RETRY_MAX: Duration = Duration::from_secs(5);
+
 impl Drop for SharedHold {
     fn drop(&mut self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(tool = %self.at.tool, run_id = %self.at.run_id, call_id = %self.at.call_id, "a flow hold dropped outside the runtime is not given back: it counts until this identity's lease lapses or is let go");
             return;
         };
         let store = self.shared.store.clone();
@@ -185,7 +262,7 @@ impl Drop for SharedHold {
         let slot = self.slot;
         runtime.spawn(async move {
             let mut wait = Duration::from_millis(50);
-            for _ in 0..8 {
+            loop {
                 match store.release(&at, slot).await {
                     Ok(true) => return,
                     Ok(false) => {
@@ -194,9 +271,11 @@ impl Drop for SharedHold {
                         return;
                     }
                     Err(e) => {
+                        // Until the database answers: a hold not given back
+                        // counts for as long as this identity lives.
                         tracing::debug!(error = %e, "giving a flow hold back failed; trying again");
                         tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_secs(2));
+                        wait = (wait * 2).min(RELEASE_RETRY_MAX);
                     }
                 }
             }

@@ -70,7 +70,7 @@ fn a_call_still_to_be_claimed_waits_for_a_slot_when_picked_up_again() {
 fn a_paused_call_keeps_its_slot_until_picked_up_again_or_swept() {
     let f = flow(Limits::none().concurrency(1));
     let a = f.try_take(&key(1), "t").expect("a slot");
-    f.park(key(1), a);
+    f.park("ex", key(1), a);
     assert!(
         f.try_take(&key(2), "t").is_none(),
         "the parked call keeps its slot"
@@ -78,10 +78,10 @@ fn a_paused_call_keeps_its_slot_until_picked_up_again_or_swept() {
     let again = f.resume(&key(1), "t", true).expect("its parked hold");
     assert!(again.has_slot());
     assert_eq!(slots(&f), Some((1, 1)), "the same slot, not a second one");
-    f.park(key(1), again);
-    f.sweep(&[key(1)], |_| false);
+    f.park("ex", key(1), again);
+    f.sweep("ex", &[key(1)], |_| false);
     assert_eq!(slots(&f), Some((1, 1)), "still waiting in the store: kept");
-    f.sweep(&[], |_| false);
+    f.sweep("ex", &[], |_| false);
     assert_eq!(slots(&f), Some((1, 0)), "gone from the store: given back");
 }
 
@@ -177,7 +177,50 @@ fn a_new_assignment_needs_a_token_of_its_own() {
 #[test]
 fn a_call_whose_token_lapsed_is_not_claimed_again_for_a_while() {
     let f = flow(Limits::none().rate(5));
-    f.lapsed(&key(1), "t");
+    f.lapsed("ex", &key(1), "t");
     assert!(f.try_take(&key(1), "t").is_none(), "it backs off");
     assert!(f.try_take(&key(2), "t").is_some(), "the others do not");
+}
+
+#[test]
+fn one_identitys_sweep_keeps_the_parked_holds_of_another() {
+    let f = flow(Limits::none().concurrency(1));
+    let a = f.try_take(&key(1), "t").expect("a slot");
+    f.park("adopted", key(1), a);
+    f.sweep("own", &[], |_| false);
+    assert_eq!(
+        slots(&f),
+        Some((1, 1)),
+        "the adopted identity's call still waits in its own store"
+    );
+    f.sweep("adopted", &[], |_| false);
+    assert_eq!(slots(&f), Some((1, 0)), "its own sweep gives it back");
+}
+
+#[test]
+fn a_call_whose_key_is_at_its_limit_waits_until_a_slot_of_its_key_comes_back() {
+    let f = flow(Limits::none().per_key(1));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let first = ToolHold::default();
+        assert!(f.take_key(None, &key(1), "t", "m1", &first).await);
+        let second = ToolHold::default();
+        assert!(!f.take_key(None, &key(2), "t", "m1", &second).await);
+        f.key_limited("ex", &key(2), "t", "m1");
+        assert!(f.try_take(&key(2), "t").is_none(), "it backs off");
+        let other = ToolHold::default();
+        assert!(
+            f.take_key(None, &key(3), "t", "m2", &other).await,
+            "another key is free"
+        );
+        assert_eq!(f.keys.held("t", "m1"), 1);
+        drop(first);
+        assert_eq!(f.keys.held("t", "m1"), 0);
+        assert!(
+            f.try_take(&key(2), "t").is_some(),
+            "woken when its key's slot came back, before its back-off is over"
+        );
+    });
 }

@@ -65,7 +65,9 @@ async fn resume_waiting(core: &Arc<Core>) {
     calls.sort_by_key(|c| c.state != LocalState::Running && c.state != LocalState::Assigned);
     // The holds parked by calls that no longer wait here go back.
     let waiting: Vec<CallKey> = calls.iter().map(CallKey::of).collect();
-    core.calls.flow.sweep(&waiting, |k| core.is_active(k));
+    core.calls
+        .flow
+        .sweep(&core.cfg.executor_id, &waiting, |k| core.is_active(k));
     for c in calls {
         let key = CallKey::of(&c);
         if core.is_active(&key) {
@@ -75,6 +77,11 @@ async fn resume_waiting(core: &Arc<Core>) {
         // one already claimed is this process's own work and takes its
         // slot whatever the count (or the one it parked when it paused).
         let claimed = c.state != LocalState::Claiming;
+        // The capacity slot first: a hold taken back (a parked one) is
+        // never dropped for want of one.
+        let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
+            return;
+        };
         let Some(tool) = core
             .calls
             .flow
@@ -82,9 +89,6 @@ async fn resume_waiting(core: &Arc<Core>) {
             .await
         else {
             continue;
-        };
-        let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
-            return;
         };
         let held = Held {
             capacity: Some(permit),

@@ -159,18 +159,33 @@ impl PgFlow {
     }
 
     /// Counts the tool's holds that still count (slots, tokens) and
-    /// deletes the others.
-    async fn count(&self, tx: &mut PgConnection, tool: &str) -> Result<(u32, u32), StoreError> {
+    /// deletes the others; and whether `at`'s call holds a slot already.
+    /// The taker's own identity (`at`'s executor id and token) is live:
+    /// it takes only while its lease is.
+    async fn count(
+        &self,
+        tx: &mut PgConnection,
+        at: &HoldAt,
+    ) -> Result<(u32, u32, bool), StoreError> {
+        let tool = at.tool.as_str();
         let rows = Self::holds(tx, tool).await?;
         let now = Instant::now();
-        let (mut slots, mut tokens) = (0, 0);
+        let (mut slots, mut tokens, mut has_slot) = (0, 0, false);
         let mut stale: [Vec<&str>; 4] = Default::default();
         for row in &rows {
-            let counts = if row.kind == "slot" {
-                self.live(row, now)
-            } else {
-                row.recent || (row.stage == "sending" && self.live(row, now))
+            let live = |row: &HoldRow| {
+                (row.executor_id == at.executor_id && row.lease_token == at.lease_token)
+                    || self.live(row, now)
             };
+            let counts = if row.kind == "slot" {
+                live(row)
+            } else {
+                row.recent || (row.stage == "sending" && live(row))
+            };
+            if counts && row.kind == "slot" && row.run_id == at.run_id && row.call_id == at.call_id
+            {
+                has_slot = true;
+            }
             match (counts, row.kind.as_str()) {
                 (true, "slot") => slots += 1,
                 (true, _) => tokens += 1,
@@ -204,32 +219,32 @@ impl PgFlow {
             .execute(&mut *tx)
             .await?;
         }
-        Ok((slots, tokens))
+        Ok((slots, tokens, has_slot))
     }
 
-    /// Inserts a hold of `kind` in `stage`; `false` when another identity
-    /// holds that key (`mine_only`), or always takes it over (a call this
-    /// identity owns).
+    /// Inserts a hold of `kind` in `stage`: only where no live row holds
+    /// that key (`only_new`: a count just deleted the rows that no longer
+    /// count, so one still there is another hold's, this process's or
+    /// another's), or taking any row of the key over (a call this identity
+    /// owns). `false`: not inserted.
     async fn insert(
         tx: &mut PgConnection,
         at: &HoldAt,
         kind: &str,
         stage: &str,
         assignment_id: &str,
-        mine_only: bool,
+        only_new: bool,
     ) -> Result<bool, StoreError> {
-        let sql = if mine_only {
-            "INSERT INTO flow_holds (tool, kind, run_id, call_id, assignment_id, executor_id, lease_token, stage)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-             ON CONFLICT (tool, kind, run_id, call_id, assignment_id) DO UPDATE
-                SET lease_token = EXCLUDED.lease_token, stage = EXCLUDED.stage, at = clock_timestamp()
-              WHERE flow_holds.executor_id = EXCLUDED.executor_id"
+        let sql = if only_new {
+            "INSERT INTO flow_holds (tool, kind, run_id, call_id, assignment_id, executor_id, lease_token, stage, hold_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             ON CONFLICT (tool, kind, run_id, call_id, assignment_id) DO NOTHING"
         } else {
-            "INSERT INTO flow_holds (tool, kind, run_id, call_id, assignment_id, executor_id, lease_token, stage)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            "INSERT INTO flow_holds (tool, kind, run_id, call_id, assignment_id, executor_id, lease_token, stage, hold_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (tool, kind, run_id, call_id, assignment_id) DO UPDATE
                 SET executor_id = EXCLUDED.executor_id, lease_token = EXCLUDED.lease_token,
-                    stage = EXCLUDED.stage, at = clock_timestamp()"
+                    stage = EXCLUDED.stage, hold_id = EXCLUDED.hold_id, at = clock_timestamp()"
         };
         let done = sqlx::query(sql)
             .bind(&at.tool)
@@ -240,6 +255,7 @@ impl PgFlow {
             .bind(&at.executor_id)
             .bind(at.lease_token)
             .bind(stage)
+            .bind(at.hold_id)
             .execute(&mut *tx)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -284,7 +300,7 @@ impl SharedFlow for PgFlow {
     ) -> Result<Counted, StoreError> {
         let mut tx = self.pool.begin().await?;
         let limits = limits.overridden_by(Self::lock_tool(&mut tx, &at.tool).await?);
-        let (slots, tokens) = self.count(&mut tx, &at.tool).await?;
+        let (slots, tokens, has_slot) = self.count(&mut tx, at).await?;
         let below = |n: u32, max: Option<u32>| max.is_none_or(|max| n < max);
         let mut counted = Counted {
             taken: false,
@@ -314,7 +330,7 @@ impl SharedFlow for PgFlow {
             Take::Owed => {
                 if limits.concurrency.is_some() {
                     Self::insert(&mut tx, at, "slot", "held", "", false).await?;
-                    counted.slots += 1;
+                    counted.slots += u32::from(!has_slot);
                     if counted.slots > limits.concurrency.unwrap_or(u32::MAX) {
                         tracing::warn!(
                             tool = %at.tool,
@@ -330,14 +346,13 @@ impl SharedFlow for PgFlow {
                 let mine = sqlx::query_scalar::<_, i64>(
                     "SELECT count(*) FROM flow_holds WHERE tool = $1 AND kind = 'token'
                         AND run_id = $2 AND call_id = $3 AND assignment_id = $4
-                        AND executor_id = $5 AND lease_token = $6",
+                        AND hold_id = $5",
                 )
                 .bind(&at.tool)
                 .bind(&at.run_id)
                 .bind(&at.call_id)
                 .bind(assignment_id)
-                .bind(&at.executor_id)
-                .bind(at.lease_token)
+                .bind(at.hold_id)
                 .fetch_one(&mut *tx)
                 .await?;
                 if mine == 0 {
@@ -357,21 +372,28 @@ impl SharedFlow for PgFlow {
     }
 
     async fn start_send(&self, at: &HoldAt, assignment_id: &str) -> Result<bool, StoreError> {
+        // Under the tool's lock (shared: sends do not wait for each other),
+        // so that no taker counting at the same moment misses the token
+        // as it turns from a reservation into a send.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT 1 FROM flow_tools WHERE tool = $1 FOR SHARE")
+            .bind(&at.tool)
+            .execute(&mut *tx)
+            .await?;
         let done = sqlx::query(
-            "UPDATE flow_holds SET stage = 'sending', assignment_id = $6, at = clock_timestamp()
+            "UPDATE flow_holds SET stage = 'sending', assignment_id = $4, at = clock_timestamp()
               WHERE tool = $1 AND kind = 'token' AND run_id = $2 AND call_id = $3
-                AND assignment_id = '' AND stage = 'reserved'
-                AND executor_id = $4 AND lease_token = $5
+                AND assignment_id = '' AND stage = 'reserved' AND hold_id = $5
                 AND at > clock_timestamp() - interval '1 second'",
         )
         .bind(&at.tool)
         .bind(&at.run_id)
         .bind(&at.call_id)
-        .bind(&at.executor_id)
-        .bind(at.lease_token)
         .bind(assignment_id)
-        .execute(&self.pool)
+        .bind(at.hold_id)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -379,15 +401,13 @@ impl SharedFlow for PgFlow {
         sqlx::query(
             "UPDATE flow_holds SET stage = 'sent', at = clock_timestamp()
               WHERE tool = $1 AND kind = 'token' AND run_id = $2 AND call_id = $3
-                AND assignment_id = $4 AND stage = 'sending'
-                AND executor_id = $5 AND lease_token = $6",
+                AND assignment_id = $4 AND stage = 'sending' AND hold_id = $5",
         )
         .bind(&at.tool)
         .bind(&at.run_id)
         .bind(&at.call_id)
         .bind(assignment_id)
-        .bind(&at.executor_id)
-        .bind(at.lease_token)
+        .bind(at.hold_id)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -397,14 +417,13 @@ impl SharedFlow for PgFlow {
         let slots: i64 = sqlx::query_scalar(
             "WITH gone AS (
                  DELETE FROM flow_holds
-                  WHERE tool = $1 AND run_id = $2 AND call_id = $3
-                    AND executor_id = $4 AND lease_token = $5
+                  WHERE tool = $1 AND run_id = $2 AND call_id = $3 AND hold_id = $4
                     AND (kind = 'slot' OR stage = 'reserved')
               RETURNING kind),
              sent AS (
                  UPDATE flow_holds SET stage = 'sent', at = clock_timestamp()
                   WHERE tool = $1 AND kind = 'token' AND run_id = $2 AND call_id = $3
-                    AND executor_id = $4 AND lease_token = $5 AND stage = 'sending'
+                    AND hold_id = $4 AND stage = 'sending'
               RETURNING 1)
              -- (A data-modifying WITH runs whether the query reads it.)
              SELECT count(*) FROM gone WHERE kind = 'slot'",
@@ -412,8 +431,7 @@ impl SharedFlow for PgFlow {
         .bind(&at.tool)
         .bind(&at.run_id)
         .bind(&at.call_id)
-        .bind(&at.executor_id)
-        .bind(at.lease_token)
+        .bind(at.hold_id)
         .fetch_one(&self.pool)
         .await?;
         Ok(!slot || slots > 0)
@@ -448,7 +466,10 @@ impl SharedFlow for PgFlow {
                     (SELECT count(*) FROM flow_holds h
                       WHERE h.tool = t.tool AND h.kind = 'token'
                         AND (h.stage = 'sending' OR h.at > clock_timestamp() - interval '1 second')) AS tokens
-               FROM flow_tools t ORDER BY t.tool",
+               FROM flow_tools t
+              -- A tool's concurrency keys are held as the tool, U+001F, the key: not tools.
+              WHERE strpos(t.tool, chr(31)) = 0
+              ORDER BY t.tool",
         )
         .fetch_all(&self.pool)
         .await?;
