@@ -431,6 +431,17 @@ mod suite {
                 },
             ),
             (
+                "replicas::flow::a_limit_set_in_the_store_applies_without_a_restart",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::flow::a_limit_set_in_the_store_applies_without_a_restart(
+                            &u,
+                        )
+                        .await
+                    })
+                },
+            ),
+            (
                 "replicas::rolling::three_executors_restarted_in_turn_on_postgres_hand_every_call_over",
                 |u| {
                     Box::pin(async move {

@@ -444,3 +444,145 @@ pub(crate) async fn killed_and_paused_replicas_give_their_slots_back(url: &str) 
     );
     Ok(())
 }
+
+/// What `flow.stored` takes.
+#[toolrunner::schema]
+#[derive(serde::Deserialize)]
+struct Job {
+    /// Which one.
+    n: u64,
+}
+
+/// What it gives back.
+#[toolrunner::schema]
+#[derive(serde::Serialize)]
+struct Done {
+    /// Which one.
+    n: u64,
+}
+
+/// How many run now, and the most at once.
+#[derive(Clone, Default)]
+struct AtOnce {
+    now: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn stored_work(
+    toolrunner::State(at_once): toolrunner::State<AtOnce>,
+    _ctx: toolrunner::CallContext,
+    job: Job,
+) -> Result<Done, toolrunner::ToolError> {
+    use std::sync::atomic::Ordering;
+    let now = at_once.now.fetch_add(1, Ordering::SeqCst) + 1;
+    at_once.most.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    at_once.now.fetch_sub(1, Ordering::SeqCst);
+    Ok(Done { n: job.n })
+}
+
+/// A limit set in the store (`toolrunner limits set`) applies to an
+/// executor that runs already, within about a second, without a restart:
+/// a tool with no limit of its own runs 1 at once, then 3 once the store
+/// says 3.
+pub(crate) async fn a_limit_set_in_the_store_applies_without_a_restart(url: &str) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    const TOOL: &str = "flow.stored";
+    let stored = toolrunner::StoredLimits::open(url).await?;
+    stored.clear(TOOL).await?;
+    stored
+        .set(TOOL, toolrunner::Limits::none().concurrency(1))
+        .await?;
+    let platform = DevServer::builder()
+        .listen("127.0.0.1:0".parse()?)
+        .start()
+        .await?;
+    let admin = Platform::new(&platform.base_url(), "dev-admin")?;
+    let agent = admin.create_agent("flow-stored").await?;
+    let binding = admin
+        .create_binding(&agent.agent_id, "stored", &[TOOL])
+        .await?;
+    let tool = json!({
+        "name": TOOL, "description": "Works a while", "binding_id": binding.binding_id,
+        "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                         "required": ["n"], "additionalProperties": false},
+        "output_schema": {"type": "object", "properties": {"n": {"type": "integer"}}}
+    });
+    let published = admin
+        .request(
+            toolrunner::platform::Method::POST,
+            &format!("/agents/{}/versions", agent.agent_id),
+        )
+        .json(&json!({ "tools": [tool] }))
+        .send()
+        .await?
+        .json();
+    let version = published["agent_version"]
+        .as_str()
+        .with_context(|| format!("the version: {published}"))?
+        .to_owned();
+    let at_once = AtOnce::default();
+    let id = format!("flow-stored-{:08x}", rand::random::<u32>());
+    let running = toolrunner::Executor::builder()
+        .base_url(platform.base_url())
+        .token("dev-executor")
+        .executor_id(&id)
+        .binding_id(&binding.binding_id)
+        .store_url(url)
+        .capacity(8)
+        .poll_interval(Duration::from_millis(50))
+        .allow_all()
+        .state(at_once.clone())
+        .tool(toolrunner::tool::write(TOOL, stored_work).describe("Works a while"))
+        .build()?
+        .start()
+        .await?;
+    let run = |n: u64| {
+        let calls = (0..n)
+            .map(|i| toolrunner::platform::NewToolCall::new(TOOL, json!({"n": i})))
+            .collect();
+        admin.create_run(&version, "user_42", calls)
+    };
+    let outcome = async {
+        let first = run(6).await?;
+        admin
+            .wait_settled(&first.run_id, Duration::from_secs(60))
+            .await?;
+        let under_one = at_once.most.swap(0, Ordering::SeqCst);
+        stored
+            .set(TOOL, toolrunner::Limits::none().concurrency(3))
+            .await?;
+        // Every replica reads the store's limits again once a second.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let second = run(12).await?;
+        let settled = admin
+            .wait_settled(&second.run_id, Duration::from_secs(60))
+            .await?;
+        let under_three = at_once.most.load(Ordering::SeqCst);
+        eprintln!(
+            "flow: the store's limit 1 held {under_one} at once; set to 3 while running, {under_three} at once"
+        );
+        ensure!(
+            settled
+                .tool_calls
+                .iter()
+                .all(|c| c.state.as_str() == "completed"),
+            "every call completes"
+        );
+        ensure!(
+            under_one == 1 && under_three == 3,
+            "the store's limits did not apply: {under_one} at once under 1, {under_three} under 3"
+        );
+        Ok(())
+    }
+    .await;
+    let stopped = running
+        .shutdown(toolrunner::Shutdown::Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await;
+    platform.shutdown().await;
+    stored.clear(TOOL).await?;
+    let cleaned = super::clean_up(url, &[id]).await;
+    outcome.and(stopped.map_err(Into::into)).and(cleaned)
+}
