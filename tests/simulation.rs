@@ -243,6 +243,9 @@ struct SlotSettings {
     lease_ttl: Duration,
     grace: Duration,
     auto_reconcile: bool,
+    /// Each tool's limits (by the index of [`ALL_TOOLS`]), drawn by
+    /// [`add_limits`].
+    limits: [toolrunner::Limits; 5],
 }
 
 impl Default for SlotSettings {
@@ -251,6 +254,7 @@ impl Default for SlotSettings {
             lease_ttl: PG_LEASE_TTL,
             grace: PG_GRACE,
             auto_reconcile: true,
+            limits: [toolrunner::Limits::none(); 5],
         }
     }
 }
@@ -288,7 +292,33 @@ fn draw(seed: u64, pg: bool) -> Schedule {
         add_unlike(&mut schedule, seed);
     }
     add_misbehaving(&mut schedule, seed);
+    add_limits(&mut schedule, seed);
     schedule
+}
+
+/// Flow control (issue 33), from a generator of its own so that every
+/// earlier draw of a seed stays what it was: in half of the seeds, each
+/// tool of each slot may get a concurrency limit (1 to 3) and a rate
+/// limit (5 to 20 first `accepted` a second), slots unlike each other.
+/// The handler checks that no process ever runs more of a tool's calls
+/// at once than its concurrency limit.
+fn add_limits(schedule: &mut Schedule, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6c69_6d69_7473);
+    if !rng.random_bool(0.5) {
+        return;
+    }
+    for settings in &mut schedule.settings {
+        for limits in &mut settings.limits {
+            let mut l = toolrunner::Limits::none();
+            if rng.random_bool(0.4) {
+                l = l.concurrency(rng.random_range(1..=3));
+            }
+            if rng.random_bool(0.25) {
+                l = l.rate(rng.random_range(5..=20));
+            }
+            *limits = l;
+        }
+    }
 }
 
 /// Transactional handlers that misbehave on their transaction (issue 29),
@@ -322,6 +352,7 @@ fn add_unlike(schedule: &mut Schedule, seed: u64) {
                 lease_ttl: Duration::from_millis([800, 1_200, 2_000][rng.random_range(0..3)]),
                 grace: Duration::from_millis([500, 700, 1_200][rng.random_range(0..3)]),
                 auto_reconcile: rng.random_bool(0.7),
+                limits: settings.limits,
             };
         }
     }
@@ -486,6 +517,8 @@ struct Business {
     /// Transactional calls whose closure committed the transaction itself
     /// (`own_commit`): their outcome is unknown to the executor.
     own_commit: std::collections::HashSet<String>,
+    /// Handlers of limited tools running now, by process and tool.
+    running: HashMap<(u64, &'static str), u32>,
     violations: Vec<String>,
 }
 
@@ -530,6 +563,49 @@ struct SimTool {
     faults: Option<ProcessFaults>,
     /// When the process this tool runs in started.
     process_started: Instant,
+    /// The process this tool runs in (a number of the seed's own).
+    process: u64,
+    /// The tool's concurrency limit in this process.
+    limit: Option<u32>,
+}
+
+/// One handler of a limited tool running in one process: counted while
+/// it lives, and a violation when the process runs more of the tool's
+/// calls at once than its limit.
+struct Running {
+    world: World,
+    at: (u64, &'static str),
+}
+
+impl Running {
+    fn enter(tool: &SimTool, call_id: &str) -> Option<Running> {
+        let limit = tool.limit?;
+        let at = (tool.process, tool.name);
+        tool.world.with(|b| {
+            let now = b.running.entry(at).or_default();
+            *now += 1;
+            if *now > limit {
+                b.violations.push(format!(
+                    "{} of {}'s calls ran at once in one process ({call_id} the last), over its concurrency limit of {limit}",
+                    *now, tool.name
+                ));
+            }
+        });
+        Some(Running {
+            world: tool.world.clone(),
+            at,
+        })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.world.with(|b| {
+            if let Some(now) = b.running.get_mut(&self.at) {
+                *now = now.saturating_sub(1);
+            }
+        });
+    }
 }
 
 impl SimTool {
@@ -794,6 +870,7 @@ impl Tool for SimTool {
         let asg = ctx.assignment_id().to_owned();
         self.world
             .with(|b| b.starts.push((call_id.clone(), asg.clone())));
+        let _running = Running::enter(self, &call_id);
         // The platform must hold this assignment's `accepted` already.
         let run = self.world.get(&format!("/runs/{}", ctx.run_id())).await;
         let accepted = run.as_ref().is_some_and(|run| {
@@ -1265,13 +1342,20 @@ impl Seed {
                 .process_faults(f);
         }
         let process_started = Instant::now();
-        for name in ALL_TOOLS {
+        static PROCESSES: AtomicU64 = AtomicU64::new(0);
+        let process = PROCESSES.fetch_add(1, Ordering::Relaxed);
+        for (name, limits) in ALL_TOOLS.into_iter().zip(s.settings.limits) {
             b = b.tool(SimTool {
                 name,
                 world: self.world.clone(),
                 faults: faults.clone(),
                 process_started,
+                process,
+                limit: limits.max_concurrency(),
             });
+            if limits != toolrunner::Limits::none() {
+                b = b.limit(name, limits);
+            }
         }
         if let Some((step, nth)) = crash {
             let passes = AtomicU32::new(0);
@@ -1599,6 +1683,8 @@ impl Seed {
                 world: self.world.clone(),
                 faults: None,
                 process_started: Instant::now(),
+                process: u64::MAX,
+                limit: None,
             })
             .build()
             .map_err(|e| e.to_string())?;
