@@ -169,6 +169,8 @@ pub(crate) struct World {
     ended: BTreeSet<String>,
     /// A promise a commit broke, for `apply` to report.
     broken: Option<String>,
+    /// The tools' concurrency limit in each store (`None`: none).
+    limit: Option<u32>,
 }
 
 /// What the machines decided, for the trace; every journal is equal to
@@ -199,6 +201,8 @@ pub(crate) struct Shape {
     pub(crate) identities: usize,
     pub(crate) dbs: usize,
     pub(crate) budget: Budget,
+    /// The tools' concurrency limit in each store (`None`: none).
+    pub(crate) limit: Option<u32>,
 }
 
 fn effect_of(tool: &str) -> Option<Effect> {
@@ -266,6 +270,7 @@ impl World {
             journal: Journal::default(),
             ended: BTreeSet::new(),
             broken: None,
+            limit: shape.limit,
         };
         let mut first = BTreeSet::new();
         for p in 0..w.procs.len() {
@@ -506,6 +511,7 @@ impl World {
                 self.step(*p, call, *lost)?;
             }
         }
+        self.check_limit()?;
         self.check()
     }
 
@@ -594,6 +600,52 @@ impl World {
         Ok(())
     }
 
+    /// The calls of store `db` holding a slot of their tool: from the
+    /// claim to the end of their drive (`running` until its outcome is
+    /// settled or left for reconciliation).
+    fn held(&self, db: usize) -> usize {
+        self.dbs[db]
+            .calls
+            .iter()
+            .filter(|(call, row)| match row.state {
+                LocalState::Claiming | LocalState::Assigned => true,
+                LocalState::Running => {
+                    self.platform.state(call) != Some(CallState::ReconciliationRequired)
+                }
+                _ => false,
+            })
+            .count()
+    }
+
+    /// Whether store `db` may claim a call now (below the limit).
+    fn slot_free(&self, db: usize) -> bool {
+        self.limit
+            .is_none_or(|limit| self.held(db) < usize::try_from(limit).unwrap_or(usize::MAX))
+    }
+
+    /// No store holds more calls between their claim and `accepted`
+    /// (`claiming`, `assigned`) than the limit: none got there without a
+    /// slot (a call picked up again by a check, its own work, may take
+    /// one over the limit once `running`).
+    fn check_limit(&self) -> Result<(), String> {
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
+        for (db, d) in self.dbs.iter().enumerate() {
+            let claimed = d
+                .calls
+                .values()
+                .filter(|row| matches!(row.state, LocalState::Claiming | LocalState::Assigned))
+                .count();
+            if claimed > usize::try_from(limit).unwrap_or(usize::MAX) {
+                return Err(format!(
+                    "store {db} holds {claimed} calls between their claim and accepted, over the tools' concurrency limit of {limit}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn happened(&self, call: &str) -> bool {
         self.effects.iter().any(|(c, n)| c == call && *n > 0)
     }
@@ -609,7 +661,8 @@ impl World {
         };
         let tool = self.platform.tool(call).unwrap_or_default().to_owned();
         let Some(row) = self.dbs[pr.db].calls.get(call).cloned() else {
-            if self.platform.pending().iter().any(|c| c == call) {
+            // The claimer claims a call only with a slot of its tool free.
+            if self.platform.pending().iter().any(|c| c == call) && self.slot_free(pr.db) {
                 let operation_key = self.next_id("op");
                 self.commit(
                     p,
@@ -626,6 +679,7 @@ impl World {
             Step::Done => {
                 if matches!(row.state, LocalState::Abandoned | LocalState::Released)
                     && self.platform.pending().iter().any(|c| c == call)
+                    && self.slot_free(pr.db)
                 {
                     let operation_key = self.next_id("op");
                     self.commit(

@@ -21,6 +21,10 @@ pub struct WorldSpec {
     pub dbs: usize,
     /// Faults it may inject.
     pub budget: Budget,
+    /// The tools' concurrency limit in each store (`None`: none): a call
+    /// is claimed only while its store holds fewer calls between their
+    /// claim and the end of their drive.
+    pub limit: Option<u32>,
 }
 
 impl WorldSpec {
@@ -31,14 +35,18 @@ impl WorldSpec {
             identities: self.identities,
             dbs: self.dbs,
             budget: self.budget.clone(),
+            limit: self.limit,
         }
     }
 
     /// Its bounds, in one line.
     pub fn bounds(&self) -> String {
         let b = &self.budget;
+        let limit = self
+            .limit
+            .map_or_else(String::new, |n| format!(", a concurrency limit of {n}"));
         format!(
-            "calls {:?}, {} identities, processes {:?} (identity, database), {} databases; at most {} crashes, {} lost answers, {} cancels, {} lease expiries, {} pauses, {} operator resolves",
+            "calls {:?}, {} identities, processes {:?} (identity, database), {} databases{limit}; at most {} crashes, {} lost answers, {} cancels, {} lease expiries, {} pauses, {} operator resolves",
             self.calls,
             self.identities,
             self.procs,
@@ -67,12 +75,15 @@ impl WorldSpec {
             procs.push((0, 0));
         }
         let dbs = identities;
+        // Half of the seeds limit the tools to one or two calls a store.
+        let limit = (pick(44, 2) == 1).then(|| 1 + pick(46, 2) as u32);
         WorldSpec {
             name: format!("drawn {seed:#x}"),
             calls,
             identities,
             procs,
             dbs,
+            limit,
             budget: Budget {
                 crashes: 3,
                 lost: 4,
@@ -95,6 +106,7 @@ pub fn worlds() -> Vec<WorldSpec> {
         procs: vec![(0, 0)],
         dbs: 1,
         budget,
+        limit: None,
     };
     let faults = Budget {
         crashes: 1 + u8::from(full),
@@ -127,11 +139,27 @@ pub fn worlds() -> Vec<WorldSpec> {
             },
         ),
         WorldSpec {
+            // The second call waits for the first's slot: claimed only
+            // once the first is done, or left for reconciliation.
+            limit: Some(1),
+            ..one(
+                "two calls, one slot",
+                vec![("c1", "pay"), ("c2", "ship")],
+                Budget {
+                    crashes: 1,
+                    lost: 1,
+                    resolves: u8::from(full),
+                    ..Budget::default()
+                },
+            )
+        },
+        WorldSpec {
             name: "two identities".into(),
             calls: vec![("c1", "pay")],
             identities: 2,
             procs: vec![(0, 0), (1, 1)],
             dbs: 2,
+            limit: None,
             // A crash is in every world above; here the other identity
             // claims what one's lapse released.
             budget: Budget {
@@ -147,6 +175,7 @@ pub fn worlds() -> Vec<WorldSpec> {
             identities: 1,
             procs: vec![(0, 0), (0, 0)],
             dbs: 1,
+            limit: None,
             budget: Budget {
                 crashes: 1,
                 lost: u8::from(full),
@@ -161,6 +190,7 @@ pub fn worlds() -> Vec<WorldSpec> {
             identities: 1,
             procs: vec![(0, 0), (0, 0)],
             dbs: 1,
+            limit: None,
             budget: Budget {
                 pauses: 1,
                 crashes: 1,
