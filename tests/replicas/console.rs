@@ -90,6 +90,11 @@ async fn check(url: &str) -> Result<()> {
         }
         stores.push(store);
     }
+    // A limit kept in the store shows on the overview.
+    toolrunner::StoredLimits::open(url)
+        .await?
+        .set("tool.1", toolrunner::Limits::none().concurrency(3))
+        .await?;
     let console = Console::builder().database(url).build().await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -129,6 +134,15 @@ async fn check(url: &str) -> Result<()> {
         "/calls shows {shown} calls, not the 5 of the three identities"
     );
 
+    let overview = get("/".into()).await?;
+    let flow = overview
+        .find("data-flow-tool=\"tool.1\"")
+        .map(|at| &overview[at..overview.len().min(at + 400)])
+        .context("the overview shows no flow limits of tool.1")?;
+    ensure!(
+        flow.contains("<td class=\"concurrency\">3</td>"),
+        "the overview does not show tool.1's stored concurrency of 3: {flow}"
+    );
     // The overview has a section per identity; the identity filter keeps
     // one identity's calls only.
     let overview = get("/".into()).await?;

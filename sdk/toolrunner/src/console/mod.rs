@@ -6,7 +6,7 @@
 //!
 //! | path | what |
 //! |---|---|
-//! | `GET /` | the overview: calls by state and by tool, receipts waiting, calls needing a person, per identity |
+//! | `GET /` | the overview: calls by state and by tool, receipts waiting, calls needing a person, per identity; each PostgreSQL database's flow limits (stored, and every replica's use) |
 //! | `GET /calls?state=STATE` | the calls, filtered (`state`, `tool`, `identity`, `run`, `older_than`, `q`), sorted by age, paginated |
 //! | `GET /calls/RUN_ID/CALL_ID` | one call: its timeline, arguments, result and operation key |
 //! | `GET /outbox` | the receipts waiting: why, since when, attempts, last error |

@@ -76,6 +76,8 @@ pub(super) async fn overview(
     let mut problems = view.problems;
     let (counted, unread) = sources::each(&view.sources, |s| async move { counts(&s).await }).await;
     problems.extend(unread);
+    let (flow, unread) = state.sources.flow().await;
+    problems.extend(unread);
     let all: Vec<Counts> = counted.into_iter().map(|(_, c)| c).collect();
     let total = |s: LocalState| all.iter().map(|c| c.by_state[s.as_str()]).sum::<usize>();
     let waiting: usize = all.iter().map(|c| c.waiting).sum();
@@ -101,6 +103,26 @@ pub(super) async fn overview(
                 tr { th { "receipts waiting" } td { a #total-waiting href=(v.link("/outbox")) { (waiting) } } }
                 tr { th { "oldest of them" } td { (oldest_waiting.as_ref().map_or_else(|| "-".to_owned(), age)) } }
                 tr { th { "identities" } td { (all.len()) } }
+            }
+        }
+        @for f in &flow {
+            @if !f.tools.is_empty() {
+                section .flow data-database=(f.database) {
+                    h2 { "Flow limits on " code { (f.database) } }
+                    p { "Limits set in the store (" code { "toolrunner limits set" } "), over each replica's own; \"-\": the replicas' own apply. Slots and tokens: every replica's now." }
+                    table .flow-limits {
+                        tr { th { "tool" } th { "concurrency" } th { "rate" } th { "slots in use" } th { "tokens in use" } }
+                        @for t in &f.tools {
+                            tr .flow data-flow-tool=(t.tool()) {
+                                td { code { (t.tool()) } }
+                                td .concurrency { (limit(t.stored().max_concurrency())) }
+                                td .rate { (limit(t.stored().max_rate())) }
+                                td .slots { (t.slots_in_use()) }
+                                td .tokens { (t.tokens_in_use()) }
+                            }
+                        }
+                    }
+                }
             }
         }
         @for c in &all {
@@ -138,6 +160,11 @@ pub(super) async fn overview(
         }
     };
     html::page(&v, "Overview", true, body)
+}
+
+/// A stored limit, or `-` for none.
+fn limit(n: Option<u32>) -> String {
+    n.map_or_else(|| "-".to_owned(), |n| n.to_string())
 }
 
 /// One store's counts.

@@ -36,6 +36,16 @@ pub(super) struct Sources {
     databases: Vec<String>,
     platform: Option<(String, String)>,
     found: tokio::sync::Mutex<Found>,
+    /// Each database's flow limits, opened at the first look.
+    limits: tokio::sync::Mutex<Vec<Option<Arc<crate::StoredLimits>>>>,
+}
+
+/// One database's tools as its flow limits show them.
+pub(super) struct FlowOf {
+    /// The database, named without its credentials.
+    pub(super) database: String,
+    /// Its tools, their stored limits and use.
+    pub(super) tools: Vec<crate::ToolLimits>,
 }
 
 /// The identities found on the PostgreSQL databases.
@@ -116,9 +126,10 @@ impl Sources {
         }
         let sources = Sources {
             fixed,
-            databases: postgres,
+            databases: postgres.clone(),
             platform,
             found: tokio::sync::Mutex::default(),
+            limits: tokio::sync::Mutex::new(vec![None; postgres.len()]),
         };
         // At start a database that cannot be read is a mistake to report.
         let first = sources.in_view().await;
@@ -149,6 +160,39 @@ impl Sources {
             sources,
             problems: found.problems.clone(),
         }
+    }
+
+    /// Each PostgreSQL database's tools: the limits stored there and their
+    /// use by every replica (SQLite stores keep no limits: those are each
+    /// process's); and what could not be read.
+    pub(super) async fn flow(&self) -> (Vec<FlowOf>, Vec<String>) {
+        let mut opened = self.limits.lock().await;
+        let (mut shown, mut problems) = (Vec::new(), Vec::new());
+        for (db, url) in self.databases.iter().enumerate() {
+            let database = describe(url);
+            if opened[db].is_none() {
+                match tokio::time::timeout(READ_TIMEOUT, crate::StoredLimits::open(url)).await {
+                    Ok(Ok(limits)) => opened[db] = Some(Arc::new(limits)),
+                    Ok(Err(e)) => {
+                        problems.push(format!("the flow limits of {database}: {e}"));
+                        continue;
+                    }
+                    Err(_) => {
+                        problems.push(format!("the flow limits of {database}: no answer"));
+                        continue;
+                    }
+                }
+            }
+            let Some(limits) = opened[db].clone() else {
+                continue;
+            };
+            match tokio::time::timeout(READ_TIMEOUT, limits.list()).await {
+                Ok(Ok(tools)) => shown.push(FlowOf { database, tools }),
+                Ok(Err(e)) => problems.push(format!("the flow limits of {database}: {e}")),
+                Err(_) => problems.push(format!("the flow limits of {database}: no answer")),
+            }
+        }
+        (shown, problems)
     }
 
     /// Looks at each database's identities: opens the new ones, drops the
