@@ -569,9 +569,9 @@ struct SimTool {
     limit: Option<u32>,
 }
 
-/// One handler of a limited tool running in one process: counted while
-/// it lives, and a violation when the process runs more of the tool's
-/// calls at once than its limit.
+/// One handler of a limited tool running in one process, the first run of
+/// its call: counted while it lives, and a violation when the process
+/// runs more first runs of the tool's calls at once than its limit.
 struct Running {
     world: World,
     at: (u64, &'static str),
@@ -581,6 +581,16 @@ impl Running {
     fn enter(tool: &SimTool, call_id: &str) -> Option<Running> {
         let limit = tool.limit?;
         let at = (tool.process, tool.name);
+        // A call whose handler ran before (a re-run its hook allowed, a
+        // read resumed after a crash, a call adopted) is its executor's
+        // own work, which takes its slot whatever the count: only first
+        // runs are counted against the limit.
+        let again = tool
+            .world
+            .with(|b| b.starts.iter().filter(|(c, _)| c == call_id).count() > 1);
+        if again {
+            return None;
+        }
         tool.world.with(|b| {
             let now = b.running.entry(at).or_default();
             *now += 1;

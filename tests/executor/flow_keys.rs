@@ -36,6 +36,8 @@ struct Charged {
 struct Downstream {
     running: Arc<Mutex<HashMap<String, (usize, usize)>>>,
     finished: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Per merchant: how many of its calls finished.
+    done: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 const EFFECT: Duration = Duration::from_millis(300);
@@ -65,6 +67,12 @@ fn running_done(down: &Downstream, merchant: &str) {
         .lock()
         .unwrap()
         .insert(merchant.to_owned(), Instant::now());
+    *down
+        .done
+        .lock()
+        .unwrap()
+        .entry(merchant.to_owned())
+        .or_default() += 1;
 }
 
 async fn kit(down: &Downstream) -> toolrunner::Result<TestKit> {
@@ -82,15 +90,32 @@ async fn kit(down: &Downstream) -> toolrunner::Result<TestKit> {
     .await
 }
 
-/// Submits the calls at once, waits for every one to complete; how long
+/// Submits the calls in waves, each wave's at once (a later wave's calls
+/// are newer on the platform), waits for every one to complete (with
+/// `hot_too` false, the calls of `hot` are not waited for); how long
 /// until the last call of a merchant other than `hot` finished.
-async fn play(kit: &TestKit, down: &Downstream, calls: &[(String, u64)], hot: &str) -> Duration {
+async fn play(
+    kit: &TestKit,
+    down: &Downstream,
+    waves: &[Vec<(String, u64)>],
+    hot: &str,
+    hot_too: bool,
+) -> Duration {
     let start = Instant::now();
-    let submitted =
-        futures_util::future::join_all(calls.iter().map(|(merchant, n)| {
+    let mut submitted = Vec::new();
+    for calls in waves {
+        let handles = futures_util::future::join_all(calls.iter().map(|(merchant, n)| {
             kit.submit("charges.create", json!({"merchant": merchant, "n": n}))
         }))
         .await;
+        submitted.extend(
+            calls
+                .iter()
+                .zip(handles)
+                .filter(|((merchant, _), _)| hot_too || merchant != hot)
+                .map(|(_, h)| h),
+        );
+    }
     for handle in submitted {
         let handle = handle.expect("submitted");
         let outcome = kit.wait(&handle).await.expect("settled");
@@ -118,23 +143,43 @@ fn calls(hot: bool) -> Vec<(String, u64)> {
     v
 }
 
+/// One test, its plays one after another (timings side by side must not
+/// share the machine with each other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_key_takes_its_limit_and_never_starves_the_others() -> toolrunner::Result<()> {
     let alone = Downstream::default();
     let k = kit(&alone).await?;
-    let others_alone = play(&k, &alone, &calls(false), "m0").await;
+    let others_alone = play(&k, &alone, &[calls(false)], "m0", true).await;
     k.shutdown().await?;
 
+    // Interleaved: half of the calls the hot key's.
     let mixed = Downstream::default();
     let k = kit(&mixed).await?;
-    let others_mixed = play(&k, &mixed, &calls(true), "m0").await;
+    let others_mixed = play(&k, &mixed, &[calls(true)], "m0", true).await;
+    k.shutdown().await?;
+
+    // A hot key's 300 calls all older than the others (submitted first:
+    // more than a page of `pending`, at most 100): the claimer looks past
+    // the calls backing off (the next pages), so the others are not
+    // hidden until the hot backlog fits in a page. Each hot call is
+    // claimed once to learn its key (the arguments come with the claim);
+    // the others finish while most of the hot backlog still waits. The
+    // hot calls are not waited for.
+    const HOT: usize = 300;
+    let hot: Vec<(String, u64)> = (0..HOT as u64)
+        .map(|n| ("m0".to_owned(), 1000 + n))
+        .collect();
+    let first = Downstream::default();
+    let k = kit(&first).await?;
+    let others_after = play(&k, &first, &[hot, calls(false)], "m0", false).await;
+    let hot_done = first.done.lock().unwrap().get("m0").copied().unwrap_or(0);
     k.shutdown().await?;
 
     let most = mixed.running.lock().unwrap().clone();
     eprintln!(
-        "flow keys: the other keys' 100 calls took {others_alone:?} alone, {others_mixed:?} beside a hot key's 100; most at once by key {most:?}"
+        "flow keys: the other keys' 100 calls took {others_alone:?} alone, {others_mixed:?} beside a hot key's 100, {others_after:?} after a hot key's {HOT} older ones ({hot_done} of them done by then); most at once by key {most:?}"
     );
-    for (merchant, (_, at_once)) in &most {
+    for (merchant, (_, at_once)) in most.iter().chain(first.running.lock().unwrap().iter()) {
         assert!(
             *at_once <= PER_KEY as usize,
             "{merchant}: {at_once} at once, over the per-key limit {PER_KEY}"
@@ -148,6 +193,10 @@ async fn a_hot_key_takes_its_limit_and_never_starves_the_others() -> toolrunner:
     assert!(
         others_mixed.as_secs_f64() <= others_alone.as_secs_f64() * 1.2,
         "the other keys took {others_mixed:?} beside the hot key against {others_alone:?} alone (more than 20 % longer)"
+    );
+    assert!(
+        hot_done < HOT - 100,
+        "the other keys finished only once the hot key's older backlog fit in a page ({hot_done} of its {HOT} calls done, after {others_after:?}): they waited behind it"
     );
     Ok(())
 }

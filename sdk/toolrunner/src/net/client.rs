@@ -304,9 +304,17 @@ impl Client {
         executor_id: &str,
         connection_id: &str,
         limit: usize,
+        cursor: Option<&str>,
     ) -> Result<List<PendingCall>, ClientError> {
-        let path =
+        let mut path =
             format!("/executors/{executor_id}/pending?connection_id={connection_id}&limit={limit}");
+        if let Some(cursor) = cursor {
+            path.push_str("&cursor=");
+            path.extend(percent_encoding::utf8_percent_encode(
+                cursor,
+                percent_encoding::NON_ALPHANUMERIC,
+            ));
+        }
         self.send(reqwest::Method::GET, &path, None, None).await
     }
 

@@ -227,6 +227,8 @@ pub(super) async fn key_allows(
             return true;
         }
     };
+    // Held and logged by its digest, never as the arguments' data.
+    let value = crate::runner::flow::key_digest(&value);
     let flow = &core.calls.flow;
     let holder = core.flow_holder();
     if flow

@@ -41,6 +41,17 @@ pub(super) struct KeySlot {
     at: (String, String),
 }
 
+/// A concurrency key as it is held and logged: the first 32 hex digits
+/// of the SHA-256 of its canonical JSON, never the key itself (a merchant
+/// id, an email: the arguments' data stays out of logs, metrics and the
+/// shared store, and any byte of it is fine).
+pub(crate) fn key_digest(key: &str) -> String {
+    let digest =
+        toolrunner_protocol::json::arguments_digest(&serde_json::Value::String(key.to_owned()));
+    let hex = digest.strip_prefix("sha256:").unwrap_or(&digest);
+    hex.chars().take(32).collect()
+}
+
 impl KeySlots {
     /// A slot of `key` of `tool`, only below `limit`.
     pub(super) fn take(self: &Arc<Self>, tool: &str, key: &str, limit: u32) -> Option<KeySlot> {
@@ -74,6 +85,16 @@ impl KeySlots {
         if !queue.contains(call) {
             queue.push_back(call.clone());
         }
+    }
+
+    /// `call` took a slot of its key: it waits no more.
+    pub(super) fn waited(&self, call: &CallKey) {
+        let mut waiting = super::lock(&self.waiting);
+        for queue in waiting.values_mut() {
+            queue.retain(|c| c != call);
+        }
+        waiting.retain(|_, q| !q.is_empty());
+        super::lock(&self.woken).remove(call);
     }
 
     /// Whether `call` was woken (taken out: it is claimed again now).

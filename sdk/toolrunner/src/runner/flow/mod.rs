@@ -29,6 +29,7 @@ mod rate;
 mod shared;
 mod slots;
 
+pub(crate) use keys::key_digest;
 use keys::{KeySlot, KeySlots, KeyWake};
 use rate::{RateWindow, Token};
 pub(crate) use shared::Holder;
@@ -385,6 +386,14 @@ impl Flow {
             .count()
     }
 
+    /// Whether `key` backs off now, as a look at it (a woken call does
+    /// not: it is claimed at once).
+    pub(crate) fn backs_off(&self, key: &CallKey) -> bool {
+        lock(&self.lapsed)
+            .get(key)
+            .is_some_and(|b| Instant::now() < b.until)
+    }
+
     /// Whether `key` backs off (a lapsed token, its concurrency key at its
     /// limit and no slot of it back since).
     fn backing_off(&self, key: &CallKey) -> bool {
@@ -525,14 +534,17 @@ impl Flow {
             return true;
         }
         let taken = match (holder, self.shared.get()) {
-            (Some(holder), Some(shared)) => shared
-                .take(
-                    Shared::hold_at(holder, call, &key_tool(tool, key)),
-                    Caps::of(Some(limit), None),
-                    Take::New,
-                )
-                .await
-                .map(|h| KeyHold::Shared(h, self.keys.wake_on_drop(tool, key))),
+            (Some(holder), Some(shared)) => {
+                let at = Shared::hold_at(holder, call, &key_tool(tool, key));
+                match shared.take_key(at, limit).await {
+                    Ok(taken) => {
+                        taken.map(|h| KeyHold::Shared(h, self.keys.wake_on_drop(tool, key)))
+                    }
+                    // Never a reason to hold the call back: it runs
+                    // without its key's slot (said in the log).
+                    Err(()) => return true,
+                }
+            }
             _ => self
                 .keys
                 .take(tool, key, limit)
@@ -541,6 +553,8 @@ impl Flow {
         match taken {
             Some(slot) => {
                 *lock(&hold.key) = Some(Box::new(slot));
+                self.keys.waited(call);
+                lock(&self.lapsed).remove(call);
                 true
             }
             None => false,
@@ -603,7 +617,7 @@ impl Flow {
 /// (the tool, a unit separator, the key): a tool name never holds the
 /// separator.
 fn key_tool(tool: &str, key: &str) -> String {
-    format!("{tool}\u{1f}{key}")
+    format!("{tool}{}{key}", shared::KEY_SEPARATOR)
 }
 
 /// One limited tool's use, for the gauges.

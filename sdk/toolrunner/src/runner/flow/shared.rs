@@ -122,18 +122,60 @@ impl Shared {
         };
         match self.store.take(&at, limits, take, "").await {
             Ok(counted) => {
-                lock(&self.counted).insert(at.tool.clone(), counted);
+                // A tool's own use, for the gauges (a key's is not one).
+                if !at.tool.contains(KEY_SEPARATOR) {
+                    lock(&self.counted).insert(at.tool.clone(), counted);
+                }
                 counted
                     .taken
                     .then(|| hold(take != Take::SendNow && limits.concurrency.is_some()))
             }
             Err(e) if take == Take::Owed => {
-                tracing::warn!(tool = %at.tool, run_id = %at.run_id, call_id = %at.call_id, error = %e, "the database could not count the tool's limits: this identity's own call goes on without its slot (the concurrency limit may be exceeded), and its accepted still waits for a token");
+                tracing::warn!(tool = %tool_of(&at.tool), run_id = %at.run_id, call_id = %at.call_id, error = %e, "the database could not count the tool's limits: this identity's own call goes on without its slot (the concurrency limit may be exceeded), and its accepted still waits for a token");
                 Some(hold(false))
             }
             Err(e) => {
-                tracing::warn!(tool = %at.tool, run_id = %at.run_id, call_id = %at.call_id, error = %e, "the database could not count the tool's limits: the call is not taken now");
+                tracing::warn!(tool = %tool_of(&at.tool), run_id = %at.run_id, call_id = %at.call_id, error = %e, "the database could not count the tool's limits: the call is not taken now");
                 None
+            }
+        }
+    }
+}
+
+/// Between a tool's name and a concurrency key's digest, where a key's
+/// slots are held in the store.
+pub(super) const KEY_SEPARATOR: char = '\u{1f}';
+
+/// The tool a hold's name is of (a key's hold: the tool before the
+/// separator), for labels.
+fn tool_of(held_as: &str) -> &str {
+    held_as.split(KEY_SEPARATOR).next().unwrap_or(held_as)
+}
+
+impl Shared {
+    /// A slot of a concurrency key (`at.tool`: the tool and the key's
+    /// digest) below `limit`: `Ok(None)` when the key is at its limit,
+    /// `Err` when the database could not tell.
+    pub(super) async fn take_key(
+        self: &Arc<Self>,
+        at: HoldAt,
+        limit: u32,
+    ) -> Result<Option<SharedHold>, ()> {
+        let caps = Caps::of(Some(limit), None);
+        match self.store.take(&at, caps, Take::New, "").await {
+            Ok(counted) => Ok(counted.taken.then(|| SharedHold {
+                shared: self.clone(),
+                slot: true,
+                limits: caps,
+                send: Mutex::new(Send {
+                    reserved: false,
+                    sent: None,
+                }),
+                at,
+            })),
+            Err(e) => {
+                tracing::warn!(tool = %tool_of(&at.tool), run_id = %at.run_id, call_id = %at.call_id, error = %e, "the database could not count the call's concurrency key: the call goes on without its key's slot");
+                Err(())
             }
         }
     }
@@ -243,7 +285,7 @@ impl SharedHold {
         }
         let caps = Caps::of(self.limits.concurrency, None);
         if let Err(e) = self.shared.store.take(&self.at, caps, Take::Owed, "").await {
-            tracing::warn!(tool = %self.at.tool, run_id = %self.at.run_id, call_id = %self.at.call_id, error = %e, "the database could not assert a resumed call's slot again: it goes on, and the concurrency limit may be exceeded");
+            tracing::warn!(tool = %tool_of(&self.at.tool), run_id = %self.at.run_id, call_id = %self.at.call_id, error = %e, "the database could not assert a resumed call's slot again: it goes on, and the concurrency limit may be exceeded");
         }
     }
 }
@@ -254,7 +296,7 @@ const RELEASE_RETRY_MAX: Duration = Duration::from_secs(5);
 impl Drop for SharedHold {
     fn drop(&mut self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(tool = %self.at.tool, run_id = %self.at.run_id, call_id = %self.at.call_id, "a flow hold dropped outside the runtime is not given back: it counts until this identity's lease lapses or is let go");
+            tracing::warn!(tool = %tool_of(&self.at.tool), run_id = %self.at.run_id, call_id = %self.at.call_id, "a flow hold dropped outside the runtime is not given back: it counts until this identity's lease lapses or is let go");
             return;
         };
         let store = self.shared.store.clone();
@@ -266,8 +308,8 @@ impl Drop for SharedHold {
                 match store.release(&at, slot).await {
                     Ok(true) => return,
                     Ok(false) => {
-                        super::super::telemetry::flow_slot_lost(&at.tool);
-                        tracing::warn!(tool = %at.tool, run_id = %at.run_id, call_id = %at.call_id, "this call's slot was taken back while it ran (this identity's lease looked lapsed to another replica: a pause, a stall): the tool's concurrency limit may have been exceeded meanwhile");
+                        super::super::telemetry::flow_slot_lost(tool_of(&at.tool));
+                        tracing::warn!(tool = %tool_of(&at.tool), run_id = %at.run_id, call_id = %at.call_id, "this call's slot was taken back while it ran (this identity's lease looked lapsed to another replica: a pause, a stall): the tool's concurrency limit may have been exceeded meanwhile");
                         return;
                     }
                     Err(e) => {

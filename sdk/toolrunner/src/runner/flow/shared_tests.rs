@@ -227,3 +227,30 @@ async fn nothing_new_is_claimed_before_the_stores_limits_were_read() {
             .is_some()
     );
 }
+
+#[tokio::test]
+async fn a_key_the_database_cannot_count_holds_its_call_back_never() {
+    let (f, fake) = shared(Limits::none().per_key(1));
+    fake.takes_fail.store(true, Ordering::SeqCst);
+    let hold = ToolHold::default();
+    assert!(
+        f.take_key(Some(&holder()), &key(1), "t", "0123abcd", &hold)
+            .await,
+        "it runs without its key's slot rather than being given back for ever"
+    );
+}
+
+#[tokio::test]
+async fn a_keys_holds_are_no_tool_of_the_gauges() {
+    let (f, _fake) = shared(Limits::none().concurrency(3).per_key(1));
+    let tool = f
+        .take_for_claim(Some(&holder()), &key(1), "t")
+        .await
+        .expect("taken");
+    assert!(
+        f.take_key(Some(&holder()), &key(1), "t", "0123abcd", &tool)
+            .await
+    );
+    let shown: Vec<String> = f.in_use().into_iter().map(|u| u.tool).collect();
+    assert_eq!(shown, vec!["t".to_owned()], "one tool, no key: {shown:?}");
+}

@@ -224,3 +224,48 @@ fn a_call_whose_key_is_at_its_limit_waits_until_a_slot_of_its_key_comes_back() {
         );
     });
 }
+
+#[test]
+fn a_call_that_took_its_keys_slot_waits_no_more_so_the_next_wake_finds_the_one_still_waiting() {
+    let f = flow(Limits::none().per_key(2));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let (x, y) = (key(10), key(11));
+        let a = ToolHold::default();
+        let b = ToolHold::default();
+        assert!(f.take_key(None, &key(1), "t", "m1", &a).await);
+        assert!(f.take_key(None, &key(2), "t", "m1", &b).await);
+        for c in [&x, &y] {
+            assert!(!f.take_key(None, c, "t", "m1", &ToolHold::default()).await);
+            f.key_limited("ex", c, "t", "m1");
+        }
+        drop(a);
+        // Y comes first after its back-off, and takes the slot; X, woken,
+        // finds the key full again and waits once more.
+        let y_hold = ToolHold::default();
+        assert!(f.take_key(None, &y, "t", "m1", &y_hold).await);
+        assert!(f.try_take(&x, "t").is_some(), "X was woken");
+        assert!(!f.take_key(None, &x, "t", "m1", &ToolHold::default()).await);
+        f.key_limited("ex", &x, "t", "m1");
+        drop(b);
+        assert!(
+            f.try_take(&x, "t").is_some(),
+            "the slot B gave back wakes X, not Y, which holds a slot already"
+        );
+    });
+}
+
+#[test]
+fn a_key_is_held_by_its_digest_never_as_the_arguments_data() {
+    let digest = key_digest("merchant-42\u{0}");
+    assert_eq!(digest.len(), 32);
+    assert!(digest.chars().all(|c| c.is_ascii_hexdigit()), "{digest}");
+    assert_eq!(
+        digest,
+        key_digest("merchant-42\u{0}"),
+        "the same on every replica"
+    );
+    assert_ne!(digest, key_digest("merchant-43\u{0}"));
+}

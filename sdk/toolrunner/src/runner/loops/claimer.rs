@@ -100,6 +100,9 @@ async fn resume_waiting(core: &Arc<Core>) {
     }
 }
 
+/// The most pages of `pending` one look reads (each up to 100 candidates).
+const PAGES: usize = 5;
+
 async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
     let free = core.calls.slots.available_permits();
     if free == 0 {
@@ -112,56 +115,85 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
     // (another task's included): the calls it resumes take their slots
     // first.
     core.link.learnt.caught_up(core).await;
-    let page = match core
-        .client
-        .pending(
-            &core.cfg.executor_id,
-            &connection_id,
-            (free + core.calls.flow.backing_off_now()).min(100),
-        )
-        .await
-    {
-        Ok(p) => p,
-        Err(e) => {
-            connection::handle_refusal(core, &connection_id, &e).await;
-            return Err(e.into());
-        }
-    };
     // Each new call's operation key is saved before its claim is sent. The
     // saves go to the store together, so they share one commit.
     let mut saves = Vec::new();
-    for candidate in page.data {
-        if !core.tools.contains_key(&candidate.tool_name) || !core.life.claiming() {
-            continue;
-        }
-        let key = CallKey {
-            run_id: candidate.run_id.clone(),
-            call_id: candidate.call_id.clone(),
-        };
-        if core.is_active(&key) {
-            continue;
-        }
-        // Decided before the claim: a tool at its limit is not claimed now
-        // (never claimed to wait); the candidate stays pending for another
-        // replica, or for a later poll here.
-        let Some(tool) = core
-            .calls
-            .flow
-            .take_for_claim(core.flow_holder().as_ref(), &key, &candidate.tool_name)
+    let mut cursor: Option<String> = None;
+    // The tools found at a limit in this look: their other candidates are
+    // not asked about again (on a shared store, each ask is a round trip).
+    let mut full: Vec<String> = Vec::new();
+    for _ in 0..PAGES {
+        let page = match core
+            .client
+            .pending(
+                &core.cfg.executor_id,
+                &connection_id,
+                (free + core.calls.flow.backing_off_now()).min(100),
+                cursor.as_deref(),
+            )
             .await
-        else {
-            super::super::telemetry::flow_throttled(&core.cfg.executor_id, &candidate.tool_name);
-            tracing::debug!(run_id = %key.run_id, call_id = %key.call_id, tool = %candidate.tool_name, "not claimed: the tool is at its concurrency or rate limit");
-            continue;
+        {
+            Ok(p) => p,
+            Err(e) => {
+                connection::handle_refusal(core, &connection_id, &e).await;
+                return Err(e.into());
+            }
         };
-        let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
+        let mut passed_over = 0usize;
+        for candidate in page.data {
+            if !core.tools.contains_key(&candidate.tool_name) || !core.life.claiming() {
+                continue;
+            }
+            let key = CallKey {
+                run_id: candidate.run_id.clone(),
+                call_id: candidate.call_id.clone(),
+            };
+            if core.is_active(&key) {
+                continue;
+            }
+            if full.contains(&candidate.tool_name) {
+                passed_over += 1;
+                continue;
+            }
+            // Decided before the claim: a tool at its limit is not claimed
+            // now (never claimed to wait); the candidate stays pending for
+            // another replica, or for a later poll here.
+            let Some(tool) = core
+                .calls
+                .flow
+                .take_for_claim(core.flow_holder().as_ref(), &key, &candidate.tool_name)
+                .await
+            else {
+                passed_over += 1;
+                if !core.calls.flow.backs_off(&key) {
+                    super::super::telemetry::flow_throttled(
+                        &core.cfg.executor_id,
+                        &candidate.tool_name,
+                    );
+                    tracing::debug!(run_id = %key.run_id, call_id = %key.call_id, tool = %candidate.tool_name, "not claimed: the tool is at its concurrency or rate limit");
+                    full.push(candidate.tool_name);
+                }
+                continue;
+            };
+            let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
+                break;
+            };
+            let held = Held {
+                capacity: Some(permit),
+                tool,
+            };
+            saves.push(save_key(core, key, candidate.tool_name, held));
+        }
+        // Candidates passed over (backing off, a tool at its limit) never
+        // hide the others: the next page is looked at while capacity is
+        // left, up to a few pages a look.
+        if passed_over == 0 || core.calls.slots.available_permits() == 0 {
             break;
-        };
-        let held = Held {
-            capacity: Some(permit),
-            tool,
-        };
-        saves.push(save_key(core, key, candidate.tool_name, held));
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
     }
     for saved in futures_util::future::join_all(saves).await {
         if let Some((call, held)) = saved? {
