@@ -201,7 +201,7 @@ pub(crate) fn flow_throttled(executor_id: &str, tool: &str) {
 }
 
 /// A claim of `tool` was given back for a limit (`reason`: `rate_lapsed`,
-/// `key_limit`).
+/// `key_limited`).
 pub(crate) fn flow_released(executor_id: &str, tool: &str, reason: &'static str) {
     metrics::counter!(metric::FLOW_RELEASED, "executor_id" => executor_id.to_owned(), "tool" => tool.to_owned(), "reason" => reason)
         .increment(1);
@@ -394,8 +394,10 @@ pub(crate) fn zero<'t>(executor_id: &str, tools: impl IntoIterator<Item = &'t st
         let _ = metrics::histogram!(metric::CLAIM_DURATION, "executor_id" => id(), "tool" => tool.to_owned());
         metrics::counter!(metric::FLOW_THROTTLED, "executor_id" => id(), "tool" => tool.to_owned())
             .increment(0);
-        metrics::counter!(metric::FLOW_RELEASED, "executor_id" => id(), "tool" => tool.to_owned(), "reason" => "rate_lapsed")
-            .increment(0);
+        for reason in ["rate_lapsed", "key_limited"] {
+            metrics::counter!(metric::FLOW_RELEASED, "executor_id" => id(), "tool" => tool.to_owned(), "reason" => reason)
+                .increment(0);
+        }
         metrics::counter!(metric::FLOW_SLOTS_LOST, "tool" => tool.to_owned()).increment(0);
     }
     for reason in REFUSAL_CODES.iter().chain(&OTHER_REFUSALS) {
