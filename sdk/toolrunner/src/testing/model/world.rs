@@ -600,13 +600,14 @@ impl World {
         Ok(())
     }
 
-    /// The calls of store `db` holding a slot of their tool: from the
+    /// The calls of `tool` in store `db` holding a slot of it: from the
     /// claim to the end of their drive (`running` until its outcome is
     /// settled or left for reconciliation).
-    fn held(&self, db: usize) -> usize {
+    fn held(&self, db: usize, tool: &str) -> usize {
         self.dbs[db]
             .calls
             .iter()
+            .filter(|(_, row)| row.tool_name == tool)
             .filter(|(call, row)| match row.state {
                 LocalState::Claiming | LocalState::Assigned => true,
                 LocalState::Running => {
@@ -617,10 +618,11 @@ impl World {
             .count()
     }
 
-    /// Whether store `db` may claim a call now (below the limit).
-    fn slot_free(&self, db: usize) -> bool {
+    /// Whether store `db` may claim a call of `tool` now (below the
+    /// limit).
+    fn slot_free(&self, db: usize, tool: &str) -> bool {
         self.limit
-            .is_none_or(|limit| self.held(db) < usize::try_from(limit).unwrap_or(usize::MAX))
+            .is_none_or(|limit| self.held(db, tool) < usize::try_from(limit).unwrap_or(usize::MAX))
     }
 
     /// No store holds more calls between their claim and `accepted`
@@ -632,15 +634,18 @@ impl World {
             return Ok(());
         };
         for (db, d) in self.dbs.iter().enumerate() {
-            let claimed = d
-                .calls
-                .values()
-                .filter(|row| matches!(row.state, LocalState::Claiming | LocalState::Assigned))
-                .count();
-            if claimed > usize::try_from(limit).unwrap_or(usize::MAX) {
-                return Err(format!(
-                    "store {db} holds {claimed} calls between their claim and accepted, over the tools' concurrency limit of {limit}"
-                ));
+            let mut claimed: BTreeMap<&str, usize> = BTreeMap::new();
+            for row in d.calls.values() {
+                if matches!(row.state, LocalState::Claiming | LocalState::Assigned) {
+                    *claimed.entry(row.tool_name.as_str()).or_default() += 1;
+                }
+            }
+            for (tool, n) in claimed {
+                if n > usize::try_from(limit).unwrap_or(usize::MAX) {
+                    return Err(format!(
+                        "store {db} holds {n} calls of {tool} between their claim and accepted, over the tool's concurrency limit of {limit}"
+                    ));
+                }
             }
         }
         Ok(())
@@ -662,7 +667,7 @@ impl World {
         let tool = self.platform.tool(call).unwrap_or_default().to_owned();
         let Some(row) = self.dbs[pr.db].calls.get(call).cloned() else {
             // The claimer claims a call only with a slot of its tool free.
-            if self.platform.pending().iter().any(|c| c == call) && self.slot_free(pr.db) {
+            if self.platform.pending().iter().any(|c| c == call) && self.slot_free(pr.db, &tool) {
                 let operation_key = self.next_id("op");
                 self.commit(
                     p,
@@ -679,7 +684,7 @@ impl World {
             Step::Done => {
                 if matches!(row.state, LocalState::Abandoned | LocalState::Released)
                     && self.platform.pending().iter().any(|c| c == call)
-                    && self.slot_free(pr.db)
+                    && self.slot_free(pr.db, &tool)
                 {
                     let operation_key = self.next_id("op");
                     self.commit(
