@@ -3,23 +3,18 @@
 //! `accepted` and their final receipt at once, and at most N first
 //! `accepted` in any second; every call completes.
 
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use serde_json::json;
-use toolrunner::protocol::wire::ReceiptKind;
 use toolrunner_devserver::DevServer;
 
 #[path = "support/ledger.rs"]
 mod ledger;
+#[path = "support/limits.rs"]
+mod limits;
 
 const CALLS: usize = 12;
-
-/// A platform time (RFC 3339, milliseconds) in milliseconds.
-fn ms(at: &str) -> Result<i128> {
-    let t = humantime::parse_rfc3339(at).with_context(|| format!("a receipt time: {at}"))?;
-    Ok(i128::try_from(t.duration_since(UNIX_EPOCH)?.as_millis())?)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_holds_its_concurrency_and_rate_limits() -> Result<()> {
@@ -83,51 +78,15 @@ async fn the_ledger_holds_its_concurrency_and_rate_limits() -> Result<()> {
 
     // Each call from its first `accepted` to its final receipt, as the
     // platform received them.
-    let mut spans = Vec::new();
-    for call in &run.tool_calls {
-        let first = |kind: ReceiptKind| -> Result<i128> {
-            let mut times = call
-                .receipts
-                .iter()
-                .filter(|r| r.kind == kind)
-                .map(|r| ms(&r.received_at))
-                .collect::<Result<Vec<_>>>()?;
-            times.sort_unstable();
-            times.first().copied().context("a receipt of the kind")
-        };
-        spans.push((
-            first(ReceiptKind::Accepted)?,
-            first(ReceiptKind::Completed)?,
-        ));
-    }
-    let most_at_once = spans
-        .iter()
-        .map(|(start, _)| {
-            spans
-                .iter()
-                .filter(|(a, f)| a <= start && start < f)
-                .count()
-        })
-        .max()
-        .unwrap_or(0);
-    let mut starts: Vec<i128> = spans.iter().map(|(a, _)| *a).collect();
-    starts.sort_unstable();
-    let most_a_second = (0..starts.len())
-        .map(|i| {
-            starts[i..]
-                .iter()
-                .take_while(|t| **t - starts[i] < 1_000)
-                .count()
-        })
-        .max()
-        .unwrap_or(0);
+    let spans = limits::spans(&run)?;
+    let (most_at_once, most_a_second) = limits::most(&spans);
     ensure!(
         most_at_once <= 2,
         "{most_at_once} calls between accepted and their final receipt at once: {spans:?}"
     );
     ensure!(
         most_a_second <= 5,
-        "{most_a_second} first accepted within a second: {starts:?}"
+        "{most_a_second} first accepted within a second: {spans:?}"
     );
     ensure!(
         most_at_once == 2,

@@ -18,18 +18,16 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use anyhow::{Context, Result, ensure};
 use serde_json::json;
 use toolrunner::platform::Platform;
-use toolrunner::protocol::wire::ReceiptKind;
 use toolrunner::testing::store::{CallFilter, PgStore, Store};
 use toolrunner_devserver::DevServer;
 
 const CONCURRENCY: usize = 4;
 const RATE: usize = 50;
 
-/// A platform time (RFC 3339, milliseconds) in milliseconds.
-fn ms(at: &str) -> Result<i128> {
-    let t = humantime::parse_rfc3339(at).with_context(|| format!("a receipt time: {at}"))?;
-    Ok(i128::try_from(t.duration_since(UNIX_EPOCH)?.as_millis())?)
-}
+#[path = "../support/limits.rs"]
+mod limits;
+
+use limits::most;
 
 /// One play: its replicas' ids, and what the platform and the ledger saw.
 struct Played {
@@ -133,23 +131,7 @@ where
         let _ = child.wait();
     }
 
-    let mut spans = Vec::new();
-    for call in &done.tool_calls {
-        let first = |kind: ReceiptKind| -> Result<i128> {
-            let mut times = call
-                .receipts
-                .iter()
-                .filter(|r| r.kind == kind)
-                .map(|r| ms(&r.received_at))
-                .collect::<Result<Vec<_>>>()?;
-            times.sort_unstable();
-            times.first().copied().context("a receipt of the kind")
-        };
-        spans.push((
-            first(ReceiptKind::Accepted)?,
-            first(ReceiptKind::Completed)?,
-        ));
-    }
+    let spans = limits::spans(&done)?;
     let mut claim_to_accepted = Vec::new();
     for id in &ids {
         let store = PgStore::connect_in_schema(s.url, &PgStore::identity_schema(id)).await?;
@@ -183,33 +165,6 @@ where
         lines,
         writes,
     })
-}
-
-/// The most calls between their first `accepted` and final receipt at
-/// once, and the most first `accepted` in one second.
-fn most(spans: &[(i128, i128)]) -> (usize, usize) {
-    let at_once = spans
-        .iter()
-        .map(|(start, _)| {
-            spans
-                .iter()
-                .filter(|(a, f)| a <= start && start < f)
-                .count()
-        })
-        .max()
-        .unwrap_or(0);
-    let mut starts: Vec<i128> = spans.iter().map(|(a, _)| *a).collect();
-    starts.sort_unstable();
-    let a_second = (0..starts.len())
-        .map(|i| {
-            starts[i..]
-                .iter()
-                .take_while(|t| **t - starts[i] < 1_000)
-                .count()
-        })
-        .max()
-        .unwrap_or(0);
-    (at_once, a_second)
 }
 
 fn p99(mut v: Vec<i64>) -> i64 {

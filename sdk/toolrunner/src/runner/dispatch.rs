@@ -256,9 +256,7 @@ async fn checked(
             let held = Held {
                 capacity: core.calls.slots.clone().try_acquire_owned().ok(),
                 tool: core
-                    .calls
-                    .flow
-                    .take_for_resume(core.flow_holder().as_ref(), &key, &moved.tool_name, true)
+                    .resume_hold(&key, &moved.tool_name, true)
                     .await
                     .unwrap_or_default(),
             };

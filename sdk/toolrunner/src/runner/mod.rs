@@ -151,6 +151,21 @@ pub(crate) struct Calls {
 }
 
 impl Core {
+    /// What a call of `tool` this identity picks up again holds of its
+    /// tool's limits (see [`flow::Flow::take_for_resume`]).
+    pub(crate) async fn resume_hold(
+        &self,
+        key: &CallKey,
+        tool: &str,
+        claimed: bool,
+    ) -> Option<flow::ToolHold> {
+        let holder = self.flow_holder();
+        self.calls
+            .flow
+            .take_for_resume(holder.as_ref(), key, tool, claimed)
+            .await
+    }
+
     /// This identity as a taker of shared flow holds (on a store shared
     /// by replicas: its executor id and fencing token).
     pub(crate) fn flow_holder(&self) -> Option<flow::Holder> {

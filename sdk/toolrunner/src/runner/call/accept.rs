@@ -81,15 +81,7 @@ pub(super) async fn accept(
             // send, or, lapsed or none free, the claim goes back (nothing
             // saved, nothing ran) rather than an `accepted` outside the
             // window.
-            if hold.take_token(&id).await.is_err() {
-                core.calls
-                    .flow
-                    .lapsed(&core.cfg.executor_id, &key, &call.tool_name);
-                super::super::telemetry::flow_released(
-                    &core.cfg.executor_id,
-                    &call.tool_name,
-                    "rate_lapsed",
-                );
+            if !super::claim::token_or_lapse(core, &key, &call.tool_name, hold, &id).await {
                 let moved = core
                     .advance(
                         &key,

@@ -100,19 +100,15 @@ pub(super) async fn claim(
                 // free, the claim goes back with nothing saved and nothing
                 // run.
                 Ok(())
-                    if hold
-                        .take_token(&claimed.assignment.assignment_id)
-                        .await
-                        .is_err() =>
-                {
-                    core.calls
-                        .flow
-                        .lapsed(&core.cfg.executor_id, &key, &call.tool_name);
-                    super::super::telemetry::flow_released(
-                        &core.cfg.executor_id,
+                    if !token_or_lapse(
+                        core,
+                        &key,
                         &call.tool_name,
-                        "rate_lapsed",
-                    );
+                        hold,
+                        &claimed.assignment.assignment_id,
+                    )
+                    .await =>
+                {
                     Event::RateLapsed
                 }
                 Ok(()) => Event::AcceptedSaved,
@@ -204,6 +200,24 @@ fn refusal_reason(e: &ClientError) -> String {
 
 /// The checks before anything runs, for a call of `tool_name` (refused if
 /// this executor does not serve the tool).
+/// The token of the tool's rate for the first `accepted` of
+/// `assignment_id`; `false`: none (lapsed, or none free), the claim goes
+/// back and the call backs off.
+pub(super) async fn token_or_lapse(
+    core: &Core,
+    key: &CallKey,
+    tool: &str,
+    hold: &ToolHold,
+    assignment_id: &str,
+) -> bool {
+    if hold.take_token(assignment_id).await.is_ok() {
+        return true;
+    }
+    core.calls.flow.lapsed(&core.cfg.executor_id, key, tool);
+    telemetry::flow_released(&core.cfg.executor_id, tool, "rate_lapsed");
+    false
+}
+
 /// After the claim, before `accepted`: a slot of the call's concurrency
 /// key, taken into `hold` (`false`: the key is at its limit; the claim
 /// goes back and the call backs off). A tool without a key function needs

@@ -82,12 +82,7 @@ async fn resume_waiting(core: &Arc<Core>) {
         let Ok(permit) = core.calls.slots.clone().try_acquire_owned() else {
             return;
         };
-        let Some(tool) = core
-            .calls
-            .flow
-            .take_for_resume(core.flow_holder().as_ref(), &key, &c.tool_name, claimed)
-            .await
-        else {
+        let Some(tool) = core.resume_hold(&key, &c.tool_name, claimed).await else {
             continue;
         };
         let held = Held {

@@ -178,12 +178,7 @@ async fn resume(core: &Arc<Core>, connected: Connected) {
                 LocalState::Claiming | LocalState::Assigned => bound.contains(&key),
                 _ => true,
             };
-            let Some(tool) = core
-                .calls
-                .flow
-                .take_for_resume(core.flow_holder().as_ref(), &key, &c.tool_name, claimed)
-                .await
-            else {
+            let Some(tool) = core.resume_hold(&key, &c.tool_name, claimed).await else {
                 continue;
             };
             let held = Held {
