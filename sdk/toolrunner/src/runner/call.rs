@@ -43,7 +43,9 @@ use run::run;
 pub(super) async fn drive(
     core: Arc<Core>,
     confirmed: bool,
-    mut held: Held,
+    // Boxed: held across every await of the drive (its key slot's mutex
+    // and its permit would size every call in flight).
+    mut held: Box<Held>,
     active: Active,
     known: Option<Box<LocalCall>>,
 ) {
@@ -313,12 +315,13 @@ mod tests {
     use crate::runner::template::Template;
 
     /// At most this many bytes in the future of one call's drive (each
-    /// call in flight holds one). Today 2,536 (debug), down from 4,592:
+    /// call in flight holds one). Today 2,528 (debug), down from 4,592:
     /// the row handed to the drive is boxed until the steps take it (a
     /// `LocalCall` is 512 bytes, and a value moved out of a local still
     /// takes its room in a future, rust-lang/rust#59123), and the steps'
     /// future is made inside the select instead of in a local moved into
-    /// it. The steps themselves are 2,064 bytes; each step's own future
+    /// it; what the call holds of its limits (`Held`) is boxed too (2,592
+    /// with it inline, once per-key limits came). The steps themselves are 2,064 bytes; each step's own future
     /// is boxed where it is awaited (claim, accept and run are 9.5 to 12
     /// KiB each, and only one runs at a time).
     const MOST_BYTES: usize = 2560;
@@ -334,7 +337,7 @@ mod tests {
             call_id: "call_1".into(),
         };
         let active = core.activate(&key).expect("no task drives the call yet");
-        let drive = super::drive(core.clone(), false, super::Held::default(), active, None);
+        let drive = super::drive(core.clone(), false, Box::default(), active, None);
         let bytes = std::mem::size_of_val(&drive);
         println!("a call's drive future: {bytes} bytes");
         assert!(

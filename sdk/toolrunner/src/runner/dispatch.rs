@@ -193,7 +193,7 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                 tokio::spawn(super::call::drive(
                     core.clone(),
                     job.confirmed,
-                    job.held,
+                    Box::new(job.held),
                     job.active,
                     job.known,
                 ));
