@@ -143,7 +143,7 @@ async fn play(
     }
     for handle in submitted {
         let handle = handle.expect("submitted");
-        let outcome = kit.wait(&handle).await.expect("settled");
+        let outcome = settled(kit, &handle).await;
         assert!(outcome.is_completed(), "{outcome:?}");
     }
     let finished = down.finished.lock().unwrap();
@@ -153,6 +153,27 @@ async fn play(
         .map(|(_, at)| at.duration_since(start))
         .max()
         .expect("other merchants ran")
+}
+
+/// The call's outcome, waited for up to three minutes: the kit waits 30 s
+/// at a time, and a machine loaded by the other tests (the test counts,
+/// it does not time) must not fail it, nor a regression that only makes
+/// the others slower than the count allows.
+async fn settled(
+    kit: &TestKit,
+    handle: &toolrunner::testing::CallHandle,
+) -> toolrunner::testing::CallOutcome {
+    let mut tries = 0;
+    loop {
+        match kit.wait(handle).await {
+            Ok(outcome) => return outcome,
+            Err(e) if tries < 5 => {
+                tries += 1;
+                eprintln!("flow keys: still waiting ({e})");
+            }
+            Err(e) => panic!("not settled within three minutes: {e}"),
+        }
+    }
 }
 
 /// 100 calls over nine merchants (`m1`…`m9`), and, with `hot`, 100 more
@@ -224,9 +245,15 @@ async fn a_hot_key_takes_its_limit_and_never_starves_the_others() -> toolrunner:
         hot_beside < 50,
         "the other keys finished only once {hot_beside} of the hot key's 100 interleaved calls were done (after {others_mixed:?}, {others_alone:?} alone): they waited behind it"
     );
+    // Each hot call is claimed once to learn its key, and given back: the
+    // calls given back together share one flush of their `released`
+    // reports (each flushing every report alone held the capacity for
+    // 15 s: 122-149 hot calls done first on a quiet machine, over 200
+    // beside the other tests; now about 26), and a call whose key is
+    // still full here is not claimed again until a slot of it comes back.
     assert!(
-        hot_done < HOT - 100,
-        "the other keys finished only once the hot key's older backlog fit in a page ({hot_done} of its {HOT} calls done, after {others_after:?}): they waited behind it"
+        hot_done < 100,
+        "the other keys finished only once {hot_done} of the hot key's {HOT} older calls were done (after {others_after:?}): they waited behind it"
     );
     Ok(())
 }

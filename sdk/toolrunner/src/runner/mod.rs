@@ -148,6 +148,8 @@ pub(crate) struct Calls {
     pub(crate) wake: Notify,
     /// A task paused a call (it waits in the store for the claim loop).
     pub(crate) paused: AtomicBool,
+    /// The one flush of reports running, shared by those who ask meanwhile.
+    pub(crate) reports: outbox::ReportFlush,
 }
 
 impl Core {

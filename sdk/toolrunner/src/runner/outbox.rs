@@ -214,8 +214,41 @@ pub(crate) async fn deliver(
     }
 }
 
-/// Sends every state still to report.
+/// One flush of the reports at a time, shared by the tasks that ask for
+/// one meanwhile (a part of [`super::Calls`]): thirty calls given back at
+/// once (their key at its limit) would otherwise each read and send every
+/// report still pending, thirty times over, holding their capacity slots
+/// while they did.
+#[derive(Default)]
+pub(crate) struct ReportFlush {
+    /// Asks so far (each ask's ticket is its number).
+    asked: std::sync::atomic::AtomicU64,
+    /// Every ask up to this ticket had a pass over the store start after
+    /// it.
+    covered: std::sync::atomic::AtomicU64,
+    /// Held by the one flush running.
+    running: tokio::sync::Mutex<()>,
+}
+
+/// Sends every state still to report: when it returns, a pass over the
+/// store that began after it was called has ended (this task's own, or
+/// the one it waited for).
 pub(crate) async fn flush_reports(core: &Arc<Core>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let shared = &core.calls.reports;
+    let ticket = shared.asked.fetch_add(1, SeqCst) + 1;
+    let _running = shared.running.lock().await;
+    if shared.covered.load(SeqCst) >= ticket {
+        return;
+    }
+    // Every ask made so far is covered by the pass that starts now.
+    let upto = shared.asked.load(SeqCst);
+    flush_reports_now(core).await;
+    shared.covered.fetch_max(upto, SeqCst);
+}
+
+/// Sends every state still to report, in passes of its own.
+async fn flush_reports_now(core: &Arc<Core>) {
     // Each round either delivers every report or drops one call the
     // platform does not know, so this ends.
     let mut size = 100;

@@ -219,6 +219,7 @@ impl Template {
                 dispatch: Default::default(),
                 wake: Notify::new(),
                 paused: AtomicBool::new(false),
+                reports: Default::default(),
             },
             health: self.health,
             life: Life::new(fence, lock),

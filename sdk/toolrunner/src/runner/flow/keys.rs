@@ -11,8 +11,27 @@ use super::CallKey;
 #[derive(Debug, Default)]
 pub(super) struct KeySlots {
     held: Mutex<HashMap<(String, String), u32>>,
-    waiting: Mutex<HashMap<(String, String), VecDeque<CallKey>>>,
+    waiting: Mutex<Waiting>,
     woken: Mutex<HashSet<CallKey>>,
+}
+
+/// The calls waiting for a key: by key, oldest first, and the key each
+/// waits for.
+#[derive(Debug, Default)]
+struct Waiting {
+    queues: HashMap<(String, String), VecDeque<CallKey>>,
+    of: HashMap<CallKey, (String, String)>,
+}
+
+impl Waiting {
+    /// Keeps the waits of the calls `keep` keeps.
+    fn retain(&mut self, keep: impl Fn(&CallKey) -> bool) {
+        for queue in self.queues.values_mut() {
+            queue.retain(&keep);
+        }
+        self.queues.retain(|_, q| !q.is_empty());
+        self.of.retain(|c, _| keep(c));
+    }
 }
 
 /// Wakes the oldest call waiting for a key when dropped (a call of the
@@ -25,10 +44,13 @@ pub(super) struct KeyWake {
 
 impl Drop for KeyWake {
     fn drop(&mut self) {
-        let next = super::lock(&self.slots.waiting)
+        let mut waiting = super::lock(&self.slots.waiting);
+        let next = waiting
+            .queues
             .get_mut(&self.at)
             .and_then(VecDeque::pop_front);
         if let Some(call) = next {
+            waiting.of.remove(&call);
             super::lock(&self.slots.woken).insert(call);
         }
     }
@@ -79,21 +101,41 @@ impl KeySlots {
     /// `call` waits for a slot of `key` of `tool` (once).
     pub(super) fn wait(&self, tool: &str, key: &str, call: &CallKey) {
         let mut waiting = super::lock(&self.waiting);
-        let queue = waiting
-            .entry((tool.to_owned(), key.to_owned()))
-            .or_default();
-        if !queue.contains(call) {
-            queue.push_back(call.clone());
+        let at = (tool.to_owned(), key.to_owned());
+        if waiting.of.get(call) == Some(&at) {
+            return;
         }
+        waiting.retain(|c| c != call);
+        waiting
+            .queues
+            .entry(at.clone())
+            .or_default()
+            .push_back(call.clone());
+        waiting.of.insert(call.clone(), at);
+    }
+
+    /// Whether `call` waits for a key whose calls held in this process
+    /// are at its limit (`limit`, by tool): claimed now, it would only be
+    /// given back. Only this process's holds are counted here (on a store
+    /// shared by replicas they are the store's: never full here).
+    pub(super) fn waits_for_full(
+        &self,
+        call: &CallKey,
+        limit: impl Fn(&str) -> Option<u32>,
+    ) -> bool {
+        let waiting = super::lock(&self.waiting);
+        let Some(at) = waiting.of.get(call) else {
+            return false;
+        };
+        let Some(limit) = limit(&at.0) else {
+            return false;
+        };
+        super::lock(&self.held).get(at).is_some_and(|n| *n >= limit)
     }
 
     /// `call` took a slot of its key: it waits no more.
     pub(super) fn waited(&self, call: &CallKey) {
-        let mut waiting = super::lock(&self.waiting);
-        for queue in waiting.values_mut() {
-            queue.retain(|c| c != call);
-        }
-        waiting.retain(|_, q| !q.is_empty());
+        super::lock(&self.waiting).retain(|c| c != call);
         super::lock(&self.woken).remove(call);
     }
 
@@ -104,11 +146,7 @@ impl KeySlots {
 
     /// Forgets the waits of calls no longer in `keep`.
     pub(super) fn retain(&self, keep: impl Fn(&CallKey) -> bool) {
-        let mut waiting = super::lock(&self.waiting);
-        for queue in waiting.values_mut() {
-            queue.retain(&keep);
-        }
-        waiting.retain(|_, q| !q.is_empty());
+        super::lock(&self.waiting).retain(&keep);
         super::lock(&self.woken).retain(|c| keep(c));
     }
 

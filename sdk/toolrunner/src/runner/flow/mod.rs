@@ -379,19 +379,31 @@ impl Flow {
     /// the claimer asks the platform for that many candidates more, so
     /// that calls backing off never fill its page and hide the others.
     pub(crate) fn backing_off_now(&self) -> usize {
-        let now = Instant::now();
-        lock(&self.lapsed)
-            .values()
-            .filter(|b| b.until > now)
-            .count()
+        let calls: Vec<CallKey> = lock(&self.lapsed).keys().cloned().collect();
+        calls.iter().filter(|c| self.backs_off(c)).count()
     }
 
     /// Whether `key` backs off now, as a look at it (a woken call does
     /// not: it is claimed at once).
     pub(crate) fn backs_off(&self, key: &CallKey) -> bool {
-        lock(&self.lapsed)
+        let within = lock(&self.lapsed)
             .get(key)
-            .is_some_and(|b| Instant::now() < b.until)
+            .map(|b| Instant::now() < b.until);
+        match within {
+            None => false,
+            Some(true) => true,
+            // Over, but its key is still full here: claimed now, it would
+            // only be given back (it is woken when a slot comes back).
+            Some(false) => self.key_still_full(key),
+        }
+    }
+
+    /// Whether `key` waits for a concurrency key whose slots this process
+    /// holds all of.
+    fn key_still_full(&self, key: &CallKey) -> bool {
+        self.keys.waits_for_full(key, |tool| {
+            self.limits.get(tool).and_then(Limits::max_per_key)
+        })
     }
 
     /// Whether `key` backs off (a lapsed token, its concurrency key at its
@@ -401,9 +413,7 @@ impl Flow {
             lock(&self.lapsed).remove(key);
             return false;
         }
-        lock(&self.lapsed)
-            .get(key)
-            .is_some_and(|b| Instant::now() < b.until)
+        self.backs_off(key)
     }
 
     /// A slot and a token of `tool` for a new claim of `key`, only when
@@ -468,8 +478,15 @@ impl Flow {
         lock(&self.parked)
             .retain(|key, (whose, _)| whose != owner || waiting.contains(key) || driven(key));
         let now = Instant::now();
+        let full: Vec<CallKey> = lock(&self.lapsed)
+            .keys()
+            .filter(|k| self.key_still_full(k))
+            .cloned()
+            .collect();
         let mut lapsed = lock(&self.lapsed);
-        lapsed.retain(|key, b| b.owner != owner || b.until > now || waiting.contains(key));
+        lapsed.retain(|key, b| {
+            b.owner != owner || b.until > now || waiting.contains(key) || full.contains(key)
+        });
         self.keys.retain(|call| lapsed.contains_key(call));
     }
 
