@@ -24,6 +24,19 @@ struct Waiting {
 }
 
 impl Waiting {
+    /// `call` waits no more (its one queue, found by the index).
+    fn remove(&mut self, call: &CallKey) {
+        let Some(at) = self.of.remove(call) else {
+            return;
+        };
+        if let Some(queue) = self.queues.get_mut(&at) {
+            queue.retain(|c| c != call);
+            if queue.is_empty() {
+                self.queues.remove(&at);
+            }
+        }
+    }
+
     /// Keeps the waits of the calls `keep` keeps.
     fn retain(&mut self, keep: impl Fn(&CallKey) -> bool) {
         for queue in self.queues.values_mut() {
@@ -98,14 +111,17 @@ impl KeySlots {
         }
     }
 
-    /// `call` waits for a slot of `key` of `tool` (once).
+    /// `call` waits for a slot of `key` of `tool` (once). A wake it got
+    /// before (while its claim was in flight) is spent: the claim found the
+    /// key full.
     pub(super) fn wait(&self, tool: &str, key: &str, call: &CallKey) {
         let mut waiting = super::lock(&self.waiting);
+        super::lock(&self.woken).remove(call);
         let at = (tool.to_owned(), key.to_owned());
         if waiting.of.get(call) == Some(&at) {
             return;
         }
-        waiting.retain(|c| c != call);
+        waiting.remove(call);
         waiting
             .queues
             .entry(at.clone())
@@ -135,7 +151,7 @@ impl KeySlots {
 
     /// `call` took a slot of its key: it waits no more.
     pub(super) fn waited(&self, call: &CallKey) {
-        super::lock(&self.waiting).retain(|c| c != call);
+        super::lock(&self.waiting).remove(call);
         super::lock(&self.woken).remove(call);
     }
 

@@ -478,7 +478,7 @@ impl Flow {
         lock(&self.parked)
             .retain(|key, (whose, _)| whose != owner || waiting.contains(key) || driven(key));
         let now = Instant::now();
-        let full: Vec<CallKey> = lock(&self.lapsed)
+        let full: std::collections::HashSet<CallKey> = lock(&self.lapsed)
             .keys()
             .filter(|k| self.key_still_full(k))
             .cloned()

@@ -261,6 +261,52 @@ fn a_call_whose_back_off_is_over_waits_while_its_key_is_still_full_here() {
     });
 }
 
+/// A call woken while it was being claimed (claimed without a wake: its
+/// back-off over and its key not full), that finds its key full again and
+/// is given back once more, carries no stale wake: it backs off like any
+/// call given back, instead of being claimed and given back at once.
+#[test]
+fn a_call_given_back_again_after_a_wake_backs_off_again() {
+    let f = flow(Limits::none().per_key(2));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let (x, w) = (key(10), key(11));
+        let a = ToolHold::default();
+        assert!(f.take_key(None, &key(1), "t", "m1", &a).await);
+        let filler = ToolHold::default();
+        assert!(f.take_key(None, &key(2), "t", "m1", &filler).await);
+        for c in [&x, &w] {
+            assert!(!f.take_key(None, c, "t", "m1", &ToolHold::default()).await);
+            f.key_limited("ex", c, "t", "m1");
+        }
+        // The filler's slot back wakes X; W's back-off is over and its key
+        // has a slot free: W is claimed, without a wake, still waiting.
+        drop(filler);
+        for b in lock(&f.lapsed).values_mut() {
+            b.until = Instant::now();
+        }
+        assert!(f.try_take(&w, "t").is_some(), "W is claimed");
+        // While W's claim is in flight, B takes the free slot, A gives its
+        // own back (waking W) and C takes it: W's claim finds the key full.
+        let b = ToolHold::default();
+        assert!(f.take_key(None, &key(3), "t", "m1", &b).await);
+        drop(a);
+        let c = ToolHold::default();
+        assert!(f.take_key(None, &key(4), "t", "m1", &c).await);
+        assert!(!f.take_key(None, &w, "t", "m1", &ToolHold::default()).await);
+        f.key_limited("ex", &w, "t", "m1");
+        assert!(
+            f.try_take(&w, "t").is_none(),
+            "the wake that came before it was given back again is spent: it backs off"
+        );
+        drop(b);
+        assert!(f.try_take(&w, "t").is_some(), "woken by the next slot back");
+        drop(c);
+    });
+}
+
 #[test]
 fn a_call_that_took_its_keys_slot_waits_no_more_so_the_next_wake_finds_the_one_still_waiting() {
     let f = flow(Limits::none().per_key(2));
