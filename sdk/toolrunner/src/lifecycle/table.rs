@@ -95,7 +95,7 @@ pub(crate) const TABLE: &[Rule] = &[
         event: "key_limited",
         from: &[Assigned],
         to: To::State(Released),
-        writes: "report `released`: the call's concurrency key was at its limit; nothing ran (claimed again, with a new key, once pending and a back-off has passed)",
+        writes: "report `released`: the call's concurrency key was at its limit; nothing ran (claimed again, with a new key, once pending and woken by a slot of its key coming back here, or once a back-off has passed and, on a store of one process, its key has a slot free)",
     },
     Rule {
         event: "accepted_saved",
