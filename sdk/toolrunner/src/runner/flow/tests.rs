@@ -19,6 +19,25 @@ fn slots(f: &Flow) -> Option<(u32, u32)> {
     f.in_use()[0].slots
 }
 
+/// Runs a test's steps on a runtime of their own (the key's slots are
+/// taken in async code).
+fn block_on<T>(steps: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime")
+        .block_on(steps)
+}
+
+/// `call` of tool `t` is claimed, finds `key` at its limit and is given
+/// back.
+async fn given_back(f: &Flow, call: &CallKey, key: &str) {
+    assert!(
+        !f.take_key(None, call, "t", key, &ToolHold::default()).await,
+        "{key} is at its limit"
+    );
+    f.key_limited("ex", call, "t", key);
+}
+
 #[test]
 fn a_new_claim_takes_a_slot_only_below_the_limit_and_a_dropped_slot_comes_back() {
     let f = flow(Limits::none().concurrency(2));
@@ -200,15 +219,10 @@ fn one_identitys_sweep_keeps_the_parked_holds_of_another() {
 #[test]
 fn a_call_whose_key_is_at_its_limit_waits_until_a_slot_of_its_key_comes_back() {
     let f = flow(Limits::none().per_key(1));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
+    block_on(async {
         let first = ToolHold::default();
         assert!(f.take_key(None, &key(1), "t", "m1", &first).await);
-        let second = ToolHold::default();
-        assert!(!f.take_key(None, &key(2), "t", "m1", &second).await);
-        f.key_limited("ex", &key(2), "t", "m1");
+        given_back(&f, &key(2), "m1").await;
         assert!(f.try_take(&key(2), "t").is_none(), "it backs off");
         let other = ToolHold::default();
         assert!(
@@ -233,23 +247,26 @@ fn a_call_whose_key_is_at_its_limit_waits_until_a_slot_of_its_key_comes_back() {
 #[test]
 fn a_call_whose_back_off_is_over_waits_while_its_key_is_still_full_here() {
     let f = flow(Limits::none().per_key(1));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
+    block_on(async {
         let first = ToolHold::default();
         assert!(f.take_key(None, &key(1), "t", "m1", &first).await);
         for n in [2, 3] {
-            assert!(!f.take_key(None, &key(n), "t", "m1", &ToolHold::default()).await);
-            f.key_limited("ex", &key(n), "t", "m1");
+            given_back(&f, &key(n), "m1").await;
         }
         // Their back-offs are over.
         for b in lock(&f.lapsed).values_mut() {
             b.until = Instant::now();
         }
         assert!(f.backs_off(&key(2)), "its key is still full here");
-        assert!(f.try_take(&key(2), "t").is_none(), "not claimed to be given back");
-        assert_eq!(f.backing_off_now(), 2, "both still count as backing off (the page grows)");
+        assert!(
+            f.try_take(&key(2), "t").is_none(),
+            "not claimed to be given back"
+        );
+        assert_eq!(
+            f.backing_off_now(),
+            2,
+            "both still count as backing off (the page grows)"
+        );
         f.sweep("ex", &[], |_| false);
         assert!(f.try_take(&key(3), "t").is_none(), "a sweep keeps its wait");
         drop(first);
@@ -268,18 +285,14 @@ fn a_call_whose_back_off_is_over_waits_while_its_key_is_still_full_here() {
 #[test]
 fn a_call_given_back_again_after_a_wake_backs_off_again() {
     let f = flow(Limits::none().per_key(2));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
+    block_on(async {
         let (x, w) = (key(10), key(11));
         let a = ToolHold::default();
         assert!(f.take_key(None, &key(1), "t", "m1", &a).await);
         let filler = ToolHold::default();
         assert!(f.take_key(None, &key(2), "t", "m1", &filler).await);
         for c in [&x, &w] {
-            assert!(!f.take_key(None, c, "t", "m1", &ToolHold::default()).await);
-            f.key_limited("ex", c, "t", "m1");
+            given_back(&f, c, "m1").await;
         }
         // The filler's slot back wakes X; W's back-off is over and its key
         // has a slot free: W is claimed, without a wake, still waiting.
@@ -295,8 +308,7 @@ fn a_call_given_back_again_after_a_wake_backs_off_again() {
         drop(a);
         let c = ToolHold::default();
         assert!(f.take_key(None, &key(4), "t", "m1", &c).await);
-        assert!(!f.take_key(None, &w, "t", "m1", &ToolHold::default()).await);
-        f.key_limited("ex", &w, "t", "m1");
+        given_back(&f, &w, "m1").await;
         assert!(
             f.try_take(&w, "t").is_none(),
             "the wake that came before it was given back again is spent: it backs off"
@@ -310,18 +322,14 @@ fn a_call_given_back_again_after_a_wake_backs_off_again() {
 #[test]
 fn a_call_that_took_its_keys_slot_waits_no_more_so_the_next_wake_finds_the_one_still_waiting() {
     let f = flow(Limits::none().per_key(2));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
+    block_on(async {
         let (x, y) = (key(10), key(11));
         let a = ToolHold::default();
         let b = ToolHold::default();
         assert!(f.take_key(None, &key(1), "t", "m1", &a).await);
         assert!(f.take_key(None, &key(2), "t", "m1", &b).await);
         for c in [&x, &y] {
-            assert!(!f.take_key(None, c, "t", "m1", &ToolHold::default()).await);
-            f.key_limited("ex", c, "t", "m1");
+            given_back(&f, c, "m1").await;
         }
         drop(a);
         // Y comes first after its back-off, and takes the slot; X, woken,
@@ -329,8 +337,7 @@ fn a_call_that_took_its_keys_slot_waits_no_more_so_the_next_wake_finds_the_one_s
         let y_hold = ToolHold::default();
         assert!(f.take_key(None, &y, "t", "m1", &y_hold).await);
         assert!(f.try_take(&x, "t").is_some(), "X was woken");
-        assert!(!f.take_key(None, &x, "t", "m1", &ToolHold::default()).await);
-        f.key_limited("ex", &x, "t", "m1");
+        given_back(&f, &x, "m1").await;
         drop(b);
         assert!(
             f.try_take(&x, "t").is_some(),
