@@ -6,6 +6,7 @@
 
 #![allow(missing_docs, unreachable_pub)]
 
+mod approvals;
 mod error_messages;
 mod failures;
 mod fixture;

@@ -2,6 +2,7 @@
 //!
 //! Exit codes: 0 done, 1 refused (nothing changed), 2 usage or setup error.
 
+mod approvals;
 mod budget;
 mod calls;
 mod console;
@@ -39,6 +40,10 @@ enum Command {
     /// Settle calls whose outcome is unknown.
     #[command(subcommand)]
     Reconcile(reconcile::ReconcileCommand),
+    /// List, show, approve and deny the calls that wait for a person's
+    /// yes.
+    #[command(subcommand)]
+    Approvals(approvals::ApprovalsCommand),
     /// List and set the tools' limits a PostgreSQL store keeps for every
     /// replica.
     #[command(subcommand)]
@@ -106,6 +111,7 @@ fn main() -> ExitCode {
             Command::Reconcile(c) => reconcile::run(c).await,
             Command::Outbox(c) => outbox::run(c).await,
             Command::Limits(c) => limits::run(c).await,
+            Command::Approvals(c) => approvals::run(c).await,
             Command::Tools(c) => tools::run(c).await,
             Command::Budget(b) => budget::run(b),
             Command::Console(c) => console::run(c).await,

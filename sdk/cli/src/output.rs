@@ -32,8 +32,31 @@ pub(crate) fn call_ref(s: &str) -> Result<(String, String), Failure> {
 
 /// Opens a store for reading and guarded writes; the file must exist.
 pub(crate) async fn open(db: &str) -> Result<toolrunner::Reconciler, Failure> {
+    Ok(match store_at(db)? {
+        StoreAt::Url(url) => toolrunner::Reconciler::open(url).await?,
+        StoreAt::Path(path) => toolrunner::Reconciler::open_path(path).await?,
+    })
+}
+
+/// The approval requests of the store `--db` names.
+pub(crate) async fn open_approvals(db: &str) -> Result<toolrunner::Approvals, Failure> {
+    Ok(match store_at(db)? {
+        StoreAt::Url(url) => toolrunner::Approvals::open(url).await?,
+        StoreAt::Path(path) => toolrunner::Approvals::open_path(path).await?,
+    })
+}
+
+/// Where `--db` points: a URL, or a file taken literally.
+enum StoreAt<'a> {
+    Url(&'a str),
+    Path(&'a std::path::Path),
+}
+
+/// A PostgreSQL URL, or an existing SQLite file (refused with what to pass
+/// when there is none).
+fn store_at(db: &str) -> Result<StoreAt<'_>, Failure> {
     if db.starts_with("postgres://") || db.starts_with("postgresql://") {
-        return Ok(toolrunner::Reconciler::open(db).await?);
+        return Ok(StoreAt::Url(db));
     }
     let path = db.strip_prefix("sqlite://").unwrap_or(db);
     if !std::path::Path::new(path).exists() {
@@ -42,9 +65,9 @@ pub(crate) async fn open(db: &str) -> Result<toolrunner::Reconciler, Failure> {
         )));
     }
     if db.starts_with("sqlite:") {
-        return Ok(toolrunner::Reconciler::open(db).await?);
+        return Ok(StoreAt::Url(db));
     }
-    Ok(toolrunner::Reconciler::open_path(std::path::Path::new(path)).await?)
+    Ok(StoreAt::Path(std::path::Path::new(path)))
 }
 
 /// The `--db` flag shared by the store commands.

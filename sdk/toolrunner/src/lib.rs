@@ -7,6 +7,7 @@
 #[cfg(feature = "admin")]
 pub mod admin;
 mod api;
+mod approvals;
 mod builder;
 #[cfg(feature = "console")]
 pub mod console;
@@ -36,6 +37,7 @@ pub use api::handler::{
 };
 pub use api::limits::Limits;
 pub use api::transaction::Transaction;
+pub use approvals::{ApprovalRequest, ApprovalState, Approvals, ApproverCheck, Decision};
 pub use builder::{ENV_VARS, PRINT_DEFINITIONS, UNBOUND};
 pub use builder::{Executor, ExecutorBuilder};
 pub use error::{Error, Result, shutdown_signal};

@@ -33,10 +33,16 @@ toolrunner_protocol::debug_without_payloads!(AuthorizationRequest { subject, age
 #[non_exhaustive]
 pub struct Denied {
     pub(crate) message: String,
+    /// `Some(time to decide)`: not refused but held for a person's yes
+    /// (the message is the reason the approver reads).
+    pub(crate) approval: Option<std::time::Duration>,
 }
 
 impl Denied {
-    /// The short message for the model.
+    /// The short message for the model (for [`needs_approval`], the
+    /// reason the approver reads).
+    ///
+    /// [`needs_approval`]: Denied::needs_approval
     pub fn message(&self) -> &str {
         &self.message
     }
@@ -45,7 +51,31 @@ impl Denied {
     pub fn new(message: impl Into<String>) -> Denied {
         Denied {
             message: message.into(),
+            approval: None,
         }
+    }
+
+    /// Not now: a person must say yes first. The call is given back to the
+    /// platform with nothing accepted and nothing run, and an approval
+    /// request waits in the store (`toolrunner approvals`, the console,
+    /// [`Approvals`](crate::Approvals)) with `reason`, for at most
+    /// `expires_in`. Approved, the call is claimed again and runs once;
+    /// denied or expired, it is settled `failed` with code `forbidden`
+    /// ("denied by an approver", "approval expired").
+    ///
+    /// Once approved, this answer for the same arguments lets the call
+    /// run; a plain refusal ([`Denied::new`]) still refuses it.
+    pub fn needs_approval(reason: impl Into<String>, expires_in: std::time::Duration) -> Denied {
+        Denied {
+            message: reason.into(),
+            approval: Some(expires_in),
+        }
+    }
+
+    /// Whether this answer asks for a person's approval (and for how long
+    /// at most).
+    pub fn approval_window(&self) -> Option<std::time::Duration> {
+        self.approval
     }
 }
 

@@ -60,6 +60,11 @@ pub(crate) enum Event {
     /// The call's concurrency key is at its limit: the claim is given
     /// back before `accepted`, nothing ran.
     KeyLimited,
+    /// The product asked for a person's approval: the claim is given back
+    /// before `accepted`, nothing ran, and the request waits in the store.
+    ApprovalAsked {
+        reason: String,
+    },
     AcceptedSaved,
     AcceptConfirmed {
         receipt_id: String,
@@ -181,6 +186,7 @@ impl Event {
             Event::RefusedBeforeStart { .. } => "refused_before_start",
             Event::RateLapsed => "rate_lapsed",
             Event::KeyLimited => "key_limited",
+            Event::ApprovalAsked { .. } => "approval_asked",
             Event::AcceptedSaved => "accepted_saved",
             Event::AcceptConfirmed { .. } => "accept_confirmed",
             Event::AcceptRefusedPending { .. } => "accept_refused_pending",

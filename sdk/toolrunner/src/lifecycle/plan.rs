@@ -407,6 +407,15 @@ pub(super) fn apply_event(
             );
             d.call.report = Some(PendingReport::Released);
         }
+        Event::ApprovalAsked { reason } => {
+            if d.call.next_sequence != 0 {
+                return Err(refuse("assigned with `accepted` already saved"));
+            }
+            d.call.reason = Some(format!(
+                "given back: waiting for a person's approval ({reason})"
+            ));
+            d.call.report = Some(PendingReport::Released);
+        }
         Event::AcceptedSaved => {
             if d.call.next_sequence != 0 {
                 return Err(refuse("assigned with `accepted` already saved"));

@@ -98,6 +98,12 @@ pub(crate) const TABLE: &[Rule] = &[
         writes: "report `released`: the call's concurrency key was at its limit; nothing ran (claimed again, with a new key, once pending and woken by a slot of its key coming back here, or once a back-off has passed and, on a store of one process, its key has a slot free)",
     },
     Rule {
+        event: "approval_asked",
+        from: &[Assigned],
+        to: To::State(Released),
+        writes: "report `released`: the product asked for a person's approval, stored first as a request of the run, the call and the arguments' digest; nothing ran (claimed again, with a new key, once a person decided or the request expired)",
+    },
+    Rule {
         event: "accepted_saved",
         from: &[Assigned],
         to: To::Same,

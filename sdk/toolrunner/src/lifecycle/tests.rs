@@ -47,6 +47,9 @@ fn one_of_each() -> Vec<Event> {
         },
         Event::RateLapsed,
         Event::KeyLimited,
+        Event::ApprovalAsked {
+            reason: "over 1,000".into(),
+        },
         Event::AcceptedSaved,
         Event::AcceptConfirmed {
             receipt_id: "rcp_1".into(),

@@ -12,8 +12,13 @@ use super::Core;
 use crate::api::authorizer::AuthorizationRequest;
 use crate::api::handler::ErasedTool;
 
-/// A refusal before start: `(code, message)` for the `failed` receipt.
+/// A refusal before start: `(code, message)` for the `failed` receipt,
+/// or [`AWAITS_APPROVAL`] with the reason a person must decide.
 pub(crate) type Refusal = (&'static str, String);
+
+/// Not a refusal: the call waits for a person's approval (its claim goes
+/// back, nothing is saved as a receipt). Never a receipt's code.
+pub(crate) const AWAITS_APPROVAL: &str = "awaits_approval";
 
 /// Schemas compiled once: every call of a tool version brings the same
 /// schema, and compiling one costs far more than checking a value.
@@ -78,6 +83,12 @@ pub(crate) async fn before_start(
         call_id: asg.call_id.clone(),
     };
     match super::unwind::catch(core.authorizer.authorize(&request)).await {
+        Ok(Err(d)) if d.approval.is_some() => {
+            let window = d.approval.unwrap_or_default();
+            core.approvals
+                .consult(&core.cfg.executor_id, asg, &d.message, window)
+                .await
+        }
         Ok(answer) => answer.map_err(|d| ("forbidden", d.message)),
         // Refused on error: nothing ran, and the product could not say yes.
         Err(panic) => {

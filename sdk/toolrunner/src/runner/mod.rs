@@ -4,6 +4,7 @@
 //! the matching request goes out; see `docs/protocol.md` §14.
 
 mod answers;
+pub(crate) mod approval;
 pub(crate) mod call;
 mod checks;
 mod connection;
@@ -101,6 +102,8 @@ pub(crate) struct Core {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) tools: Tools,
     pub(crate) authorizer: Arc<dyn Authorizer>,
+    /// The approval requests of the store, and the calls that wait for one.
+    pub(crate) approvals: approval::Waits,
     /// The connection to the platform.
     pub(crate) link: Link,
     /// The calls this process drives.

@@ -20,6 +20,7 @@ use crate::gate::Gate;
 use crate::gate::{self, Reach};
 use crate::health::HealthState;
 use crate::net::client::Client;
+use crate::store::approvals::ApprovalBook;
 use crate::store::{SqliteStore, Store};
 
 use super::fenced::FencedStore;
@@ -60,7 +61,8 @@ impl Template {
         // One process per store file: taken before the store is touched.
         let lock = SqliteStore::lock(&self.store_url)?;
         let store = SqliteStore::open(&self.store_url).await?;
-        self.start_locked(Arc::new(store), lock, Arc::new(Sole))
+        let approvals: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+        self.start_locked(Arc::new(store), lock, Arc::new(Sole), Some(approvals))
             .await
     }
 
@@ -73,7 +75,7 @@ impl Template {
     /// The platform refuses the connect.
     #[cfg(feature = "testing")]
     pub(crate) async fn start_with_store(self, store: Arc<dyn Store>) -> Result<RunningExecutor> {
-        self.start_locked(store, None, Arc::new(Sole)).await
+        self.start_locked(store, None, Arc::new(Sole), None).await
     }
 
     /// Starts on a PostgreSQL store as this executor's identity: its lease
@@ -104,14 +106,15 @@ impl Template {
             template,
             self.gate.clone(),
         );
-        self.start_locked(Arc::new(store), None, Arc::new(replica))
+        let approvals: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+        self.start_locked(Arc::new(store), None, Arc::new(replica), Some(approvals))
             .await
     }
 
     #[cfg(not(feature = "postgres"))]
     async fn start_replica(self) -> Result<RunningExecutor> {
         let store = crate::store::open(&self.store_url).await?;
-        self.start_locked(store, None, Arc::new(Sole)).await
+        self.start_locked(store, None, Arc::new(Sole), None).await
     }
 
     /// The longest commit window of this executor's tools: how long after
@@ -169,7 +172,8 @@ impl Template {
         Box::pin(async move {
             let replica =
                 super::replicas::Replica::new(store.clone(), None, None, self.gate.clone());
-            self.start_locked(Arc::new(store), None, Arc::new(replica))
+            let approvals: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+            self.start_locked(Arc::new(store), None, Arc::new(replica), Some(approvals))
                 .await
         })
     }
@@ -179,8 +183,9 @@ impl Template {
         store: Arc<dyn Store>,
         lock: Option<crate::store::StoreLock>,
         lease: Arc<dyn Lease>,
+        approvals: Option<Arc<dyn ApprovalBook>>,
     ) -> Result<RunningExecutor> {
-        super::start(self.core(store, lock, lease)).await
+        super::start(self.core(store, lock, lease, approvals)).await
     }
 
     /// The `Core` of an executor of these settings and tools, not yet
@@ -190,6 +195,7 @@ impl Template {
         store: Arc<dyn Store>,
         lock: Option<crate::store::StoreLock>,
         lease: Arc<dyn Lease>,
+        approvals: Option<Arc<dyn ApprovalBook>>,
     ) -> Arc<Core> {
         let capacity = usize::try_from(self.cfg.capacity).unwrap_or(usize::MAX);
         // Handlers' transactions for this capacity (on PostgreSQL, a pool
@@ -210,6 +216,7 @@ impl Template {
             }),
             tools: self.tools,
             authorizer: self.authorizer,
+            approvals: super::approval::Waits::new(approvals),
             link: Link::default(),
             calls: Calls {
                 active: StdMutex::new(Default::default()),
@@ -238,7 +245,13 @@ impl Template {
         let store = crate::store::SqliteStore::open_path(&dir.path().join("t.db"))
             .await
             .expect("a store");
-        let core = Template::for_tests().core(Arc::new(store), None, Arc::new(super::lease::Sole));
+        let approvals: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+        let core = Template::for_tests().core(
+            Arc::new(store),
+            None,
+            Arc::new(super::lease::Sole),
+            Some(approvals),
+        );
         (dir, core)
     }
 

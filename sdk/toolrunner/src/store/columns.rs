@@ -99,3 +99,8 @@ fn texts_mut(change: &mut Change) -> Vec<&mut String> {
         Change::AddAttempt(_) | Change::Prune { .. } | Change::Probe { .. } => Vec::new(),
     }
 }
+
+/// Free text as every backend stores it (each NUL character as `␀`).
+pub(super) fn free_text(s: &str) -> String {
+    s.replace('\0', NUL_SHOWN_AS)
+}

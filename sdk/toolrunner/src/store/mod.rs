@@ -24,6 +24,7 @@ macro_rules! prunable_calls {
     };
 }
 
+pub(crate) mod approvals;
 mod columns;
 pub(crate) mod flow;
 #[cfg(feature = "postgres")]
@@ -266,6 +267,38 @@ pub(crate) async fn open_shared_flow(
     url: &str,
 ) -> crate::Result<std::sync::Arc<dyn flow::SharedFlow>> {
     Ok(std::sync::Arc::new(PgStore::open_shared_flow(url).await?))
+}
+
+/// The approval requests of the store at `url`: a SQLite store's own, or
+/// those every replica of a PostgreSQL database shares (operators' tools:
+/// the store is migrated first if this version never ran there).
+pub(crate) async fn open_approvals(
+    url: &str,
+) -> crate::Result<std::sync::Arc<dyn approvals::ApprovalBook>> {
+    if is_postgres(url) {
+        return open_postgres_approvals(url).await;
+    }
+    Ok(std::sync::Arc::new(
+        SqliteStore::open(url).await?.approvals(),
+    ))
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres_approvals(
+    url: &str,
+) -> crate::Result<std::sync::Arc<dyn approvals::ApprovalBook>> {
+    Ok(std::sync::Arc::new(PgStore::open_approvals(url).await?))
+}
+
+/// Without the `postgres` feature a `postgres://` URL is a missing feature.
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres_approvals(
+    _url: &str,
+) -> crate::Result<std::sync::Arc<dyn approvals::ApprovalBook>> {
+    Err(crate::error::missing_feature(
+        "a postgres:// store",
+        "postgres",
+    ))
 }
 
 /// Without the `postgres` feature a `postgres://` URL is a missing feature.

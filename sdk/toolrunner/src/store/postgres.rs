@@ -19,6 +19,7 @@ use super::{
 };
 
 use super::rows::{call_row, receipt_row};
+mod approvals;
 mod flow;
 mod handlers;
 mod lease;
@@ -727,12 +728,36 @@ impl PgStore {
     /// The URL does not parse, the server cannot be reached, a migration
     /// failed.
     pub(crate) async fn open_shared_flow(url: &str) -> Result<flow::PgFlow, StoreError> {
+        flow::PgFlow::connect(session(Self::shared_schema_migrated(url).await?)).await
+    }
+
+    /// The options of the database at `url`, its database-wide schema
+    /// migrated first if this version never ran there.
+    async fn shared_schema_migrated(url: &str) -> Result<PgConnectOptions, StoreError> {
         let options = PgConnectOptions::from_str(url)?;
         let leases = Self::in_schema_pool(options.clone(), lease::SCHEMA).await?;
         let migrated = lease::migrate(&leases).await;
         leases.close().await;
         migrated?;
-        flow::PgFlow::connect(session(options)).await
+        Ok(options)
+    }
+
+    /// The approval requests every replica of this store's database
+    /// shares (a small pool of their own, opened when first used).
+    pub(crate) fn approvals(&self) -> approvals::PgApprovals {
+        approvals::PgApprovals::connect(session(self.options.clone()))
+    }
+
+    /// The approval requests of the database at `url`, for operators'
+    /// tools (no identity): the database-wide schema is migrated first if
+    /// this version never ran there.
+    ///
+    /// # Errors
+    /// The URL does not parse, the server cannot be reached, a migration
+    /// failed.
+    pub(crate) async fn open_approvals(url: &str) -> Result<approvals::PgApprovals, StoreError> {
+        let options = Self::shared_schema_migrated(url).await?;
+        Ok(approvals::PgApprovals::connect(session(options)))
     }
 
     /// A store over `pool`, holding no identity yet.

@@ -17,8 +17,11 @@ use super::{
 };
 
 use super::rows::{call_row, receipt_row};
+mod approvals;
 mod changes;
 mod writer;
+
+pub(crate) use approvals::SqliteApprovals;
 
 pub use writer::WriterStats;
 use writer::{Counters, Job};
@@ -111,6 +114,12 @@ impl SqliteStore {
             writer: tx,
             counters,
         })
+    }
+
+    /// The approval requests this store's file keeps (a connection of
+    /// their own, opened when first used).
+    pub(crate) fn approvals(&self) -> SqliteApprovals {
+        SqliteApprovals::over(&self.readers)
     }
 
     /// What this store's writer has done since it was opened: commits

@@ -50,6 +50,13 @@ pub(super) async fn accept(
             let refusal = super::claim::first_checks(core, &call.tool_name, asg)
                 .await
                 .err();
+            if let Some((checks::AWAITS_APPROVAL, reason)) = refusal {
+                let event = Event::ApprovalAsked { reason };
+                let moved = core
+                    .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
+                    .await?;
+                return Ok((row(moved)?, false));
+            }
             if let Some((code, message)) = refusal {
                 tracing::info!(code, "refused before start; nothing ran");
                 let event = Event::RefusedBeforeStart {

@@ -60,7 +60,8 @@ pub(super) async fn claim(
                         telemetry::claim_refused(&core.cfg.executor_id, "pending")
                     }
                     s if s.is_terminal() => {
-                        telemetry::claim_refused(&core.cfg.executor_id, "call_ended")
+                        telemetry::claim_refused(&core.cfg.executor_id, "call_ended");
+                        core.approvals.close(&key, "the call ended").await;
                     }
                     _ => {}
                 }
@@ -72,6 +73,9 @@ pub(super) async fn claim(
             }
             Err(e) => {
                 telemetry::claim_refused(&core.cfg.executor_id, &refusal_reason(&e));
+                if e.code() == Some("run_terminated") {
+                    core.approvals.close(&key, "the run ended").await;
+                }
                 return claim_failed(core, &key, &used, e).await;
             }
         }
@@ -112,6 +116,7 @@ pub(super) async fn claim(
                     Event::RateLapsed
                 }
                 Ok(()) => Event::AcceptedSaved,
+                Err((checks::AWAITS_APPROVAL, reason)) => Event::ApprovalAsked { reason },
                 Err((code, message)) => {
                     tracing::info!(code, "refused before start; nothing ran");
                     Event::RefusedBeforeStart {

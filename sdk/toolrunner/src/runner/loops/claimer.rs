@@ -110,6 +110,9 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
     // (another task's included): the calls it resumes take their slots
     // first.
     core.link.learnt.caught_up(core).await;
+    // The calls that wait for a person's decision are passed over; a
+    // decision is read within a poll interval.
+    core.approvals.refresh(core.cfg.timing.poll_interval).await;
     // Each new call's operation key is saved before its claim is sent. The
     // saves go to the store together, so they share one commit.
     let mut saves = Vec::new();
@@ -144,6 +147,10 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
                 call_id: candidate.call_id.clone(),
             };
             if core.is_active(&key) {
+                continue;
+            }
+            if core.approvals.waits(&key) {
+                passed_over += 1;
                 continue;
             }
             if full.contains(&candidate.tool_name) {

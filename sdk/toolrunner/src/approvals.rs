@@ -1,0 +1,406 @@
+//! The approver's API over the store: the calls that wait for a person's
+//! yes, and their decisions (`toolrunner approvals`, the console).
+//!
+//! A call whose authorizer answered [`Denied::needs_approval`] is given
+//! back to the platform, nothing accepted and nothing run, and its request
+//! waits here, bound to the run, the call and the arguments' digest. Once a
+//! person approves it, an executor claims the call again and runs it (once,
+//! whichever replica claims it); once denied, or expired, the call is
+//! settled `failed` with code `forbidden`. A request is decided once: a
+//! second approve changes nothing, an approve after a deny or an expiry is
+//! refused.
+//!
+//! [`Denied::needs_approval`]: crate::Denied::needs_approval
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{Error, Kind, Result};
+use crate::store::approvals::{ApprovalBook, ApprovalRow, Stored, Verdict};
+use crate::store::{Timestamp, now};
+
+/// Where an approval request stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ApprovalState {
+    /// Nobody decided yet, and it has not expired.
+    Waiting,
+    /// An approver said yes: the call runs (or ran) once.
+    Approved,
+    /// An approver said no: the call is settled `forbidden`.
+    Denied,
+    /// Nobody decided in time: the call is settled `forbidden`.
+    Expired,
+    /// The call ended otherwise (the platform gave it to no one here, or
+    /// ended its run): nothing to decide any more.
+    Closed,
+}
+
+impl ApprovalState {
+    /// The state's name (`waiting`, `approved`, `denied`, `expired`,
+    /// `closed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalState::Waiting => "waiting",
+            ApprovalState::Approved => "approved",
+            ApprovalState::Denied => "denied",
+            ApprovalState::Expired => "expired",
+            ApprovalState::Closed => "closed",
+        }
+    }
+}
+
+impl std::fmt::Display for ApprovalState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One approval request as an approver sees it. Its `Debug` leaves the
+/// arguments out (a log line never holds them).
+#[derive(Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ApprovalRequest {
+    run_id: String,
+    call_id: String,
+    tool: String,
+    digest: String,
+    state: ApprovalState,
+    subject: String,
+    agent_id: String,
+    agent_version: String,
+    arguments: Value,
+    reason: String,
+    asked_at: Timestamp,
+    expires_at: Timestamp,
+    decided_by: Option<String>,
+    note: Option<String>,
+    decided_at: Option<Timestamp>,
+    closed_why: Option<String>,
+}
+
+toolrunner_protocol::debug_without_payloads!(ApprovalRequest { run_id, call_id, tool, digest, state, subject, agent_id, agent_version, reason, asked_at, expires_at, decided_by, note, decided_at, closed_why } hiding { arguments });
+
+impl ApprovalRequest {
+    pub(crate) fn of(row: ApprovalRow, now: Timestamp) -> ApprovalRequest {
+        let state = match row.state {
+            _ if row.expired_at(now) => ApprovalState::Expired,
+            Stored::Waiting => ApprovalState::Waiting,
+            Stored::Approved => ApprovalState::Approved,
+            Stored::Denied => ApprovalState::Denied,
+            Stored::Closed => ApprovalState::Closed,
+        };
+        ApprovalRequest {
+            arguments: serde_json::from_str(&row.arguments).unwrap_or(Value::String(row.arguments)),
+            run_id: row.run_id,
+            call_id: row.call_id,
+            tool: row.tool,
+            digest: row.digest,
+            state,
+            subject: row.subject,
+            agent_id: row.agent_id,
+            agent_version: row.agent_version,
+            reason: row.reason,
+            asked_at: row.asked_at,
+            expires_at: row.expires_at,
+            decided_by: row.decided_by,
+            note: row.note,
+            decided_at: row.decided_at,
+            closed_why: row.closed_why,
+        }
+    }
+
+    /// Run.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Call.
+    pub fn call_id(&self) -> &str {
+        &self.call_id
+    }
+
+    /// Tool.
+    pub fn tool(&self) -> &str {
+        &self.tool
+    }
+
+    /// The arguments' digest the request (and its decision) is bound to.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Where it stands.
+    pub fn state(&self) -> ApprovalState {
+        self.state
+    }
+
+    /// Whom the run acts for.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// Agent.
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
+    /// Agent version.
+    pub fn agent_version(&self) -> &str {
+        &self.agent_version
+    }
+
+    /// The call's arguments (what the approver decides on).
+    pub fn arguments(&self) -> &Value {
+        &self.arguments
+    }
+
+    /// Why a person must decide (the product's words).
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// When it was asked.
+    pub fn asked_at(&self) -> Timestamp {
+        self.asked_at
+    }
+
+    /// When it expires if nobody decides.
+    pub fn expires_at(&self) -> Timestamp {
+        self.expires_at
+    }
+
+    /// Who decided (`toolrunner` for a request closed undecided).
+    pub fn decided_by(&self) -> Option<&str> {
+        self.decided_by.as_deref()
+    }
+
+    /// The approver's note.
+    pub fn note(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+
+    /// When it was decided (or closed).
+    pub fn decided_at(&self) -> Option<Timestamp> {
+        self.decided_at
+    }
+
+    /// Why it was closed.
+    pub fn closed_why(&self) -> Option<&str> {
+        self.closed_why.as_deref()
+    }
+}
+
+/// What a decision did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// This decision was recorded.
+    Recorded,
+    /// The same decision was recorded before (a second click): nothing
+    /// changed.
+    AlreadyMade,
+}
+
+/// Who may decide: a product's rule (four eyes: never the call's own
+/// subject). Called before a decision is recorded.
+pub trait ApproverCheck: Send + Sync + 'static {
+    /// `Err(why)` refuses `approver` for `request`.
+    ///
+    /// # Errors
+    /// The approver may not decide this request (the message says why).
+    fn check(&self, request: &ApprovalRequest, approver: &str) -> std::result::Result<(), String>;
+}
+
+impl<F> ApproverCheck for F
+where
+    F: Fn(&ApprovalRequest, &str) -> std::result::Result<(), String> + Send + Sync + 'static,
+{
+    fn check(&self, request: &ApprovalRequest, approver: &str) -> std::result::Result<(), String> {
+        self(request, approver)
+    }
+}
+
+/// The approval requests of a store, to list and decide.
+#[derive(Clone)]
+pub struct Approvals {
+    book: Arc<dyn ApprovalBook>,
+    check: Option<Arc<dyn ApproverCheck>>,
+}
+
+impl std::fmt::Debug for Approvals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Approvals").finish_non_exhaustive()
+    }
+}
+
+fn refused(message: impl Into<String>) -> Error {
+    Error::new(Kind::Refused, message)
+}
+
+impl Approvals {
+    /// Opens the approval requests of the store at `store_url` (a SQLite
+    /// file's own; on PostgreSQL, those of every replica and identity of
+    /// the database). Works beside a running executor.
+    ///
+    /// # Errors
+    /// The store cannot be opened (or migrated), or a `postgres://` URL in
+    /// a build without the `postgres` feature.
+    pub async fn open(store_url: &str) -> Result<Approvals> {
+        Ok(Approvals {
+            book: crate::store::open_approvals(store_url).await?,
+            check: None,
+        })
+    }
+
+    /// Opens the approval requests of the SQLite store in the file at
+    /// `path`, taken literally (no URL decoding).
+    ///
+    /// # Errors
+    /// The store cannot be opened (or migrated).
+    pub async fn open_path(path: &std::path::Path) -> Result<Approvals> {
+        let store = crate::store::SqliteStore::open_path(path).await?;
+        Ok(Approvals {
+            book: Arc::new(store.approvals()),
+            check: None,
+        })
+    }
+
+    /// Refuses approvers `check` refuses (for example the call's own
+    /// subject: four eyes).
+    #[must_use]
+    pub fn with_approver_check(mut self, check: impl ApproverCheck) -> Approvals {
+        self.check = Some(Arc::new(check));
+        self
+    }
+
+    /// Every request, the newest first.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub async fn list(&self) -> Result<Vec<ApprovalRequest>> {
+        let now = now();
+        Ok(self
+            .book
+            .list()
+            .await?
+            .into_iter()
+            .map(|r| ApprovalRequest::of(r, now))
+            .collect())
+    }
+
+    /// The call's request: the one waiting, else the newest (a call has
+    /// one unless a request for other arguments was planted).
+    ///
+    /// # Errors
+    /// No request for this call, or the store failed.
+    pub async fn show(&self, run_id: &str, call_id: &str) -> Result<ApprovalRequest> {
+        let now = now();
+        let requests = self.book.of_call(run_id, call_id).await?;
+        // The one still waiting first (a planted request for other
+        // arguments is never the one decided for the call's own).
+        let waiting = requests
+            .iter()
+            .position(|r| r.state == Stored::Waiting && !r.expired_at(now));
+        requests
+            .into_iter()
+            .nth(waiting.unwrap_or(0))
+            .map(|r| ApprovalRequest::of(r, now))
+            .ok_or_else(|| refused(format!("no approval request for call {run_id}/{call_id}")))
+    }
+
+    /// Approves the call's request: an executor claims the call again
+    /// within its poll interval and runs it once.
+    ///
+    /// # Errors
+    /// No request for the call; it was denied, expired or closed (the
+    /// message says which, by whom and when); the approver check refused
+    /// `who`; `who` is empty; the store failed.
+    pub async fn approve(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        who: &str,
+        note: Option<&str>,
+    ) -> Result<Decision> {
+        self.decide(run_id, call_id, Verdict::Approve, who, note)
+            .await
+    }
+
+    /// Denies the call's request: an executor settles the call `failed`
+    /// with code `forbidden` ("denied by an approver").
+    ///
+    /// # Errors
+    /// As [`approve`](Self::approve), the other way round.
+    pub async fn deny(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        who: &str,
+        note: Option<&str>,
+    ) -> Result<Decision> {
+        self.decide(run_id, call_id, Verdict::Deny, who, note).await
+    }
+
+    async fn decide(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        verdict: Verdict,
+        who: &str,
+        note: Option<&str>,
+    ) -> Result<Decision> {
+        if who.trim().is_empty() {
+            return Err(refused(
+                "a decision names its approver: give a name (`--who NAME`)",
+            ));
+        }
+        let request = self.show(run_id, call_id).await?;
+        if let Some(check) = &self.check
+            && let Err(why) = check.check(&request, who)
+        {
+            return Err(refused(format!("{who} may not decide this request: {why}")));
+        }
+        let at = (run_id, call_id, request.digest.as_str());
+        if self.book.decide(at, verdict, who, note, now()).await? {
+            return Ok(Decision::Recorded);
+        }
+        // Decided, expired or closed before: read how.
+        let now = now();
+        let stored = self
+            .book
+            .of_call(run_id, call_id)
+            .await?
+            .into_iter()
+            .find(|r| r.digest == request.digest)
+            .map(|r| ApprovalRequest::of(r, now))
+            .ok_or_else(|| refused(format!("no approval request for call {run_id}/{call_id}")))?;
+        let wanted = match verdict {
+            Verdict::Approve => ApprovalState::Approved,
+            Verdict::Deny => ApprovalState::Denied,
+        };
+        if stored.state == wanted {
+            return Ok(Decision::AlreadyMade);
+        }
+        let by = stored
+            .decided_by
+            .as_deref()
+            .map(|w| format!(" by {w}"))
+            .unwrap_or_default();
+        Err(refused(match stored.state {
+            ApprovalState::Expired => format!(
+                "the request of call {run_id}/{call_id} expired at {}: no decision can follow (the call is settled forbidden)",
+                crate::store::rfc3339(&stored.expires_at)
+            ),
+            ApprovalState::Closed => format!(
+                "the request of call {run_id}/{call_id} is closed ({}): nothing to decide",
+                stored.closed_why.as_deref().unwrap_or("the call ended")
+            ),
+            other => format!(
+                "the request of call {run_id}/{call_id} was {other}{by}: a decision is made once"
+            ),
+        }))
+    }
+}

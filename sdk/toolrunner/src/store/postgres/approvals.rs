@@ -1,0 +1,151 @@
+//! [`ApprovalBook`] shared by every replica and identity of a PostgreSQL
+//! database (`toolrunner_leases.approvals`, this crate's
+//! `migrations/postgres-leases`): a small pool of its own, each change one
+//! statement.
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use super::super::approvals::{ApprovalBook, ApprovalRow, COLUMNS, Stored, Verdict, row_of};
+use super::super::columns::free_text;
+use super::super::{StoreError, Timestamp, rfc3339};
+
+/// The approval requests of every replica of one database.
+pub(crate) struct PgApprovals {
+    pool: PgPool,
+}
+
+impl PgApprovals {
+    /// A small pool of its own on the database-wide schema (already
+    /// migrated by the identity's lease, or by the operator's tool), opened
+    /// when first used.
+    pub(super) fn connect(options: PgConnectOptions) -> PgApprovals {
+        PgApprovals {
+            pool: PgPoolOptions::new()
+                .max_connections(2)
+                .min_connections(0)
+                .idle_timeout(Duration::from_secs(30))
+                .connect_lazy_with(options.options([("search_path", super::lease::SCHEMA)])),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ApprovalBook for PgApprovals {
+    async fn ask(&self, row: &ApprovalRow) -> Result<ApprovalRow, StoreError> {
+        sqlx::query(
+            "INSERT INTO approvals (run_id, call_id, digest, tool, subject, agent_id, agent_version,
+                 arguments, reason, executor_id, asked_at, expires_at, state)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'waiting')
+             ON CONFLICT (run_id, call_id, digest) DO NOTHING",
+        )
+        .bind(&row.run_id)
+        .bind(&row.call_id)
+        .bind(&row.digest)
+        .bind(&row.tool)
+        .bind(free_text(&row.subject))
+        .bind(free_text(&row.agent_id))
+        .bind(free_text(&row.agent_version))
+        .bind(&row.arguments)
+        .bind(free_text(&row.reason))
+        .bind(&row.executor_id)
+        .bind(rfc3339(&row.asked_at))
+        .bind(rfc3339(&row.expires_at))
+        .execute(&self.pool)
+        .await?;
+        let sql = format!(
+            "SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 AND digest = $3"
+        );
+        let stored = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&row.run_id)
+            .bind(&row.call_id)
+            .bind(&row.digest)
+            .fetch_one(&self.pool)
+            .await?;
+        row_of(&stored)
+    }
+
+    async fn of_call(&self, run_id: &str, call_id: &str) -> Result<Vec<ApprovalRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2 ORDER BY asked_at DESC, digest"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run_id)
+            .bind(call_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(row_of)
+            .collect()
+    }
+
+    async fn list(&self) -> Result<Vec<ApprovalRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM approvals ORDER BY asked_at DESC, run_id, call_id, digest"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(row_of)
+            .collect()
+    }
+
+    async fn decide(
+        &self,
+        (run_id, call_id, digest): (&str, &str, &str),
+        verdict: Verdict,
+        who: &str,
+        note: Option<&str>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let now = rfc3339(&now);
+        let done = sqlx::query(
+            "UPDATE approvals SET state = $1, decided_by = $2, note = $3, decided_at = $4
+             WHERE run_id = $5 AND call_id = $6 AND digest = $7 AND state = 'waiting' AND expires_at > $8",
+        )
+        .bind(verdict.stored().name())
+        .bind(free_text(who))
+        .bind(note.map(free_text))
+        .bind(&now)
+        .bind(run_id)
+        .bind(call_id)
+        .bind(digest)
+        .bind(&now)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn close(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        why: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE approvals SET state = $1, decided_by = COALESCE(decided_by, $2), closed_why = $3,
+                 decided_at = COALESCE(decided_at, $4)
+             WHERE run_id = $5 AND call_id = $6 AND state <> 'closed'",
+        )
+        .bind(Stored::Closed.name())
+        .bind("toolrunner")
+        .bind(free_text(why))
+        .bind(rfc3339(&now))
+        .bind(run_id)
+        .bind(call_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn waiting(&self, now: Timestamp) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT DISTINCT run_id, call_id FROM approvals WHERE state = 'waiting' AND expires_at > $1",
+        )
+        .bind(rfc3339(&now))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
