@@ -85,7 +85,8 @@ pub(crate) async fn before_start(
     match super::unwind::catch(core.authorizer.authorize(&request)).await {
         Ok(Err(d)) if d.approval.is_some() => {
             let window = d.approval.unwrap_or_default();
-            core.approvals
+            core.calls
+                .approvals
                 .consult(&core.cfg.executor_id, asg, &d.message, window)
                 .await
         }

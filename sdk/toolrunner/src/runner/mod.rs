@@ -102,8 +102,6 @@ pub(crate) struct Core {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) tools: Tools,
     pub(crate) authorizer: Arc<dyn Authorizer>,
-    /// The approval requests of the store, and the calls that wait for one.
-    pub(crate) approvals: approval::Waits,
     /// The connection to the platform.
     pub(crate) link: Link,
     /// The calls this process drives.
@@ -153,6 +151,8 @@ pub(crate) struct Calls {
     pub(crate) paused: AtomicBool,
     /// The one flush of reports running, shared by those who ask meanwhile.
     pub(crate) reports: outbox::ReportFlush,
+    /// The approval requests of the store, and the calls that wait for one.
+    pub(crate) approvals: approval::Waits,
 }
 
 impl Core {

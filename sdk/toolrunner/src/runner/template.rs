@@ -216,7 +216,6 @@ impl Template {
             }),
             tools: self.tools,
             authorizer: self.authorizer,
-            approvals: super::approval::Waits::new(approvals),
             link: Link::default(),
             calls: Calls {
                 active: StdMutex::new(Default::default()),
@@ -227,6 +226,7 @@ impl Template {
                 wake: Notify::new(),
                 paused: AtomicBool::new(false),
                 reports: Default::default(),
+                approvals: super::approval::Waits::new(approvals),
             },
             health: self.health,
             life: Life::new(fence, lock),

@@ -61,7 +61,7 @@ pub(super) async fn claim(
                     }
                     s if s.is_terminal() => {
                         telemetry::claim_refused(&core.cfg.executor_id, "call_ended");
-                        core.approvals.close(&key, "the call ended").await;
+                        core.calls.approvals.close(&key, "the call ended").await;
                     }
                     _ => {}
                 }
@@ -74,7 +74,7 @@ pub(super) async fn claim(
             Err(e) => {
                 telemetry::claim_refused(&core.cfg.executor_id, &refusal_reason(&e));
                 if e.code() == Some("run_terminated") {
-                    core.approvals.close(&key, "the run ended").await;
+                    core.calls.approvals.close(&key, "the run ended").await;
                 }
                 return claim_failed(core, &key, &used, e).await;
             }
