@@ -36,6 +36,7 @@ const DELIVERED: &str = "run_2/call_delivered";
 const SETTLED: &str = "run_2/call_settled";
 const CLAIMING: &str = "run_3/call_claiming";
 
+mod approvals;
 mod budget;
 mod calls;
 mod canary;

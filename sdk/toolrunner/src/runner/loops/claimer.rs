@@ -112,7 +112,10 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
     core.link.learnt.caught_up(core).await;
     // The calls that wait for a person's decision are passed over; a
     // decision is read within a poll interval.
-    core.calls.approvals.refresh(core.cfg.timing.poll_interval).await;
+    core.calls
+        .approvals
+        .refresh(core.cfg.timing.poll_interval)
+        .await;
     // Each new call's operation key is saved before its claim is sent. The
     // saves go to the store together, so they share one commit.
     let mut saves = Vec::new();
