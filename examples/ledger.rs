@@ -6,7 +6,7 @@
 //! cargo run --example ledger -- --base-url URL --binding-id ID --executor-id ID \
 //!     --token TOKEN --db PATH|postgres://… --ledger PATH --capacity N --effect-delay-ms N \
 //!     [--takeover-grace-ms N] [--lease-ttl-ms N] [--commit-window-ms N] \
-//!     [--admin-listen ADDR]
+//!     [--admin-listen ADDR] [--approve-over AMOUNT]
 //! cargo run --example ledger -- --print-definitions   # {"tools": [...]} for `toolrunner tools publish`
 //! ```
 //!
@@ -27,6 +27,11 @@
 //! in Unix milliseconds) is appended with one
 //! write and an fsync, then it sleeps `--effect-delay-ms`; `memo == "boom"`
 //! then returns an ordinary error (the outcome is unknown).
+//!
+//! With `--approve-over AMOUNT` an entry above `AMOUNT` needs a person's
+//! approval (the tool's policy, an `Authorizer`): the call is given back
+//! and waits for `toolrunner approvals approve|deny` (the demo approves
+//! them itself, as `ledger-demo`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -85,6 +90,10 @@ struct Args {
     /// (this process's; see `toolrunner::Limits`).
     #[arg(long, value_name = "N")]
     rate: Option<u32>,
+    /// Entries above AMOUNT need a person's approval (`toolrunner approvals
+    /// approve|deny`) before they are written; a request waits an hour.
+    #[arg(long, value_name = "AMOUNT")]
+    approve_over: Option<u64>,
     /// Switch the automatic reconciliation hook off: every ambiguity stays
     /// for a human.
     #[arg(long)]
@@ -323,9 +332,44 @@ fn executor(
         .capacity(args.capacity)
         .auto_reconcile(!args.no_auto_reconcile)
         .poll_interval(Duration::from_millis(200))
-        .allow_all()
+        .authorizer(ApproveOver(args.approve_over))
         .tool(ledger)
         .build()?)
+}
+
+/// The tool's policy: entries above the amount (if any) need a person.
+struct ApproveOver(Option<u64>);
+
+#[async_trait]
+impl toolrunner::Authorizer for ApproveOver {
+    async fn authorize(
+        &self,
+        request: &toolrunner::AuthorizationRequest,
+    ) -> std::result::Result<(), toolrunner::Denied> {
+        match (self.0, request.arguments["amount"].as_u64()) {
+            (Some(over), Some(amount)) if amount > over => Err(toolrunner::Denied::needs_approval(
+                format!("an entry of {amount} is over {over}"),
+                Duration::from_secs(3600),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The demo's approver: approves every waiting request of the store, as
+/// `ledger-demo`, until the demo ends.
+async fn approve_all(db: String) -> Result<()> {
+    let approvals = toolrunner::Approvals::open(&store_url(&db)).await?;
+    loop {
+        for r in approvals.list().await? {
+            if r.state() == toolrunner::ApprovalState::Waiting {
+                approvals
+                    .approve(r.run_id(), r.call_id(), "ledger-demo", None)
+                    .await?;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The store URL for `--db`: a PostgreSQL URL as it is, a file as
@@ -445,6 +489,9 @@ async fn demo(args: &Args, ledger: Ledger) -> Result<()> {
     let run_id = run.run_id;
 
     let running = executor.start().await?;
+    let approver = args
+        .approve_over
+        .map(|_| tokio::spawn(approve_all(args.db.clone().expect("set in main"))));
     let settled = [
         "completed",
         "failed",
@@ -463,6 +510,9 @@ async fn demo(args: &Args, ledger: Ledger) -> Result<()> {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Some(approver) = approver {
+        approver.abort();
     }
     running
         .shutdown(Shutdown::Drain {

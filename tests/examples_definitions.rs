@@ -13,13 +13,14 @@ use toolrunner_protocol::tooldef::{check_version, lint_version};
 
 /// The examples that serve tools (`bench_platform` drives the bare
 /// protocol and serves none).
-const SERVING: [&str; 7] = [
+const SERVING: [&str; 8] = [
     "quickstart",
     "payments",
     "long_running",
     "ledger",
     "orders",
     "telemetry",
+    "refunds",
     "bench",
 ];
 

@@ -70,9 +70,32 @@ async fn refund(
     })
 }
 
-/// Refunds over 1,000 (100,000 cents) need a person, for `window`.
+/// Refunds over 1,000 (100,000 cents) need a person, for `window`; the
+/// calls whose requests it was told of.
 struct OverAThousand {
     window: Duration,
+    told: Told,
+}
+
+/// The calls whose approval requests the product was told of (with their
+/// reason), in order.
+#[derive(Clone, Default)]
+struct Told(
+    Arc<Mutex<Vec<(String, String)>>>,
+    /// The next telling panics (the product's channel failed).
+    Arc<std::sync::atomic::AtomicBool>,
+);
+
+impl Told {
+    fn of(&self, call_id: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .filter(|(c, _)| c == call_id)
+            .map(|(_, reason)| reason.clone())
+            .collect()
+    }
 }
 
 #[toolrunner::async_trait]
@@ -86,19 +109,40 @@ impl Authorizer for OverAThousand {
         }
         Ok(())
     }
+
+    async fn on_approval_requested(&self, request: &toolrunner::ApprovalRequest) {
+        if self.told.1.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            panic!("the mail server is down");
+        }
+        self.told
+            .0
+            .lock()
+            .expect("not poisoned")
+            .push((request.call_id().to_owned(), request.reason().to_owned()));
+    }
 }
 
 async fn kit(window: Duration) -> toolrunner::Result<(TestKit, Ledger)> {
+    let (kit, ledger, _) = kit_told(window).await?;
+    Ok((kit, ledger))
+}
+
+async fn kit_told(window: Duration) -> toolrunner::Result<(TestKit, Ledger, Told)> {
     let ledger = Ledger::default();
+    let told = Told::default();
     let held = ledger.clone();
+    let hook = told.clone();
     let kit = TestKit::start(move |b| {
         b.tool(refund)
             .state(held.clone())
-            .authorizer(OverAThousand { window })
+            .authorizer(OverAThousand {
+                window,
+                told: hook.clone(),
+            })
             .poll_interval(Duration::from_millis(50))
     })
     .await?;
-    Ok((kit, ledger))
+    Ok((kit, ledger, told))
 }
 
 async fn approvals(kit: &TestKit) -> toolrunner::Result<Approvals> {
@@ -148,7 +192,7 @@ fn failed_message(outcome: &toolrunner::testing::CallOutcome) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_call_runs_once_and_a_second_approve_changes_nothing() -> toolrunner::Result<()>
 {
-    let (kit, ledger) = kit(Duration::from_secs(60)).await?;
+    let (kit, ledger, told) = kit_told(Duration::from_secs(60)).await?;
     // Below the threshold: no person asked.
     let small = kit
         .call("refunds.refund", json!({"customer": "bo", "amount": 500}))
@@ -170,6 +214,11 @@ async fn an_approved_call_runs_once_and_a_second_approve_changes_nothing() -> to
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(ledger.made("ann"), 0);
     assert_eq!(platform_state(&kit, &call).await?, CallState::Pending);
+    // The product was told once (its telling recorded: never again).
+    assert_eq!(
+        told.of(&call.call_id),
+        vec!["refunds over 1,000 need a person".to_owned()]
+    );
     let approvals = approvals(&kit).await?;
     let first = approvals
         .approve(
@@ -197,6 +246,28 @@ async fn an_approved_call_runs_once_and_a_second_approve_changes_nothing() -> to
     assert_eq!(shown.state(), ApprovalState::Approved);
     assert_eq!(shown.decided_by(), Some("alice"));
     assert_eq!(shown.note(), Some("checked the order"));
+    // The call's timeline holds the request and the decision, who and when.
+    let timeline = kit
+        .reconciler()
+        .await?
+        .show(&call.run_id, &call.call_id)
+        .await?;
+    let entries: Vec<(String, String)> = timeline
+        .events()
+        .iter()
+        .map(|e| (e.what().to_owned(), e.detail().unwrap_or("").to_owned()))
+        .collect();
+    let requested = entries
+        .iter()
+        .position(|(what, _)| what == "approval_requested")
+        .unwrap_or_else(|| panic!("no approval_requested in {entries:?}"));
+    let approved = entries
+        .iter()
+        .position(|(what, detail)| {
+            what == "approval_approved" && detail == "by alice: checked the order"
+        })
+        .unwrap_or_else(|| panic!("no approval_approved by alice in {entries:?}"));
+    assert!(requested < approved, "{entries:?}");
     kit.shutdown().await
 }
 
@@ -311,5 +382,105 @@ async fn an_approval_stored_for_other_arguments_is_never_used() -> toolrunner::R
     let outcome = kit.wait(&call).await?;
     assert_eq!(outcome.error_code.as_deref(), Some("forbidden"));
     assert_eq!(ledger.made("ed"), 0);
+    kit.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_product_could_not_be_told_of_is_told_again() -> toolrunner::Result<()> {
+    let (kit, ledger, told) = kit_told(Duration::from_secs(60)).await?;
+    told.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    let call = kit
+        .submit(
+            "refunds.refund",
+            json!({"customer": "flo", "amount": 300_000}),
+        )
+        .await?;
+    asked(&kit, &call).await?;
+    // The first telling panicked: the executor tells again (at its next
+    // look for work), and records it told once it was.
+    let mut again = Vec::new();
+    for _ in 0..100 {
+        again = told.of(&call.call_id);
+        if !again.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(again.len(), 1, "told again after the panic: {again:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        told.of(&call.call_id).len(),
+        1,
+        "told once it succeeded, never again"
+    );
+    assert!(
+        !told.1.load(std::sync::atomic::Ordering::SeqCst),
+        "the first telling ran"
+    );
+    approvals(&kit)
+        .await?
+        .approve(&call.run_id, &call.call_id, "gil", None)
+        .await?;
+    assert!(kit.wait(&call).await?.is_completed());
+    assert_eq!(ledger.made("flo"), 1);
+    kit.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_an_end_is_stored_and_decided() -> toolrunner::Result<()> {
+    let (kit, ledger) = kit(Duration::MAX).await?;
+    let call = kit
+        .submit(
+            "refunds.refund",
+            json!({"customer": "gia", "amount": 500_000}),
+        )
+        .await?;
+    let request = asked(&kit, &call).await?;
+    assert_eq!(request.state(), ApprovalState::Waiting);
+    assert_eq!(
+        request.expires_at().to_rfc3339(),
+        "9999-12-31T23:59:59.999+00:00"
+    );
+    approvals(&kit)
+        .await?
+        .deny(&call.run_id, &call.call_id, "hal", None)
+        .await?;
+    let outcome = kit.wait(&call).await?;
+    assert_eq!(outcome.error_code.as_deref(), Some("forbidden"));
+    assert_eq!(ledger.made("gia"), 0);
+    kit.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_waiting_for_a_person_never_hide_the_others() -> toolrunner::Result<()> {
+    let ledger = Ledger::default();
+    let held = ledger.clone();
+    let kit = TestKit::start(move |b| {
+        b.tool(refund)
+            .state(held.clone())
+            .authorizer(OverAThousand {
+                window: Duration::from_secs(60),
+                told: Told::default(),
+            })
+            .capacity(1)
+            .poll_interval(Duration::from_millis(50))
+    })
+    .await?;
+    // Six older calls wait for a person, more than the capacity of pending
+    // candidates a look asks for.
+    for n in 0..6 {
+        let call = kit
+            .submit(
+                "refunds.refund",
+                json!({"customer": format!("w{n}"), "amount": 200_000}),
+            )
+            .await?;
+        asked(&kit, &call).await?;
+    }
+    let small = kit
+        .call("refunds.refund", json!({"customer": "ivy", "amount": 100}))
+        .await?;
+    assert!(small.is_completed(), "{small:?}");
+    assert_eq!(ledger.made("ivy"), 1);
     kit.shutdown().await
 }

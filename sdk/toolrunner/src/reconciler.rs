@@ -13,6 +13,7 @@ use crate::error::{Error, Kind, Result};
 use crate::lifecycle::{self, Advanced, Event, FinalReceipt, Reads};
 use crate::net::client::{Backoff, Client};
 use crate::runner::outbox::{Delivery, deliver};
+use crate::store::approvals::{ApprovalBook, ApprovalRow, Stored};
 use crate::store::{
     Attempt, CallFilter, Event as TimelineEvent, LocalCall, LocalState, OutboxReceipt,
     ReceiptStatus, SqliteStore, Store, Timestamp,
@@ -498,6 +499,8 @@ fn refused(msg: impl Into<String>) -> Error {
 pub struct Reconciler {
     store: Arc<dyn Store>,
     client: Option<Client>,
+    /// The store's approval requests (a call's timeline shows its own).
+    approvals: Option<Arc<dyn ApprovalBook>>,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -519,6 +522,7 @@ impl Reconciler {
         Ok(Reconciler {
             store: crate::store::open(store_url).await?,
             client: None,
+            approvals: Some(crate::store::open_approvals(store_url).await?),
         })
     }
 
@@ -527,8 +531,10 @@ impl Reconciler {
     /// # Errors
     /// The store cannot be opened.
     pub async fn open_path(path: &std::path::Path) -> Result<Reconciler> {
+        let store = SqliteStore::open_path(path).await?;
         Ok(Reconciler {
-            store: Arc::new(SqliteStore::open_path(path).await?),
+            approvals: Some(Arc::new(store.approvals())),
+            store: Arc::new(store),
             client: None,
         })
     }
@@ -560,6 +566,10 @@ impl Reconciler {
         Ok(Reconciler {
             store: crate::store::open_postgres_schema(store_url, schema).await?,
             client: None,
+            // One identity of many (the console): its timelines leave the
+            // database-wide approval requests out (one pool each would
+            // crowd the server).
+            approvals: None,
         })
     }
 
@@ -575,6 +585,7 @@ impl Reconciler {
         Reconciler {
             store,
             client: None,
+            approvals: None,
         }
     }
 
@@ -647,7 +658,11 @@ impl Reconciler {
     pub async fn show(&self, run_id: &str, call_id: &str) -> Result<Timeline> {
         let call = self.load(run_id, call_id).await?;
         let receipts = self.store.receipts(run_id, call_id).await?;
-        let events = self.store.events(run_id, call_id).await?;
+        let mut events = self.store.events(run_id, call_id).await?;
+        if let Some(book) = &self.approvals {
+            events.extend(approval_events(&book.of_call(run_id, call_id).await?));
+            events.sort_by_key(|e| e.at);
+        }
         let attempts = self.store.attempts(run_id, call_id).await?;
         let mut summary = CallSummary::from_row(&call);
         // As `list` says it: a call waiting for reconciliation has no
@@ -1136,4 +1151,37 @@ impl Reconciler {
             "this store records no executor id for the call (no attempt, no receipt): settle it on the platform side",
         ))
     }
+}
+
+/// A call's approval requests as timeline entries: each request when it
+/// was asked (`approval_requested`, with its reason), and its decision
+/// (`approval_approved`, `approval_denied`, `approval_closed`) with who
+/// and the note.
+fn approval_events(rows: &[ApprovalRow]) -> Vec<TimelineEvent> {
+    let mut out = Vec::new();
+    for r in rows {
+        out.push(TimelineEvent {
+            at: r.asked_at,
+            what: "approval_requested".to_owned(),
+            detail: Some(format!("{} (digest {})", r.reason, r.digest)),
+        });
+        let Some(at) = r.decided_at else { continue };
+        let what = match r.state {
+            Stored::Approved => "approval_approved",
+            Stored::Denied => "approval_denied",
+            Stored::Waiting | Stored::Closed => "approval_closed",
+        };
+        let by = r.decided_by.as_deref().unwrap_or("-");
+        let detail = match (&r.note, &r.closed_why) {
+            (_, Some(why)) => format!("by {by}: {why}"),
+            (Some(note), None) => format!("by {by}: {note}"),
+            (None, None) => format!("by {by}"),
+        };
+        out.push(TimelineEvent {
+            at,
+            what: what.to_owned(),
+            detail: Some(detail),
+        });
+    }
+    out
 }

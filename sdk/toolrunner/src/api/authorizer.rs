@@ -85,6 +85,14 @@ impl Denied {
 pub trait Authorizer: Send + Sync + 'static {
     /// Allows or refuses one call.
     async fn authorize(&self, request: &AuthorizationRequest) -> Result<(), Denied>;
+
+    /// Told once a call's approval request (asked for by
+    /// [`Denied::needs_approval`]) is stored and waits: pass it to the
+    /// product's own channel (mail, chat). Called at least once per
+    /// request, possibly twice after a crash, beside the call (never
+    /// holding it back); a panic here is logged and the request is told
+    /// again later. The default does nothing.
+    async fn on_approval_requested(&self, _request: &crate::api::approval::ApprovalRequest) {}
 }
 
 /// Allows every call. For development only: say so explicitly with

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use toolrunner_protocol::wire::Assignment;
 
 use super::checks::{AWAITS_APPROVAL, Refusal};
+use crate::api::approval::{ApprovalRequest, EXPIRED_WHY};
+use crate::api::authorizer::Authorizer;
 use crate::api::context::CallKey;
 use crate::store::approvals::{ApprovalBook, ApprovalRow, Stored};
 use crate::store::now;
@@ -17,27 +19,86 @@ pub(crate) const DENIED: &str = "denied by an approver";
 /// What the model reads of a call nobody approved in time.
 pub(crate) const EXPIRED: &str = "approval expired";
 
+/// The latest expiry a request is stored with (a longer window is cut to
+/// it): times are stored as text that compares in time order only with
+/// four-digit years.
+const LATEST_EXPIRY: &str = "9999-12-31T23:59:59.999Z";
+
 /// The approval requests of an executor's store, and the calls that wait
 /// for a decision (read again at most once a poll interval).
 pub(crate) struct Waits {
     book: Option<Arc<dyn ApprovalBook>>,
-    waiting: StdMutex<Waiting>,
+    /// Told of each request (`on_approval_requested`).
+    authorizer: Arc<dyn Authorizer>,
+    /// The identity that asks (and tells again what it asked).
+    executor_id: String,
+    waiting: Arc<StdMutex<Waiting>>,
 }
 
 #[derive(Default)]
 struct Waiting {
     calls: HashSet<CallKey>,
     read_at: Option<Instant>,
+    /// The requests being told now, by (run, call, digest).
+    telling: HashSet<(String, String, String)>,
+    /// The calls found waiting since the last read of the store (kept
+    /// through a read that began before they were stored).
+    fresh: HashSet<CallKey>,
+    /// Whether this identity's requests not told yet are to be looked for
+    /// (at the first read, and after a telling failed).
+    retell: bool,
 }
 
 impl Waits {
     /// Over `book` (`None`: a store that keeps no approvals; a call that
     /// needs one is refused).
-    pub(crate) fn new(book: Option<Arc<dyn ApprovalBook>>) -> Waits {
+    pub(crate) fn new(
+        book: Option<Arc<dyn ApprovalBook>>,
+        authorizer: Arc<dyn Authorizer>,
+        executor_id: String,
+    ) -> Waits {
         Waits {
             book,
-            waiting: StdMutex::default(),
+            authorizer,
+            executor_id,
+            waiting: Arc::new(StdMutex::new(Waiting {
+                retell: true,
+                ..Waiting::default()
+            })),
         }
+    }
+
+    /// Tells the product of `row` beside the call (the authorizer's
+    /// `on_approval_requested`), then records it told; a request being
+    /// told already is not told twice at once.
+    fn tell(&self, book: &Arc<dyn ApprovalBook>, row: ApprovalRow) {
+        let at = (row.run_id.clone(), row.call_id.clone(), row.digest.clone());
+        if !self.waiting().telling.insert(at.clone()) {
+            return;
+        }
+        let book = book.clone();
+        let authorizer = self.authorizer.clone();
+        let request = ApprovalRequest::of(row, now());
+        let waiting = self.waiting.clone();
+        tokio::spawn(async move {
+            let mut retell = false;
+            let told = super::unwind::catch(authorizer.on_approval_requested(&request)).await;
+            match told {
+                Ok(()) => {
+                    if let Err(e) = book.told((&at.0, &at.1, &at.2), now()).await {
+                        tracing::debug!(error = %e, "recording that the product was told of an approval request failed; it is told again");
+                        retell = true;
+                    }
+                }
+                Err(panic) => {
+                    tracing::error!(%panic, "on_approval_requested panicked; the request is told again later");
+                    retell = true;
+                }
+            }
+            let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
+            w.telling.remove(&at);
+            w.retell |= retell;
+        });
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
@@ -48,19 +109,33 @@ impl Waits {
     /// older than `every`: a decision takes effect within it.
     pub(crate) async fn refresh(&self, every: Duration) {
         let Some(book) = &self.book else { return };
-        if self
-            .waiting()
-            .read_at
-            .is_some_and(|at| at.elapsed() < every)
-        {
+        let (read, retell) = {
+            let mut w = self.waiting();
+            if w.read_at.is_some_and(|at| at.elapsed() < every) {
+                return;
+            }
+            // Nothing known to wait: the store is not asked (a call another
+            // identity asked about is found waiting when claimed here).
+            let read = w.read_at.is_none() || !w.calls.is_empty() || !w.fresh.is_empty();
+            if !read {
+                w.read_at = Some(Instant::now());
+            }
+            (read, std::mem::take(&mut w.retell))
+        };
+        if retell {
+            self.retell(book).await;
+        }
+        if !read {
             return;
         }
         match book.waiting(now()).await {
             Ok(calls) => {
                 let mut w = self.waiting();
+                let fresh = std::mem::take(&mut w.fresh);
                 w.calls = calls
                     .into_iter()
                     .map(|(run_id, call_id)| CallKey { run_id, call_id })
+                    .chain(fresh)
                     .collect();
                 w.read_at = Some(Instant::now());
             }
@@ -72,9 +147,31 @@ impl Waits {
         }
     }
 
+    /// Tells again this identity's requests whose telling was not
+    /// recorded (a crash between the two, a hook that panicked).
+    async fn retell(&self, book: &Arc<dyn ApprovalBook>) {
+        match book.untold(&self.executor_id, now()).await {
+            Ok(rows) => {
+                for row in rows {
+                    self.tell(book, row);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the approval requests not told yet failed");
+                self.waiting().retell = true;
+            }
+        }
+    }
+
     /// Whether the call waits for a person's decision (not to be claimed).
     pub(crate) fn waits(&self, key: &CallKey) -> bool {
         self.waiting().calls.contains(key)
+    }
+
+    /// How many calls wait for a decision now (the claimer reads that many
+    /// more candidates of `pending`, so that they never hide the others).
+    pub(crate) fn waiting_now(&self) -> usize {
+        self.waiting().calls.len()
     }
 
     /// The authorizer asked for an approval of `asg` (`reason`, expiring
@@ -85,7 +182,6 @@ impl Waits {
     /// [`AWAITS_APPROVAL`]: the claim goes back, the call waits.
     pub(crate) async fn consult(
         &self,
-        executor_id: &str,
         asg: &Assignment,
         reason: &str,
         window: Duration,
@@ -101,6 +197,10 @@ impl Waits {
         let window = chrono::TimeDelta::from_std(window)
             .unwrap_or(chrono::TimeDelta::MAX)
             .max(chrono::TimeDelta::milliseconds(1));
+        // Stored as text that compares in time order: four-digit years.
+        let latest = chrono::DateTime::parse_from_rfc3339(LATEST_EXPIRY)
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .unwrap_or(asked_at);
         let row = ApprovalRow {
             run_id: asg.run_id.clone(),
             call_id: asg.call_id.clone(),
@@ -111,16 +211,17 @@ impl Waits {
             agent_version: asg.agent_version.clone(),
             arguments: asg.arguments.to_string(),
             reason: reason.to_owned(),
-            executor_id: executor_id.to_owned(),
+            executor_id: self.executor_id.clone(),
             asked_at,
             expires_at: asked_at
                 .checked_add_signed(window)
-                .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC),
+                .map_or(latest, |t| t.min(latest)),
             state: Stored::Waiting,
             decided_by: None,
             note: None,
             decided_at: None,
             closed_why: None,
+            notified_at: None,
         };
         let key = CallKey {
             run_id: asg.run_id.clone(),
@@ -135,22 +236,83 @@ impl Waits {
                 return Err((AWAITS_APPROVAL, reason.to_owned()));
             }
         };
+        let at = (
+            stored.run_id.clone(),
+            stored.call_id.clone(),
+            stored.digest.clone(),
+        );
+        let stored = if stored.expired_at(now()) {
+            // Expired by this executor's clock: closed first (a
+            // compare-and-set, so that no approver's decision lands after
+            // the call is settled), or decided meanwhile: read again.
+            match book.expire((&at.0, &at.1, &at.2), EXPIRED_WHY, now()).await {
+                Ok(true) => {
+                    self.acted(&stored, "expired");
+                    return Err(("forbidden", EXPIRED.to_owned()));
+                }
+                Ok(false) => match book.of_call(&at.0, &at.1).await {
+                    Ok(rows) => rows
+                        .into_iter()
+                        .find(|r| r.digest == at.2)
+                        .unwrap_or(stored),
+                    Err(_) => return Err((AWAITS_APPROVAL, reason.to_owned())),
+                },
+                // Nothing settled on a guess: asked again at the next claim.
+                Err(_) => return Err((AWAITS_APPROVAL, reason.to_owned())),
+            }
+        } else {
+            stored
+        };
         match stored.state {
             Stored::Approved => {
                 tracing::info!(approver = ?stored.decided_by, "approved: the call goes on");
+                self.acted(&stored, "approved");
                 Ok(())
             }
-            Stored::Denied => Err(("forbidden", DENIED.to_owned())),
-            Stored::Waiting if stored.expired_at(now()) => Err(("forbidden", EXPIRED.to_owned())),
+            Stored::Denied => {
+                self.acted(&stored, "denied");
+                Err(("forbidden", DENIED.to_owned()))
+            }
+            Stored::Closed if stored.closed_why.as_deref() == Some(EXPIRED_WHY) => {
+                self.acted(&stored, "expired");
+                Err(("forbidden", EXPIRED.to_owned()))
+            }
+            // Its expiry passed by this clock, not yet by the one that
+            // closes it: asked again at the next claim.
+            Stored::Waiting if stored.expired_at(now()) => {
+                Err((AWAITS_APPROVAL, reason.to_owned()))
+            }
             Stored::Waiting => {
                 if stored.asked_at == asked_at {
                     tracing::info!(tool = %asg.tool_name, "waiting for a person's approval: the claim is given back");
+                    super::telemetry::approval_requested(&self.executor_id, &asg.tool_name);
                 }
-                self.waiting().calls.insert(key);
-                Err((AWAITS_APPROVAL, stored.reason))
+                {
+                    let mut w = self.waiting();
+                    w.calls.insert(key.clone());
+                    w.fresh.insert(key);
+                }
+                let reason = stored.reason.clone();
+                if stored.notified_at.is_none() {
+                    self.tell(book, stored);
+                }
+                Err((AWAITS_APPROVAL, reason))
             }
             Stored::Closed => Err(("forbidden", "the approval request was closed".to_owned())),
         }
+    }
+
+    /// Counts a decision acted on, and how long its request waited; the
+    /// call's span says so.
+    fn acted(&self, row: &ApprovalRow, decision: &'static str) {
+        let waited = (now() - row.asked_at).num_milliseconds().max(0) as f64 / 1000.0;
+        super::telemetry::approval_decided(&self.executor_id, &row.tool, decision, waited);
+        tracing::Span::current().record("toolrunner.approval", decision);
+        tracing::info!(
+            decision,
+            waited_seconds = waited,
+            "acting on a person's decision"
+        );
     }
 
     /// The call ended at the platform: its requests are closed (nothing

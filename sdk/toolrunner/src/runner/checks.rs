@@ -85,10 +85,7 @@ pub(crate) async fn before_start(
     match super::unwind::catch(core.authorizer.authorize(&request)).await {
         Ok(Err(d)) if d.approval.is_some() => {
             let window = d.approval.unwrap_or_default();
-            core.calls
-                .approvals
-                .consult(&core.cfg.executor_id, asg, &d.message, window)
-                .await
+            core.calls.approvals.consult(asg, &d.message, window).await
         }
         Ok(answer) => answer.map_err(|d| ("forbidden", d.message)),
         // Refused on error: nothing ran, and the product could not say yes.

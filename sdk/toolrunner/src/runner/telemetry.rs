@@ -143,6 +143,15 @@ pub(crate) mod metric {
     /// forgot them while this identity's lease looked lapsed: the limit
     /// may have been exceeded), by tool.
     pub(crate) const FLOW_SLOTS_LOST: &str = "toolrunner_flow_slots_lost_total";
+    /// Counter: approval requests stored (a call given back to wait for a
+    /// person), by tool.
+    pub(crate) const APPROVALS_REQUESTED: &str = "toolrunner_approvals_requested_total";
+    /// Counter: decisions the executor acted on, by tool and decision
+    /// (`approved`, `denied`, `expired`).
+    pub(crate) const APPROVALS_DECIDED: &str = "toolrunner_approvals_decided_total";
+    /// Histogram (seconds): from a request to the claim that acted on its
+    /// decision, by tool.
+    pub(crate) const APPROVAL_WAIT: &str = "toolrunner_approval_wait_seconds";
     /// Gauge: receipts saved and not yet acknowledged.
     pub(crate) const UNDELIVERED: &str = "toolrunner_undelivered_receipts";
     /// Gauge (seconds): the oldest of them.
@@ -206,6 +215,24 @@ pub(crate) fn flow_released(executor_id: &str, tool: &str, reason: &'static str)
     metrics::counter!(metric::FLOW_RELEASED, "executor_id" => executor_id.to_owned(), "tool" => tool.to_owned(), "reason" => reason)
         .increment(1);
 }
+
+/// An approval request of `tool` was stored.
+pub(crate) fn approval_requested(executor_id: &str, tool: &str) {
+    metrics::counter!(metric::APPROVALS_REQUESTED, "executor_id" => executor_id.to_owned(), "tool" => tool.to_owned())
+        .increment(1);
+}
+
+/// The executor acted on a decision about a request of `tool`, asked
+/// `waited` seconds before.
+pub(crate) fn approval_decided(executor_id: &str, tool: &str, decision: &'static str, waited: f64) {
+    metrics::counter!(metric::APPROVALS_DECIDED, "executor_id" => executor_id.to_owned(), "tool" => tool.to_owned(), "decision" => decision)
+        .increment(1);
+    metrics::histogram!(metric::APPROVAL_WAIT, "executor_id" => executor_id.to_owned(), "tool" => tool.to_owned())
+        .record(waited);
+}
+
+/// The decisions [`approval_decided`] counts.
+pub(crate) const APPROVAL_DECISIONS: [&str; 3] = ["approved", "denied", "expired"];
 
 /// A slot of `tool` was found taken back when given back.
 pub(crate) fn flow_slot_lost(tool: &str) {
@@ -287,6 +314,19 @@ fn describe() {
     describe_counter!(
         metric::CLAIMS_REFUSED,
         "claims that did not take the call, by reason"
+    );
+    describe_counter!(
+        metric::APPROVALS_REQUESTED,
+        "approval requests stored (calls given back to wait for a person), by tool"
+    );
+    describe_counter!(
+        metric::APPROVALS_DECIDED,
+        "decisions the executor acted on, by tool and decision"
+    );
+    describe_histogram!(
+        metric::APPROVAL_WAIT,
+        Unit::Seconds,
+        "from an approval request to the claim that acted on its decision, by tool"
     );
     describe_gauge!(metric::CAPACITY_IN_USE, "capacity slots in use");
     describe_gauge!(metric::CAPACITY_AVAILABLE, "capacity slots free");
@@ -399,6 +439,13 @@ pub(crate) fn zero<'t>(executor_id: &str, tools: impl IntoIterator<Item = &'t st
                 .increment(0);
         }
         metrics::counter!(metric::FLOW_SLOTS_LOST, "tool" => tool.to_owned()).increment(0);
+        metrics::counter!(metric::APPROVALS_REQUESTED, "executor_id" => id(), "tool" => tool.to_owned())
+            .increment(0);
+        for decision in APPROVAL_DECISIONS {
+            metrics::counter!(metric::APPROVALS_DECIDED, "executor_id" => id(), "tool" => tool.to_owned(), "decision" => decision)
+                .increment(0);
+        }
+        let _ = metrics::histogram!(metric::APPROVAL_WAIT, "executor_id" => id(), "tool" => tool.to_owned());
     }
     for reason in REFUSAL_CODES.iter().chain(&OTHER_REFUSALS) {
         metrics::counter!(metric::CLAIMS_REFUSED, "executor_id" => id(), "reason" => *reason)

@@ -205,6 +205,11 @@ impl Template {
         let slots = Arc::new(Semaphore::new(capacity));
         self.health
             .starting(&self.cfg.executor_id, self.cfg.capacity, slots.clone());
+        let approvals = super::approval::Waits::new(
+            approvals,
+            self.authorizer.clone(),
+            self.cfg.executor_id.clone(),
+        );
         Arc::new(Core {
             cfg: self.cfg,
             client: self.client,
@@ -226,7 +231,7 @@ impl Template {
                 wake: Notify::new(),
                 paused: AtomicBool::new(false),
                 reports: Default::default(),
-                approvals: super::approval::Waits::new(approvals),
+                approvals,
             },
             health: self.health,
             life: Life::new(fence, lock),

@@ -75,6 +75,8 @@ pub(crate) struct ApprovalRow {
     pub(crate) decided_at: Option<Timestamp>,
     /// Why the request was closed.
     pub(crate) closed_why: Option<String>,
+    /// When the product was told that it waits.
+    pub(crate) notified_at: Option<Timestamp>,
 }
 
 impl ApprovalRow {
@@ -140,8 +142,9 @@ pub(crate) trait ApprovalBook: Send + Sync {
         now: Timestamp,
     ) -> Result<bool, StoreError>;
 
-    /// Closes the call's requests that are not closed yet (the call ended
-    /// otherwise), saying why.
+    /// Closes the call's requests nobody decided (the call ended
+    /// otherwise, or a request expired), saying why: a decided request
+    /// keeps its decision.
     ///
     /// # Errors
     /// The database failed.
@@ -153,6 +156,36 @@ pub(crate) trait ApprovalBook: Send + Sync {
         now: Timestamp,
     ) -> Result<(), StoreError>;
 
+    /// Closes the request if nobody decided it and its expiry has passed at
+    /// `now` (`why`: the expiry's): `true` if this call closed it (an
+    /// approver's decision after that is refused).
+    ///
+    /// # Errors
+    /// The database failed.
+    async fn expire(
+        &self,
+        at: (&str, &str, &str),
+        why: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// Records that the product was told of the request.
+    ///
+    /// # Errors
+    /// The database failed.
+    async fn told(&self, at: (&str, &str, &str), now: Timestamp) -> Result<(), StoreError>;
+
+    /// `executor_id`'s requests nobody decided, not expired at `now`,
+    /// whose telling is not recorded.
+    ///
+    /// # Errors
+    /// The database failed.
+    async fn untold(
+        &self,
+        executor_id: &str,
+        now: Timestamp,
+    ) -> Result<Vec<ApprovalRow>, StoreError>;
+
     /// The calls with a request nobody decided that has not expired at
     /// `now` (the claimer passes them over).
     ///
@@ -162,7 +195,7 @@ pub(crate) trait ApprovalBook: Send + Sync {
 }
 
 /// The columns every backend selects, in this order.
-pub(super) const COLUMNS: &str = "run_id, call_id, digest, tool, subject, agent_id, agent_version, arguments, reason, executor_id, asked_at, expires_at, state, decided_by, note, decided_at, closed_why";
+pub(super) const COLUMNS: &str = "run_id, call_id, digest, tool, subject, agent_id, agent_version, arguments, reason, executor_id, asked_at, expires_at, state, decided_by, note, decided_at, closed_why, notified_at";
 
 /// A row read back (the columns of [`COLUMNS`], times as RFC 3339 text).
 pub(super) fn row_of(r: &impl super::rows::Columns) -> Result<ApprovalRow, StoreError> {
@@ -185,5 +218,10 @@ pub(super) fn row_of(r: &impl super::rows::Columns) -> Result<ApprovalRow, Store
         note: r.opt_text("note")?,
         decided_at: r.opt_text("decided_at")?.as_deref().map(time).transpose()?,
         closed_why: r.opt_text("closed_why")?,
+        notified_at: r
+            .opt_text("notified_at")?
+            .as_deref()
+            .map(time)
+            .transpose()?,
     })
 }

@@ -277,11 +277,18 @@ pub(super) async fn first_checks(
     };
     let span = tracing::info_span!(
         "toolrunner.checks",
-        toolrunner.refused = tracing::field::Empty
+        toolrunner.refused = tracing::field::Empty,
+        toolrunner.approval = tracing::field::Empty
     );
     let verdict = checked.instrument(span.clone()).await;
-    if let Err((code, _)) = &verdict {
-        span.record("toolrunner.refused", *code);
+    match &verdict {
+        Err((checks::AWAITS_APPROVAL, _)) => {
+            span.record("toolrunner.approval", "waiting");
+        }
+        Err((code, _)) => {
+            span.record("toolrunner.refused", *code);
+        }
+        Ok(()) => {}
     }
     verdict
 }

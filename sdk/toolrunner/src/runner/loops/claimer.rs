@@ -129,7 +129,8 @@ async fn claim_pending(core: &Arc<Core>) -> Result<(), Pause> {
             .pending(
                 &core.cfg.executor_id,
                 &connection_id,
-                (free + core.calls.flow.backing_off_now()).min(100),
+                (free + core.calls.flow.backing_off_now() + core.calls.approvals.waiting_now())
+                    .min(100),
                 cursor.as_deref(),
             )
             .await

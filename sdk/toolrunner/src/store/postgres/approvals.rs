@@ -21,10 +21,13 @@ impl PgApprovals {
     /// when first used.
     pub(super) fn connect(options: PgConnectOptions) -> PgApprovals {
         PgApprovals {
+            // One connection at most, closed when idle: every executor
+            // process has one of these beside its store's pools, and the
+            // server admits only so many clients.
             pool: PgPoolOptions::new()
-                .max_connections(2)
+                .max_connections(1)
                 .min_connections(0)
-                .idle_timeout(Duration::from_secs(30))
+                .idle_timeout(Duration::from_secs(10))
                 .connect_lazy_with(options.options([("search_path", super::lease::SCHEMA)])),
         }
     }
@@ -127,7 +130,7 @@ impl ApprovalBook for PgApprovals {
         sqlx::query(
             "UPDATE approvals SET state = $1, decided_by = COALESCE(decided_by, $2), closed_why = $3,
                  decided_at = COALESCE(decided_at, $4)
-             WHERE run_id = $5 AND call_id = $6 AND state <> 'closed'",
+             WHERE run_id = $5 AND call_id = $6 AND state = 'waiting'",
         )
         .bind(Stored::Closed.name())
         .bind("toolrunner")
@@ -138,6 +141,68 @@ impl ApprovalBook for PgApprovals {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn expire(
+        &self,
+        (run_id, call_id, digest): (&str, &str, &str),
+        why: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let now = rfc3339(&now);
+        let done = sqlx::query(
+            "UPDATE approvals SET state = 'closed', decided_by = 'toolrunner', closed_why = $1,
+                 decided_at = $2
+             WHERE run_id = $3 AND call_id = $4 AND digest = $5 AND state = 'waiting'
+                 AND expires_at <= $6",
+        )
+        .bind(free_text(why))
+        .bind(&now)
+        .bind(run_id)
+        .bind(call_id)
+        .bind(digest)
+        .bind(&now)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn told(
+        &self,
+        (run_id, call_id, digest): (&str, &str, &str),
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE approvals SET notified_at = $1
+             WHERE run_id = $2 AND call_id = $3 AND digest = $4 AND notified_at IS NULL",
+        )
+        .bind(rfc3339(&now))
+        .bind(run_id)
+        .bind(call_id)
+        .bind(digest)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn untold(
+        &self,
+        executor_id: &str,
+        now: Timestamp,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM approvals
+             WHERE executor_id = $1 AND state = 'waiting' AND expires_at > $2 AND notified_at IS NULL
+             ORDER BY asked_at"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(executor_id)
+            .bind(rfc3339(&now))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(row_of)
+            .collect()
     }
 
     async fn waiting(&self, now: Timestamp) -> Result<Vec<(String, String)>, StoreError> {

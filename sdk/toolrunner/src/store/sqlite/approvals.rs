@@ -122,7 +122,7 @@ impl ApprovalBook for SqliteApprovals {
         sqlx::query(
             "UPDATE approvals SET state = ?, decided_by = COALESCE(decided_by, ?), closed_why = ?,
                  decided_at = COALESCE(decided_at, ?)
-             WHERE run_id = ? AND call_id = ? AND state <> 'closed'",
+             WHERE run_id = ? AND call_id = ? AND state = 'waiting'",
         )
         .bind(Stored::Closed.name())
         .bind("toolrunner")
@@ -135,6 +135,68 @@ impl ApprovalBook for SqliteApprovals {
         Ok(())
     }
 
+    async fn expire(
+        &self,
+        (run_id, call_id, digest): (&str, &str, &str),
+        why: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let now = rfc3339(&now);
+        let done = sqlx::query(
+            "UPDATE approvals SET state = 'closed', decided_by = 'toolrunner', closed_why = ?,
+                 decided_at = ?
+             WHERE run_id = ? AND call_id = ? AND digest = ? AND state = 'waiting'
+                 AND expires_at <= ?",
+        )
+        .bind(free_text(why))
+        .bind(&now)
+        .bind(run_id)
+        .bind(call_id)
+        .bind(digest)
+        .bind(&now)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn told(
+        &self,
+        (run_id, call_id, digest): (&str, &str, &str),
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE approvals SET notified_at = ?
+             WHERE run_id = ? AND call_id = ? AND digest = ? AND notified_at IS NULL",
+        )
+        .bind(rfc3339(&now))
+        .bind(run_id)
+        .bind(call_id)
+        .bind(digest)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn untold(
+        &self,
+        executor_id: &str,
+        now: Timestamp,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM approvals
+             WHERE executor_id = ? AND state = 'waiting' AND expires_at > ? AND notified_at IS NULL
+             ORDER BY asked_at"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(executor_id)
+            .bind(rfc3339(&now))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(row_of)
+            .collect()
+    }
+
     async fn waiting(&self, now: Timestamp) -> Result<Vec<(String, String)>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT DISTINCT run_id, call_id FROM approvals WHERE state = 'waiting' AND expires_at > ?",
@@ -142,5 +204,130 @@ impl ApprovalBook for SqliteApprovals {
         .bind(rfc3339(&now))
         .fetch_all(&self.pool)
         .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SqliteStore;
+
+    fn request(call_id: &str, expires_in_ms: i64) -> ApprovalRow {
+        let asked_at = crate::store::now();
+        ApprovalRow {
+            run_id: "run_1".into(),
+            call_id: call_id.into(),
+            digest: "sha256:d".into(),
+            tool: "refunds.refund".into(),
+            subject: "user_1".into(),
+            agent_id: "agt_1".into(),
+            agent_version: "v1".into(),
+            arguments: "{}".into(),
+            reason: "over 1,000".into(),
+            executor_id: "exe_1".into(),
+            asked_at,
+            expires_at: asked_at + chrono::TimeDelta::milliseconds(expires_in_ms),
+            state: Stored::Waiting,
+            decided_by: None,
+            note: None,
+            decided_at: None,
+            closed_why: None,
+            notified_at: None,
+        }
+    }
+
+    async fn book() -> (tempfile::TempDir, SqliteApprovals) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = SqliteStore::open_path(&dir.path().join("a.db"))
+            .await
+            .expect("a store");
+        (dir, store.approvals())
+    }
+
+    async fn state(book: &SqliteApprovals, call_id: &str) -> Stored {
+        book.of_call("run_1", call_id).await.expect("read")[0].state
+    }
+
+    #[tokio::test]
+    async fn a_call_that_ended_closes_only_the_requests_nobody_decided() {
+        let (_dir, book) = book().await;
+        book.ask(&request("c_approved", 60_000))
+            .await
+            .expect("asked");
+        book.ask(&request("c_waiting", 60_000))
+            .await
+            .expect("asked");
+        let now = crate::store::now();
+        let at = ("run_1", "c_approved", "sha256:d");
+        assert!(
+            book.decide(at, Verdict::Approve, "ann", None, now)
+                .await
+                .expect("decided")
+        );
+        for call in ["c_approved", "c_waiting"] {
+            book.close("run_1", call, "the run ended", now)
+                .await
+                .expect("closed");
+        }
+        assert_eq!(
+            state(&book, "c_approved").await,
+            Stored::Approved,
+            "the decision stays"
+        );
+        assert_eq!(state(&book, "c_waiting").await, Stored::Closed);
+    }
+
+    #[tokio::test]
+    async fn an_expiry_closed_first_refuses_a_later_decision_and_a_decision_first_refuses_the_expiry()
+     {
+        let (_dir, book) = book().await;
+        book.ask(&request("c_late", 1)).await.expect("asked");
+        book.ask(&request("c_decided", 60_000))
+            .await
+            .expect("asked");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let now = crate::store::now();
+        let late = ("run_1", "c_late", "sha256:d");
+        assert!(
+            book.expire(late, "approval expired", now)
+                .await
+                .expect("expired")
+        );
+        // An approver whose clock runs behind: refused, the call is settled.
+        let behind = now - chrono::TimeDelta::seconds(60);
+        assert!(
+            !book
+                .decide(late, Verdict::Approve, "bo", None, behind)
+                .await
+                .expect("asked")
+        );
+        assert_eq!(state(&book, "c_late").await, Stored::Closed);
+        // Decided first: an expiry judged by a clock running ahead finds
+        // nothing to close.
+        let decided = ("run_1", "c_decided", "sha256:d");
+        assert!(
+            book.decide(decided, Verdict::Deny, "cy", None, now)
+                .await
+                .expect("decided")
+        );
+        let ahead = now + chrono::TimeDelta::seconds(120);
+        assert!(
+            !book
+                .expire(decided, "approval expired", ahead)
+                .await
+                .expect("asked")
+        );
+        assert_eq!(state(&book, "c_decided").await, Stored::Denied);
+    }
+
+    #[tokio::test]
+    async fn a_second_ask_answers_the_stored_request() {
+        let (_dir, book) = book().await;
+        let first = book.ask(&request("c", 60_000)).await.expect("asked");
+        let mut again = request("c", 120_000);
+        again.reason = "another reason".into();
+        let stored = book.ask(&again).await.expect("asked");
+        assert_eq!(stored.reason, first.reason);
+        assert_eq!(stored.expires_at, first.expires_at);
     }
 }
