@@ -2262,9 +2262,7 @@ async fn pg_leases_held(pg: &str, instance: &str) -> Result<Vec<(String, i64)>, 
     #[cfg(feature = "postgres")]
     {
         use sqlx::Connection;
-        let mut conn = sqlx::PgConnection::connect(pg)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut conn = pg_connect(pg).await.map_err(|e| e.to_string())?;
         let rows = sqlx::query_as(
             "SELECT executor_id, token FROM toolrunner_leases.executor_leases WHERE holder = $1 ORDER BY executor_id",
         )
@@ -2316,9 +2314,7 @@ async fn move_stamps_back(pg: &str, ids: &[String], during: Duration) -> Result<
     #[cfg(feature = "postgres")]
     {
         use sqlx::Connection;
-        let mut conn = sqlx::PgConnection::connect(pg)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut conn = pg_connect(pg).await.map_err(|e| e.to_string())?;
         // As a session of this version (the lease table refuses a lease
         // write of an older one).
         sqlx::query("SET toolrunner.lease_format = '2'")
@@ -2379,7 +2375,7 @@ async fn execute_on(url: &str, sql: &'static str) -> Result<(), String> {
     let err = |e: sqlx::Error| format!("{sql} on {url}: {e}");
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(url).await.map_err(err)?;
+        let mut conn = pg_connect(url).await.map_err(err)?;
         sqlx::query(sql).execute(&mut conn).await.map_err(err)?;
         let _ = conn.close().await;
         return Ok(());
@@ -2399,7 +2395,7 @@ async fn miscounted(url: &str) -> Result<Vec<(String, i64, i64)>, String> {
     let err = |e: sqlx::Error| format!("the call counts of {url}: {e}");
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(url).await.map_err(err)?;
+        let mut conn = pg_connect(url).await.map_err(err)?;
         let rows = sqlx::query_as(
             "SELECT COALESCE(k.state, t.state), COALESCE(k.n, 0)::BIGINT, COALESCE(t.n, 0)::BIGINT
              FROM (SELECT c.state, c.n + COALESCE((SELECT SUM(d.n) FROM call_count_deltas d
@@ -2449,7 +2445,7 @@ async fn rows_in(url: &str) -> Result<Vec<(String, String, i64)>, String> {
     let err = |e: sqlx::Error| format!("the rows of {url}: {e}");
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(url).await.map_err(err)?;
+        let mut conn = pg_connect(url).await.map_err(err)?;
         let rows = sqlx::query_as(SELECT)
             .fetch_all(&mut conn)
             .await
@@ -2487,7 +2483,7 @@ async fn watch_writers(urls: Vec<String>, pg: Option<String>, seed_tag: String, 
     }
     #[cfg(feature = "postgres")]
     let mut pg = match pg {
-        Some(url) => sqlx::PgConnection::connect(&url).await.ok(),
+        Some(url) => pg_connect(&url).await.ok(),
         None => None,
     };
     #[cfg(not(feature = "postgres"))]
@@ -2565,9 +2561,7 @@ async fn second_database(pg: &str) -> Result<String, String> {
             #[cfg(feature = "postgres")]
             {
                 use sqlx::Connection;
-                let mut conn = sqlx::PgConnection::connect(pg)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let mut conn = pg_connect(pg).await.map_err(|e| e.to_string())?;
                 // The name is the test database's own and `_twin`.
                 let created =
                     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{second}\"")))
@@ -2595,12 +2589,33 @@ async fn second_database(pg: &str) -> Result<String, String> {
         .cloned()
 }
 
+/// Opens a connection of the simulation's own (a checker's, not an
+/// executor's). Every seed playing at once shares the server's
+/// connections, so a refusal for too many clients (`53300`) is waited out,
+/// up to 30 s, instead of failing the seed: the executors meet it too, and
+/// their own retries are what the seed checks.
+#[cfg(feature = "postgres")]
+async fn pg_connect(url: &str) -> Result<sqlx::PgConnection, sqlx::Error> {
+    use sqlx::Connection;
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match sqlx::PgConnection::connect(url).await {
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("53300") && Instant::now() < end =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Drops the schema a store URL names (the seed is over).
 async fn drop_schema(pg: &str, store_url: &str) {
     #[cfg(feature = "postgres")]
     if let Some(schema) = store_url.rsplit("search_path%3D").next() {
         use sqlx::Connection;
-        if let Ok(mut conn) = sqlx::PgConnection::connect(pg).await {
+        if let Ok(mut conn) = pg_connect(pg).await {
             let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DROP SCHEMA IF EXISTS {schema} CASCADE"
             )))
