@@ -332,27 +332,25 @@ fn executor(
         .capacity(args.capacity)
         .auto_reconcile(!args.no_auto_reconcile)
         .poll_interval(Duration::from_millis(200))
-        .authorizer(ApproveOver(args.approve_over))
+        .allow_all()
+        .approval_policy("ledger.append", approve_over(args.approve_over))
         .tool(ledger)
         .build()?)
 }
 
 /// The tool's policy: entries above the amount (if any) need a person.
-struct ApproveOver(Option<u64>);
-
-#[async_trait]
-impl toolrunner::Authorizer for ApproveOver {
-    async fn authorize(
-        &self,
-        request: &toolrunner::AuthorizationRequest,
-    ) -> std::result::Result<(), toolrunner::Denied> {
-        match (self.0, request.arguments["amount"].as_u64()) {
-            (Some(over), Some(amount)) if amount > over => Err(toolrunner::Denied::needs_approval(
-                format!("an entry of {amount} is over {over}"),
-                Duration::from_secs(3600),
-            )),
-            _ => Ok(()),
-        }
+fn approve_over(
+    over: Option<u64>,
+) -> impl Fn(&toolrunner::AuthorizationRequest) -> std::result::Result<(), toolrunner::Denied>
++ Send
++ Sync
++ 'static {
+    move |request| match (over, request.arguments["amount"].as_u64()) {
+        (Some(over), Some(amount)) if amount > over => Err(toolrunner::Denied::needs_approval(
+            format!("an entry of {amount} is over {over}"),
+            Duration::from_secs(3600),
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -52,7 +52,10 @@ use toolrunner::testing::store::{
     Timestamp,
 };
 use toolrunner::testing::{CallHandle, Step, TestKit};
-use toolrunner::{Attempt, CallContext, Reconciler, ToolError};
+use toolrunner::{
+    ApprovalState, Approvals, Attempt, AuthorizationRequest, Authorizer, CallContext, Denied,
+    Reconciler, ToolError,
+};
 
 /// How long a page may take to show what a step waits for.
 const PAGE: Duration = Duration::from_secs(10);
@@ -124,6 +127,12 @@ fn main() -> ExitCode {
             &driver,
             false,
             |fx, c| Box::pin(a_forged_post_without_the_csrf_token_is_refused(fx, c)),
+        ),
+        browser_trial(
+            "an_approver_approves_and_denies_from_the_browser",
+            &driver,
+            false,
+            |_, c| Box::pin(an_approver_approves_and_denies_from_the_browser(c)),
         ),
     ];
     if std::env::var_os(SCREENSHOTS_VAR).is_some_and(|d| !d.is_empty()) {
@@ -772,7 +781,194 @@ async fn a_forged_post_without_the_csrf_token_is_refused(fx: &Fixture, c: &Clien
     Ok(())
 }
 
-/// 7. Screenshots for the documentation (only with
+/// Every charge waits for a person's yes (for ten minutes).
+struct EveryChargeNeedsAPerson;
+
+#[toolrunner::async_trait]
+impl Authorizer for EveryChargeNeedsAPerson {
+    async fn authorize(&self, _request: &AuthorizationRequest) -> Result<(), Denied> {
+        Err(Denied::needs_approval(
+            "a person checks every charge",
+            Duration::from_secs(600),
+        ))
+    }
+}
+
+/// 7. The approvals page (issue 34): three charges wait; one is approved
+///    and runs, one is denied and is settled `forbidden`, a forged POST for
+///    the third is refused and it still waits; its arguments (with markup)
+///    show as text.
+async fn an_approver_approves_and_denies_from_the_browser(c: &Client) -> Result<()> {
+    let kit = TestKit::start(|b| {
+        b.tool(charge)
+            .authorizer(EveryChargeNeedsAPerson)
+            .poll_interval(Duration::from_millis(50))
+    })
+    .await
+    .context("starting the approving kit")?;
+    let approved = kit
+        .submit("payments.charge", json!({"mode": "ok", "note": MARKUP}))
+        .await?;
+    let denied = kit
+        .submit("payments.charge", json!({"mode": "ok", "note": "deny me"}))
+        .await?;
+    let forged = kit
+        .submit("payments.charge", json!({"mode": "ok", "note": "forged"}))
+        .await?;
+    let book = Approvals::open_path(kit.store_path()).await?;
+    wait_for("three requests to wait", DELIVERY, || async {
+        Ok(book
+            .list()
+            .await?
+            .iter()
+            .filter(|r| r.state() == ApprovalState::Waiting)
+            .count()
+            == 3)
+    })
+    .await?;
+    let console = Console::builder()
+        .store("approving", kit.reconciler().await?)
+        .build()
+        .await
+        .context("building the console")?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let app = console.router();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let played = async {
+        goto(c, &format!("{base}/approvals")).await?;
+        let section = |call: &CallHandle| {
+            format!(
+                "section.approval[data-call-id=\"{}\"][data-run-id=\"{}\"]",
+                call.call_id, call.run_id
+            )
+        };
+        for call in [&approved, &denied, &forged] {
+            find(c, &section(call)).await?;
+        }
+        // The arguments with markup are text: nothing ran, no element.
+        let shown = text(c, &format!("{} pre.arguments", section(&approved))).await?;
+        ensure!(
+            shown.contains(MARKUP),
+            "the arguments show {shown:?}, expected the literal text {MARKUP:?}"
+        );
+        let untouched = c
+            .execute("return window.__pwned === undefined", vec![])
+            .await?;
+        ensure!(
+            untouched == Value::Bool(true),
+            "the arguments' script ran on the approvals page"
+        );
+        for tag in ["b", "script"] {
+            absent(c, &format!("{} pre.arguments {tag}", section(&approved))).await?;
+        }
+        ensure!(
+            text(c, &format!("{} .reason", section(&approved))).await?
+                == "a person checks every charge",
+            "the reason is not shown"
+        );
+        ensure!(
+            text(c, &format!("{} .subject", section(&approved))).await? == "testkit-user",
+            "the subject is not shown"
+        );
+
+        // Approve: the call runs once.
+        let form = format!("{} form.decide", section(&approved));
+        fill(c, &form, "who", "alice").await?;
+        fill(c, &form, "note", "checked the order").await?;
+        find(c, &format!("{form} button.approve")).await?.click().await?;
+        let done = wait_find(c, "#done").await?.text().await?;
+        ensure!(
+            done.contains("approved") && done.contains("alice"),
+            "after approve: {done:?}"
+        );
+        let outcome = kit.wait(&approved).await?;
+        ensure!(
+            outcome.state == CallState::Completed,
+            "the approved charge ended {:?}, expected completed",
+            outcome.state
+        );
+        let request = book.show(&approved.run_id, &approved.call_id).await?;
+        ensure!(
+            request.state() == ApprovalState::Approved
+                && request.decided_by() == Some("alice")
+                && request.note() == Some("checked the order"),
+            "the approved request reads {request:?}"
+        );
+
+        // Deny: settled forbidden, with the message the model reads.
+        goto(c, &format!("{base}/approvals")).await?;
+        let form = format!("{} form.decide", section(&denied));
+        fill(c, &form, "who", "bob").await?;
+        find(c, &format!("{form} button.deny")).await?.click().await?;
+        let done = wait_find(c, "#done").await?.text().await?;
+        ensure!(done.contains("denied"), "after deny: {done:?}");
+        let outcome = kit.wait(&denied).await?;
+        ensure!(
+            outcome.state == CallState::Failed
+                && outcome
+                    .call
+                    .receipts
+                    .iter()
+                    .any(|r| r.body.get().contains("denied by an approver")
+                        && r.body.get().contains("forbidden")),
+            "the denied charge ended {:?} with {:?}, expected failed forbidden 'denied by an approver'",
+            outcome.state,
+            outcome.call.receipts
+        );
+
+        // A forged POST (no token, a wrong one) is refused; it still waits.
+        goto(c, &format!("{base}/approvals")).await?;
+        let digest = find(c, &format!("{} input[name=\"digest\"]", section(&forged)))
+            .await?
+            .attr("value")
+            .await?
+            .unwrap_or_default();
+        let action = format!(
+            "{base}/approvals/{}/{}",
+            forged.run_id, forged.call_id
+        );
+        let http = reqwest::Client::new();
+        let fields = [
+            ("store", "approving"),
+            ("digest", digest.as_str()),
+            ("decision", "approve"),
+            ("who", "mallory"),
+        ];
+        let (status, page) = post_form(&http, &action, &fields).await?;
+        ensure!(
+            status == 403,
+            "a decision POST without csrf answered {status}: {}",
+            clip(&page, 1500)
+        );
+        let mut wrong = fields.to_vec();
+        wrong.push(("csrf", "not-the-token"));
+        let (status, page) = post_form(&http, &action, &wrong).await?;
+        ensure!(
+            status == 403,
+            "a decision POST with a wrong csrf answered {status}: {}",
+            clip(&page, 1500)
+        );
+        let request = book.show(&forged.run_id, &forged.call_id).await?;
+        ensure!(
+            request.state() == ApprovalState::Waiting,
+            "after the forged POSTs the request reads {request:?}, expected waiting"
+        );
+        ensure!(
+            platform_state(&kit, &forged).await? == CallState::Pending,
+            "the platform's call of the forged request is no longer pending"
+        );
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    server.abort();
+    let _ = kit.shutdown().await;
+    played
+}
+
+/// 8. Screenshots for the documentation (only with
 ///    `TOOLRUNNER_CONSOLE_SCREENSHOTS=DIR`).
 async fn screenshots_of_the_overview_and_a_call_page(fx: &Fixture, c: &Client) -> Result<()> {
     let dir = PathBuf::from(

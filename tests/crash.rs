@@ -17,8 +17,8 @@ use toolrunner::testing::store::{
     CallFilter, LocalCall, LocalState, OutboxReceipt, ReceiptStatus, SqliteStore, Store,
 };
 use toolrunner::{
-    CallContext, Effect, Executor, Limits, Reconciled, RunningExecutor, Tool, ToolError,
-    async_trait,
+    ApprovalState, Approvals, AuthorizationRequest, Authorizer, CallContext, Denied, Effect,
+    Executor, Limits, Reconciled, RunningExecutor, Tool, ToolError, async_trait,
 };
 use toolrunner_devserver::DevServer;
 
@@ -350,6 +350,8 @@ struct Options {
     base_url: Option<String>,
     /// The `reconcile` hook's delay; `None`: the hook cannot tell.
     hook: Option<Duration>,
+    /// Every call needs a person's approval ([`NeedsAPerson`]).
+    approval: bool,
 }
 
 impl Options {
@@ -361,7 +363,21 @@ impl Options {
             stream: true,
             base_url: None,
             hook: None,
+            approval: false,
         }
+    }
+}
+
+/// Every call needs a person's yes, for a minute.
+struct NeedsAPerson;
+
+#[async_trait]
+impl Authorizer for NeedsAPerson {
+    async fn authorize(&self, _request: &AuthorizationRequest) -> Result<(), Denied> {
+        Err(Denied::needs_approval(
+            "a person checks every call",
+            Duration::from_secs(60),
+        ))
     }
 }
 
@@ -370,7 +386,7 @@ fn build_executor(executor_id: &str, binding_id: &str, base_url: &str, o: &Optio
     if o.store_url.starts_with("postgres") {
         builder = builder.lease_ttl(PG_LEASE);
     }
-    builder
+    builder = builder
         .base_url(o.base_url.as_deref().unwrap_or(base_url))
         .token(EXEC_TOKEN)
         .executor_id(executor_id)
@@ -381,8 +397,13 @@ fn build_executor(executor_id: &str, binding_id: &str, base_url: &str, o: &Optio
         .stream(o.stream)
         .request_timeout(Duration::from_secs(5))
         .backoff(Duration::from_millis(50), Duration::from_millis(500), 6)
-        .reconcile_interval(Duration::from_millis(200))
-        .allow_all()
+        .reconcile_interval(Duration::from_millis(200));
+    builder = if o.approval {
+        builder.authorizer(NeedsAPerson)
+    } else {
+        builder.allow_all()
+    };
+    builder
         // Every row runs with limits on: a crash must give back no slot or
         // token twice and keep none, and the calls recovery resumes take
         // theirs whatever the count.
@@ -1615,4 +1636,195 @@ fn transactional_resumed_call_whose_run_was_forgotten_is_orphaned() {
             .await
             .expect("not run again");
     });
+}
+
+// ------------------------------------------------------------ approvals
+
+/// What the person decides in an approval row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decide {
+    Approve,
+    Deny,
+}
+
+/// One approval row (issue 34): the process dies at `point`, either while
+/// it asks (`before`: the person decides while it is down) or while it
+/// acts on the decision (the point is armed once the decision is stored);
+/// a second process on the same store then ends the call: the effect once
+/// when approved, never when denied (`failed`, code `forbidden`, at
+/// sequence 0).
+async fn approval_row(point: &'static str, before: bool, decide: Decide) {
+    let mut row = Row::new(WRITE_TOOL, None).await;
+    let mut o = Options::new(&row.store_url, &row.log);
+    o.approval = true;
+    // After a crash past the handler, the hook tells that the effect
+    // happened (its key is in the log).
+    o.hook = Some(Duration::from_millis(50));
+    if before {
+        fail::cfg(point, "return").unwrap();
+    }
+    let first = row.start_custom(&o).await;
+    let approvals = Approvals::open(&row.store_url)
+        .await
+        .expect("approvals open");
+    let asked = eventually("the approval request", LIMIT, || async {
+        approvals.show(&row.run_id, &row.call_id).await.ok()
+    })
+    .await;
+    assert_eq!(asked.state(), ApprovalState::Waiting, "{asked:?}");
+    assert_eq!(asked.subject(), "user_42");
+    let first = if before {
+        tokio::time::timeout(LIMIT, first.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the executor did not stop at {point}"))
+            .expect("halted at the fail point, not failed");
+        drop(first);
+        fail::remove(point);
+        None
+    } else {
+        // Given back: the platform holds the call for whoever claims it.
+        row.wait_platform("pending").await;
+        Some(first)
+    };
+    assert_eq!(row.log.len(), 0, "nothing runs before a decision");
+    let decided = match decide {
+        Decide::Approve => {
+            approvals
+                .approve(&row.run_id, &row.call_id, "alice", Some("checked"))
+                .await
+        }
+        Decide::Deny => approvals.deny(&row.run_id, &row.call_id, "bob", None).await,
+    };
+    decided.expect("the decision is recorded");
+    if let Some(first) = first {
+        fail::cfg(point, "return").unwrap();
+        tokio::time::timeout(LIMIT, first.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the executor did not stop at {point}"))
+            .expect("halted at the fail point, not failed");
+        drop(first);
+        fail::remove(point);
+    }
+    let second = row.start_custom(&o).await;
+    match decide {
+        Decide::Approve => {
+            let call = row.wait_platform("completed").await;
+            assert_eq!(
+                receipts_of_kind(&call, "accepted").len(),
+                1,
+                "one accepted: {call}"
+            );
+            eventually("the handler ran", LIMIT, || async {
+                (row.log.len() == 1).then_some(())
+            })
+            .await;
+            tokio::time::sleep(GRACE).await;
+            assert_eq!(row.log.len(), 1, "the effect once: {:?}", row.log.all());
+            let stored = approvals
+                .show(&row.run_id, &row.call_id)
+                .await
+                .expect("request");
+            assert_eq!(stored.state(), ApprovalState::Approved);
+            assert_eq!(stored.decided_by(), Some("alice"));
+        }
+        Decide::Deny => {
+            let call = row.wait_platform("failed").await;
+            assert_eq!(receipt_kinds(&call), ["failed"], "{call}");
+            let failed = receipts_of_kind(&call, "failed")[0];
+            assert_eq!(failed["body"]["sequence"], 0, "{failed}");
+            assert_eq!(failed["body"]["error"]["code"], "forbidden", "{failed}");
+            assert_eq!(
+                failed["body"]["error"]["message"], "denied by an approver",
+                "{failed}"
+            );
+            tokio::time::sleep(GRACE).await;
+            assert_eq!(row.log.len(), 0, "no effect: {:?}", row.log.all());
+        }
+    }
+    drop(second);
+}
+
+/// The request stored, the claim not yet saved as given back: the person
+/// approves while the process is down; the next one runs the call once.
+#[test]
+fn approval_after_request_stored_approved_while_down_runs_once() {
+    with_failpoints(approval_row("after_approval_stored", true, Decide::Approve));
+}
+
+/// The same crash, denied: settled `forbidden`, nothing ran.
+#[test]
+fn approval_after_request_stored_denied_while_down_never_runs() {
+    with_failpoints(approval_row("after_approval_stored", true, Decide::Deny));
+}
+
+/// Given back in the store, `released` not sent: approved while down,
+/// run once.
+#[test]
+fn approval_after_release_saved_approved_while_down_runs_once() {
+    with_failpoints(approval_row(
+        "after_approval_released_saved",
+        true,
+        Decide::Approve,
+    ));
+}
+
+/// The same crash, denied.
+#[test]
+fn approval_after_release_saved_denied_while_down_never_runs() {
+    with_failpoints(approval_row(
+        "after_approval_released_saved",
+        true,
+        Decide::Deny,
+    ));
+}
+
+/// Approved, the new claim's key saved (not sent): the next process
+/// claims with it and runs once.
+#[test]
+fn approval_approved_then_key_saved_runs_once() {
+    with_failpoints(approval_row(
+        "after_operation_key_saved",
+        false,
+        Decide::Approve,
+    ));
+}
+
+/// Denied, the new claim's key saved: settled `forbidden`, nothing ran.
+#[test]
+fn approval_denied_then_key_saved_never_runs() {
+    with_failpoints(approval_row(
+        "after_operation_key_saved",
+        false,
+        Decide::Deny,
+    ));
+}
+
+/// Approved, `accepted` confirmed, the handler not started: run once.
+#[test]
+fn approval_approved_then_accepted_confirmed_runs_once() {
+    with_failpoints(approval_row(
+        "after_accepted_confirmed",
+        false,
+        Decide::Approve,
+    ));
+}
+
+/// Approved, the effect made, its outcome not saved: not run again (the
+/// hook tells that it happened).
+#[test]
+fn approval_approved_then_effect_made_runs_once() {
+    with_failpoints(approval_row("after_handler", false, Decide::Approve));
+}
+
+/// Approved, the final receipt saved and not sent: delivered, run once.
+#[test]
+fn approval_approved_then_final_saved_runs_once() {
+    with_failpoints(approval_row("after_final_saved", false, Decide::Approve));
+}
+
+/// Denied, the `forbidden` receipt saved and not sent: delivered, nothing
+/// ran.
+#[test]
+fn approval_denied_then_final_saved_never_runs() {
+    with_failpoints(approval_row("after_final_saved", false, Decide::Deny));
 }

@@ -451,6 +451,14 @@ mod suite {
                 },
             ),
             (
+                "replicas::approvals::an_approval_is_acted_on_once_when_its_replica_dies_before_accepted",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::approvals::an_approval_is_acted_on_once_when_its_replica_dies_before_accepted(&u).await
+                    })
+                },
+            ),
+            (
                 "replicas::takeover::a_paused_handler_without_commit_point_has_its_effect_found_by_the_adopter",
                 |u| {
                     Box::pin(async move {

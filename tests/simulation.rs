@@ -130,6 +130,19 @@ const BEHAVIOURS_TRANSACT_ONLY: [&str; 2] = ["kept", "kept_inside"];
 /// ends the transaction itself (`COMMIT` in the closure).
 const BEHAVIOURS_MISBEHAVING: [&str; 2] = ["set_session", "own_commit"];
 
+/// Write calls that need a person's yes first (see [`add_approvals`]):
+/// the seed's approver ([`decide_approvals`]) approves, denies, approves
+/// twice (then denies, refused) or lets the request expire, as the
+/// behaviour says; approved, the call does what `ok` does.
+const BEHAVIOURS_PERSON: [&str; 4] = [
+    "person_approve",
+    "person_deny",
+    "person_twice",
+    "person_expire",
+];
+/// How long a `person_expire` request waits before it expires.
+const PERSON_EXPIRY: Duration = Duration::from_millis(1_500);
+
 const HOOKS: [&str; 4] = ["truthful", "truthful", "unknown", "panic"];
 /// The tools the schedule's first draw picks from (see [`add_new_paths`]).
 const TOOLS: [&str; 3] = ["sim.write", "sim.write_rerun", "sim.read"];
@@ -293,7 +306,106 @@ fn draw(seed: u64, pg: bool) -> Schedule {
     }
     add_misbehaving(&mut schedule, seed);
     add_limits(&mut schedule, seed);
+    add_approvals(&mut schedule, seed);
     schedule
+}
+
+/// Approvals (issue 34), from a generator of their own: about one write
+/// call in seven that would simply succeed needs a person's yes first
+/// ([`BEHAVIOURS_PERSON`]).
+fn add_approvals(schedule: &mut Schedule, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x7065_7273_6f6e);
+    for action in &mut schedule.actions {
+        if let Action::NewRun { calls } = action {
+            let writes = calls.iter_mut().filter(|c| {
+                matches!(c.tool, "sim.write" | "sim.write_rerun") && c.behaviour == "ok"
+            });
+            for c in writes {
+                if rng.random_bool(0.15) {
+                    c.behaviour = BEHAVIOURS_PERSON[rng.random_range(0..BEHAVIOURS_PERSON.len())];
+                }
+            }
+        }
+    }
+}
+
+/// The product's authorization in the simulation: a call whose behaviour
+/// is one of [`BEHAVIOURS_PERSON`] needs a person's yes (for
+/// [`PERSON_EXPIRY`] if nobody is to decide), every other is allowed.
+struct SimAuthorizer;
+
+#[toolrunner::async_trait]
+impl toolrunner::Authorizer for SimAuthorizer {
+    async fn authorize(
+        &self,
+        request: &toolrunner::AuthorizationRequest,
+    ) -> Result<(), toolrunner::Denied> {
+        match request.arguments["behaviour"].as_str() {
+            Some("person_expire") => Err(toolrunner::Denied::needs_approval(
+                "the simulation lets this one expire",
+                PERSON_EXPIRY,
+            )),
+            Some(b) if b.starts_with("person_") => Err(toolrunner::Denied::needs_approval(
+                "the simulation's approver decides",
+                Duration::from_secs(120),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The seed's approver: every 50 ms, each waiting request of the seed's
+/// calls in `books` (a SQLite store's own; on PostgreSQL the database's)
+/// is decided as its call's behaviour says. It runs beside the schedule,
+/// so decisions land while executors run, crash or are down. What it
+/// approves is recorded before the decision is (a handler that runs
+/// first is a violation), and a second decision must change nothing.
+async fn decide_approvals(books: Vec<toolrunner::Approvals>, world: World) {
+    use toolrunner::{ApprovalState, Decision};
+    loop {
+        for book in &books {
+            let Ok(requests) = book.list().await else {
+                continue;
+            };
+            for r in requests {
+                let ours = world.with(|b| b.runs.contains(r.run_id()));
+                if !ours || r.state() != ApprovalState::Waiting {
+                    continue;
+                }
+                let (run, call) = (r.run_id(), r.call_id());
+                let violation = |what: String| world.with(|b| b.violations.push(what));
+                match r.arguments()["behaviour"].as_str().unwrap_or_default() {
+                    "person_approve" => {
+                        world.with(|b| b.approved.insert(call.to_owned()));
+                        let _ = book.approve(run, call, "sim-approver", None).await;
+                    }
+                    "person_deny" => {
+                        let _ = book.deny(run, call, "sim-approver", Some("no")).await;
+                    }
+                    "person_twice" => {
+                        world.with(|b| b.approved.insert(call.to_owned()));
+                        let first = book.approve(run, call, "sim-approver", None).await;
+                        if first.is_ok() {
+                            match book.approve(run, call, "sim-second", None).await {
+                                Ok(Decision::AlreadyMade) => {}
+                                other => violation(format!(
+                                    "a second approve of {call} answered {other:?}, expected AlreadyMade"
+                                )),
+                            }
+                            match book.deny(run, call, "sim-second", None).await {
+                                Err(e) if e.is_refused() => {}
+                                other => violation(format!(
+                                    "a deny after the approval of {call} answered {other:?}, expected a refusal"
+                                )),
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Flow control (issue 33), from a generator of its own so that every
@@ -511,6 +623,11 @@ struct Business {
     starts: Vec<(String, String)>,
     /// Operation keys whose `retry` behaviour already asked to retry.
     retried: Vec<String>,
+    /// The seed's runs (its approver decides theirs only: on PostgreSQL
+    /// the requests are the whole database's).
+    runs: std::collections::HashSet<String>,
+    /// The calls its approver approved (recorded before the decision).
+    approved: std::collections::HashSet<String>,
     /// When each run ended on the platform (cancelled or forgotten), as
     /// the schedule saw the answer.
     ended: HashMap<String, Instant>,
@@ -928,6 +1045,17 @@ impl Tool for SimTool {
             }
         };
         let out = SimOutput { n: input.n };
+        if input.behaviour.starts_with("person_") {
+            let approved = self.world.with(|b| b.approved.contains(&call_id));
+            if !approved {
+                self.world.with(|b| {
+                    b.violations.push(format!(
+                        "the handler of {call_id} ({}) started under {asg} without a person's approval",
+                        input.behaviour
+                    ))
+                });
+            }
+        }
         match input.behaviour.as_str() {
             "fail" => Err(ToolError::failed("declined", "the bank declined")),
             "unknown_before" => Err(ToolError::unknown("timed out before the effect")),
@@ -1149,6 +1277,8 @@ struct Seed {
     twin_stores: Vec<(String, String)>,
     /// Watches every store's writer (see [`watch_writers`]).
     watcher: Option<tokio::task::JoinHandle<()>>,
+    /// Decides the approval requests (see [`decide_approvals`]).
+    approver: Option<tokio::task::JoinHandle<()>>,
     calls: u64,
     stats: Stats,
     _dir: tempfile::TempDir,
@@ -1241,6 +1371,7 @@ impl Seed {
             twins: Vec::new(),
             twin_stores: Vec::new(),
             watcher: None,
+            approver: None,
             calls: 0,
             stats: Stats::default(),
             _dir: dir,
@@ -1278,6 +1409,19 @@ impl Seed {
             s.reader(url).await?;
             execute_on(url, CREATE_ROWS).await?;
         }
+        // One book per SQLite store; on PostgreSQL the database's one.
+        let mut books = Vec::new();
+        for url in urls
+            .iter()
+            .take(if s.pg.is_some() { 1 } else { urls.len() })
+        {
+            books.push(
+                toolrunner::Approvals::open(url)
+                    .await
+                    .map_err(|e| format!("the approvals of {url}: {e}"))?,
+            );
+        }
+        s.approver = Some(tokio::spawn(decide_approvals(books, s.world.clone())));
         s.watcher = Some(tokio::spawn(watch_writers(
             urls,
             s.pg.clone(),
@@ -1343,7 +1487,7 @@ impl Seed {
             .backoff(Duration::from_millis(5), Duration::from_millis(60), 3)
             .reconcile_interval(Duration::from_millis(40))
             .auto_reconcile(auto_reconcile)
-            .allow_all();
+            .authorizer(SimAuthorizer);
         let faults = self.pg.is_some().then(|| s.faults.clone());
         if let Some(f) = &faults {
             b = b
@@ -1630,8 +1774,9 @@ impl Seed {
                                "tool_calls": calls}),
                     )
                     .await?;
-                self.runs
-                    .push(run["run_id"].as_str().unwrap_or_default().to_owned());
+                let run_id = run["run_id"].as_str().unwrap_or_default().to_owned();
+                self.world.with(|b| b.runs.insert(run_id.clone()));
+                self.runs.push(run_id);
             }
             Action::Operator { slot, pick } => self.operator(slot, pick).await?,
             Action::Sleep { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
@@ -2225,6 +2370,9 @@ impl Seed {
     async fn finish(mut self) {
         if let Some(w) = self.watcher.take() {
             w.abort();
+        }
+        if let Some(a) = self.approver.take() {
+            a.abort();
         }
         self.end_interference().await;
         for s in &mut self.slots {

@@ -19,8 +19,12 @@
 //!   database's clock, twins of one id on two databases;
 //! - `flow`: three `ledger` processes with one tool's limits, global
 //!   across them (and with a replica killed and another paused);
+//! - `approvals`: a request decided once by approvers clicking at once,
+//!   and the call it allows run once although the replica acting on it
+//!   died before its `accepted`;
 //! - here: the fencing token itself.
 
+pub(crate) mod approvals;
 pub(crate) mod chaos;
 pub(crate) mod console;
 pub(crate) mod flow;

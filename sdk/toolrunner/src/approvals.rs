@@ -93,6 +93,14 @@ impl Approvals {
         })
     }
 
+    /// The requests of `book`, decided under `check` (the console's).
+    pub(crate) fn over(
+        book: Arc<dyn ApprovalBook>,
+        check: Option<Arc<dyn ApproverCheck>>,
+    ) -> Approvals {
+        Approvals { book, check }
+    }
+
     /// Refuses approvers `check` refuses (for example the call's own
     /// subject: four eyes).
     #[must_use]
@@ -150,7 +158,7 @@ impl Approvals {
         who: &str,
         note: Option<&str>,
     ) -> Result<Decision> {
-        self.decide(run_id, call_id, Verdict::Approve, who, note)
+        self.decide(run_id, call_id, None, Verdict::Approve, who, note)
             .await
     }
 
@@ -166,13 +174,29 @@ impl Approvals {
         who: &str,
         note: Option<&str>,
     ) -> Result<Decision> {
-        self.decide(run_id, call_id, Verdict::Deny, who, note).await
+        self.decide(run_id, call_id, None, Verdict::Deny, who, note)
+            .await
+    }
+
+    /// Decides the call's request for the arguments whose digest is
+    /// `shown` (the console's form): a request for other arguments is
+    /// refused, never decided in its place.
+    pub(crate) async fn decide_shown(
+        &self,
+        (run_id, call_id, shown): (&str, &str, &str),
+        verdict: Verdict,
+        who: &str,
+        note: Option<&str>,
+    ) -> Result<Decision> {
+        self.decide(run_id, call_id, Some(shown), verdict, who, note)
+            .await
     }
 
     async fn decide(
         &self,
         run_id: &str,
         call_id: &str,
+        shown: Option<&str>,
         verdict: Verdict,
         who: &str,
         note: Option<&str>,
@@ -183,6 +207,14 @@ impl Approvals {
             ));
         }
         let request = self.show(run_id, call_id).await?;
+        if let Some(shown) = shown
+            && shown != request.digest
+        {
+            return Err(refused(format!(
+                "the request of call {run_id}/{call_id} is not the one shown (its arguments' digest is {}, not {shown}): look at it again",
+                request.digest
+            )));
+        }
         if let Some(check) = &self.check
             && let Err(why) = check.check(&request, who)
         {

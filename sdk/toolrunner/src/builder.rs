@@ -1,5 +1,5 @@
 //! `Executor::builder()`: settings, tools, and the checks made at `build()`.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use toolrunner_protocol::tooldef::{self, ToolDefinition, check_version};
 use crate::api::authorizer::{AllowAll, Authorizer};
 use crate::api::function::{IntoTool, Registered, States};
 use crate::api::handler::ErasedTool;
+use crate::api::policy::{ApprovalPolicy, WithPolicies};
 use crate::error::{Error, Kind, Result};
 use crate::gate::Gate;
 use crate::net::client::{Backoff, Client};
@@ -75,6 +76,8 @@ pub struct ExecutorBuilder {
     tools: Vec<Registered>,
     /// Limits set by configuration, by tool name (over the tools' own).
     limits: BTreeMap<String, crate::Limits>,
+    /// Each tool's own approval policy, by tool name.
+    policies: HashMap<String, Arc<dyn ApprovalPolicy>>,
     states: States,
     allow_insecure_http: bool,
     crash_plan: Option<CrashPlan>,
@@ -123,6 +126,7 @@ impl Default for ExecutorBuilder {
             authorizer: None,
             tools: Vec::new(),
             limits: BTreeMap::new(),
+            policies: HashMap::new(),
             states: States::default(),
             allow_insecure_http: false,
             crash_plan: None,
@@ -380,7 +384,10 @@ impl ExecutorBuilder {
     /// written or sent). Steps: `after_operation_key_saved`,
     /// `after_claim_answer`, `after_assignment_saved`,
     /// `after_accepted_saved`, `after_accepted_confirmed`, `after_handler`,
-    /// `after_final_saved`.
+    /// `after_final_saved`, and for a call that waits for a person
+    /// `after_approval_stored` (its request stored, the claim not yet
+    /// given back) and `after_approval_released_saved` (given back in the
+    /// store, `released` not yet sent).
     #[cfg(any(feature = "failpoints", feature = "testing"))]
     pub fn crash_plan(mut self, plan: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         self.crash_plan = Some(Arc::new(plan));
@@ -425,6 +432,19 @@ impl ExecutorBuilder {
         self
     }
 
+    /// The approval policy of the tool named `tool`: which of its calls
+    /// need a person's yes (an amount over a threshold), asked after the
+    /// [`authorizer`](Self::authorizer) allowed the call (one it refuses
+    /// or sends to a person is not asked). Called again for the same tool,
+    /// the later call wins. See [`ApprovalPolicy`].
+    ///
+    /// A tool name that no registered tool has is refused at
+    /// [`build`](Self::build).
+    pub fn approval_policy(mut self, tool: impl Into<String>, policy: impl ApprovalPolicy) -> Self {
+        self.policies.insert(tool.into(), Arc::new(policy));
+        self
+    }
+
     /// Shared state that handlers and hooks take as `State<T>` (one value
     /// per type; cloned for every call, so wrap large things in an `Arc`).
     pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
@@ -441,7 +461,9 @@ impl ExecutorBuilder {
     /// [`sqlite_transaction_timeout`](Self::sqlite_transaction_timeout)
     /// above 5 s (it could starve the store's writer) or below 10 ms, or
     /// set for a `postgres://` store; a [`limit`](Self::limit) for a tool
-    /// not registered, or a limit of zero. A
+    /// not registered, or a limit of zero; an
+    /// [`approval_policy`](Self::approval_policy) for a tool not
+    /// registered. A
     /// `postgres://` store URL without the `postgres` feature is
     /// [`is_missing_feature`](Error::is_missing_feature).
     pub fn build(mut self) -> Result<Executor> {
@@ -562,6 +584,24 @@ impl ExecutorBuilder {
             }
         }
         let limits = tool_limits(&tools, std::mem::take(&mut self.limits))?;
+        if let Some(unknown) = self.policies.keys().find(|name| !tools.contains_key(*name)) {
+            let known: Vec<&str> = tools.keys().map(String::as_str).collect();
+            return Err(Error::new(
+                Kind::Builder,
+                format!(
+                    "approval policy set for tool {unknown:?}, which is not registered: name one of {}",
+                    known.join(", ")
+                ),
+            ));
+        }
+        let authorizer: Arc<dyn Authorizer> = if self.policies.is_empty() {
+            authorizer
+        } else {
+            Arc::new(WithPolicies {
+                authorizer,
+                policies: std::mem::take(&mut self.policies),
+            })
+        };
         let definitions = match check_version(&definitions(&bound, &binding_id), None) {
             Ok(checked) => checked.tools,
             Err(problems) => {

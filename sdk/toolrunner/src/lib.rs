@@ -36,6 +36,7 @@ pub use api::handler::{
     DEFAULT_COMMIT_WINDOW, Effect, OutcomeExt, Reconciled, Tool, ToolError, ToolSchema,
 };
 pub use api::limits::Limits;
+pub use api::policy::ApprovalPolicy;
 pub use api::transaction::Transaction;
 pub use approvals::{ApprovalRequest, ApprovalState, Approvals, ApproverCheck, Decision};
 pub use builder::{ENV_VARS, PRINT_DEFINITIONS, UNBOUND};

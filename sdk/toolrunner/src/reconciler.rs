@@ -573,6 +573,13 @@ impl Reconciler {
         })
     }
 
+    /// The approval requests of this reconciler's store (none for one
+    /// identity of a PostgreSQL database opened by the console: the
+    /// database's are read once, not once per identity).
+    pub(crate) fn approval_book(&self) -> Option<Arc<dyn ApprovalBook>> {
+        self.approvals.clone()
+    }
+
     /// Whether resolve and redeliver send receipts themselves
     /// ([`with_platform`](Self::with_platform) was given).
     pub fn delivers(&self) -> bool {

@@ -90,8 +90,9 @@ pub trait Authorizer: Send + Sync + 'static {
     /// [`Denied::needs_approval`]) is stored and waits: pass it to the
     /// product's own channel (mail, chat). Called at least once per
     /// request, possibly twice after a crash, beside the call (never
-    /// holding it back); a panic here is logged and the request is told
-    /// again later. The default does nothing.
+    /// holding it back); a panic here, or a telling that takes longer
+    /// than 30 seconds, is logged and the request is told again later.
+    /// The default does nothing.
     async fn on_approval_requested(&self, _request: &crate::api::approval::ApprovalRequest) {}
 }
 

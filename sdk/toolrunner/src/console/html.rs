@@ -67,6 +67,7 @@ pub(super) fn page_with(
                     a href=(v.link("/calls")) { "Calls" }
                     a href=(v.link("/calls?needs=person")) { "Needs a person" }
                     a href=(v.link("/outbox")) { "Outbox" }
+                    a href=(v.link("/approvals")) { "Approvals" }
                     @if v.signed_in {
                         form #logout method="post" action=(v.link("/logout")) style="margin-left:auto" {
                             input type="hidden" name="csrf" value=(v.csrf);

@@ -10,6 +10,8 @@
 //! | `GET /calls?state=STATE` | the calls, filtered (`state`, `tool`, `identity`, `run`, `older_than`, `q`), sorted by age, paginated |
 //! | `GET /calls/RUN_ID/CALL_ID` | one call: its timeline, arguments, result and operation key |
 //! | `GET /outbox` | the receipts waiting: why, since when, attempts, last error |
+//! | `GET /approvals` | the calls waiting for a person's yes (arguments, subject, reason, expiry), and the decisions made |
+//! | `POST /approvals/RUN_ID/CALL_ID` | approve or deny the request shown (the approver's name and a note recorded) |
 //! | `POST /calls/RUN_ID/CALL_ID/{resolve,compensated,close,redeliver}` | an action: a preview first, then sent on confirmation |
 //! | `POST /outbox/redeliver` | a bulk redeliver by filter, its count previewed first |
 //!
@@ -35,6 +37,7 @@
 //! ```
 
 mod actions;
+mod approvals;
 mod html;
 mod pages;
 mod security;
@@ -45,6 +48,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{get, post};
 
+use crate::approvals::ApproverCheck;
 use crate::error::{Error, Kind, Result};
 use crate::reconciler::Reconciler;
 use security::Security;
@@ -71,6 +75,9 @@ struct Inner {
     sources: Sources,
     security: Security,
     read_only: bool,
+    /// Who may decide an approval request (none: anyone who names
+    /// themselves).
+    approver_check: Option<Arc<dyn ApproverCheck>>,
 }
 
 /// Settings of a [`Console`]; [`build`](ConsoleBuilder::build) opens the
@@ -84,6 +91,7 @@ pub struct ConsoleBuilder {
     read_only: bool,
     auth_token: Option<String>,
     hosts: Vec<String>,
+    approver_check: Option<Arc<dyn ApproverCheck>>,
 }
 
 impl std::fmt::Debug for ConsoleBuilder {
@@ -95,6 +103,7 @@ impl std::fmt::Debug for ConsoleBuilder {
             .field("read_only", &self.read_only)
             .field("auth_token", &self.auth_token.as_ref().map(|_| "…"))
             .field("hosts", &self.hosts)
+            .field("approver_check", &self.approver_check.is_some())
             .finish()
     }
 }
@@ -125,6 +134,8 @@ impl Console {
                 post(actions::redeliver),
             )
             .route("/outbox/redeliver", post(actions::bulk_redeliver))
+            .route("/approvals", get(approvals::page))
+            .route("/approvals/{run_id}/{call_id}", post(approvals::decide))
             .route("/login", get(security::login_page).post(security::login))
             .route("/logout", post(security::logout))
             .fallback(pages::not_found)
@@ -192,6 +203,15 @@ impl ConsoleBuilder {
         self
     }
 
+    /// Refuses the approvers `check` refuses on the approvals page (for
+    /// example the call's own subject: four eyes), as
+    /// [`Approvals::with_approver_check`](crate::Approvals::with_approver_check)
+    /// does. Default none: anyone who names themselves decides.
+    pub fn approver_check(mut self, check: impl ApproverCheck) -> Self {
+        self.approver_check = Some(Arc::new(check));
+        self
+    }
+
     /// Opens the stores.
     ///
     /// # Errors
@@ -220,6 +240,7 @@ impl ConsoleBuilder {
                 sources,
                 security: Security::new(self.auth_token, self.hosts),
                 read_only: self.read_only,
+                approver_check: self.approver_check,
             }),
         })
     }

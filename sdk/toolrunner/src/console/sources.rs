@@ -6,8 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::approvals::ApproverCheck;
 use crate::error::{Error, Kind, Result};
 use crate::reconciler::Reconciler;
+use crate::store::approvals::ApprovalBook;
 
 /// How long a list of a database's identities is used before it is read
 /// again.
@@ -17,7 +19,7 @@ const REDISCOVER_AFTER: Duration = Duration::from_secs(5);
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one store's reads for a page may take: a database that does
 /// not answer is named on the page instead of holding it up.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One executor's store, as the console shows it.
 #[derive(Clone)]
@@ -38,6 +40,18 @@ pub(super) struct Sources {
     found: tokio::sync::Mutex<Found>,
     /// Each database's flow limits, opened at the first look.
     limits: tokio::sync::Mutex<Vec<Option<Arc<crate::StoredLimits>>>>,
+    /// Each database's approval requests, opened at the first look.
+    approvals: tokio::sync::Mutex<Vec<Option<Arc<dyn ApprovalBook>>>>,
+}
+
+/// One book of approval requests: a store's own (a SQLite file's), or a
+/// PostgreSQL database's (every replica and identity of it shares one).
+pub(super) struct Book {
+    /// What the pages name it by: the store's label, or the database
+    /// (named without its credentials).
+    pub(super) name: String,
+    /// Its requests, decided under the console's approver check.
+    pub(super) approvals: crate::Approvals,
 }
 
 /// One database's tools as its flow limits show them.
@@ -130,6 +144,7 @@ impl Sources {
             platform,
             found: tokio::sync::Mutex::default(),
             limits: tokio::sync::Mutex::new(vec![None; postgres.len()]),
+            approvals: tokio::sync::Mutex::new(vec![None; postgres.len()]),
         };
         // At start a database that cannot be read is a mistake to report.
         let first = sources.in_view().await;
@@ -193,6 +208,51 @@ impl Sources {
             }
         }
         (shown, problems)
+    }
+
+    /// The books of approval requests: each given store's and SQLite
+    /// file's own, and each PostgreSQL database's (opened at the first
+    /// look), decided under `check`; and what could not be opened.
+    pub(super) async fn books(
+        &self,
+        check: Option<&Arc<dyn ApproverCheck>>,
+    ) -> (Vec<Book>, Vec<String>) {
+        let over = |book: Arc<dyn ApprovalBook>| crate::Approvals::over(book, check.cloned());
+        let mut books: Vec<Book> = self
+            .fixed
+            .iter()
+            .filter_map(|s| {
+                s.reconciler.approval_book().map(|book| Book {
+                    name: s.label.clone(),
+                    approvals: over(book),
+                })
+            })
+            .collect();
+        let mut problems = Vec::new();
+        let mut opened = self.approvals.lock().await;
+        for (db, url) in self.databases.iter().enumerate() {
+            let database = describe(url);
+            if opened[db].is_none() {
+                match tokio::time::timeout(READ_TIMEOUT, crate::store::open_approvals(url)).await {
+                    Ok(Ok(book)) => opened[db] = Some(book),
+                    Ok(Err(e)) => {
+                        problems.push(format!("the approval requests of {database}: {e}"));
+                        continue;
+                    }
+                    Err(_) => {
+                        problems.push(format!("the approval requests of {database}: no answer"));
+                        continue;
+                    }
+                }
+            }
+            if let Some(book) = opened[db].clone() {
+                books.push(Book {
+                    name: database,
+                    approvals: over(book),
+                });
+            }
+        }
+        (books, problems)
     }
 
     /// Looks at each database's identities: opens the new ones, drops the

@@ -1,7 +1,7 @@
 //! Calls that wait for a person's approval: the request stored before
 //! anything is told, what a decision makes of the call, and the calls the
 //! claimer passes over while nobody decided.
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,11 @@ pub(crate) const EXPIRED: &str = "approval expired";
 /// four-digit years.
 const LATEST_EXPIRY: &str = "9999-12-31T23:59:59.999Z";
 
+/// How long the product's `on_approval_requested` may take to tell of one
+/// request: a hook that hangs is given up (the request is told again
+/// later) instead of keeping the request marked as being told for ever.
+const TELL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The approval requests of an executor's store, and the calls that wait
 /// for a decision (read again at most once a poll interval).
 pub(crate) struct Waits {
@@ -41,13 +46,24 @@ struct Waiting {
     read_at: Option<Instant>,
     /// The requests being told now, by (run, call, digest).
     telling: HashSet<(String, String, String)>,
-    /// The calls found waiting since the last read of the store (kept
-    /// through a read that began before they were stored).
-    fresh: HashSet<CallKey>,
+    /// The calls found waiting since the last read of the store, with
+    /// when: kept through a read that began before they were found (it
+    /// may have missed them), dropped by one that began after (it saw
+    /// them, or their decision).
+    fresh: HashMap<CallKey, Instant>,
     /// Whether this identity's requests not told yet are to be looked for
     /// (at the first read, and after a telling failed).
     retell: bool,
+    /// The decisions counted already (a call given back after its
+    /// approval, by a flow limit, is consulted again: its decision is
+    /// counted once), by (run, call, digest); forgotten past
+    /// [`COUNTED_KEPT`].
+    counted: HashSet<(String, String, String)>,
 }
+
+/// How many decisions [`Waiting::counted`] remembers before it starts
+/// again (a decision consulted again after that is counted twice).
+const COUNTED_KEPT: usize = 10_000;
 
 impl Waits {
     /// Over `book` (`None`: a store that keeps no approvals; a call that
@@ -82,15 +98,26 @@ impl Waits {
         let waiting = self.waiting.clone();
         tokio::spawn(async move {
             let mut retell = false;
-            let told = super::unwind::catch(authorizer.on_approval_requested(&request)).await;
+            let told = tokio::time::timeout(
+                TELL_TIMEOUT,
+                super::unwind::catch(authorizer.on_approval_requested(&request)),
+            )
+            .await;
             match told {
-                Ok(()) => {
+                Err(_) => {
+                    tracing::warn!(
+                        timeout_s = TELL_TIMEOUT.as_secs(),
+                        "on_approval_requested did not return in time; the request is told again later"
+                    );
+                    retell = true;
+                }
+                Ok(Ok(())) => {
                     if let Err(e) = book.told((&at.0, &at.1, &at.2), now()).await {
                         tracing::debug!(error = %e, "recording that the product was told of an approval request failed; it is told again");
                         retell = true;
                     }
                 }
-                Err(panic) => {
+                Ok(Err(panic)) => {
                     tracing::error!(%panic, "on_approval_requested panicked; the request is told again later");
                     retell = true;
                 }
@@ -128,10 +155,12 @@ impl Waits {
         if !read {
             return;
         }
+        let began = Instant::now();
         match book.waiting(now()).await {
             Ok(calls) => {
                 let mut w = self.waiting();
-                let fresh = std::mem::take(&mut w.fresh);
+                w.fresh.retain(|_, found| *found >= began);
+                let fresh: Vec<CallKey> = w.fresh.keys().cloned().collect();
                 w.calls = calls
                     .into_iter()
                     .map(|(run_id, call_id)| CallKey { run_id, call_id })
@@ -290,7 +319,7 @@ impl Waits {
                 {
                     let mut w = self.waiting();
                     w.calls.insert(key.clone());
-                    w.fresh.insert(key);
+                    w.fresh.insert(key, Instant::now());
                 }
                 let reason = stored.reason.clone();
                 if stored.notified_at.is_none() {
@@ -306,7 +335,17 @@ impl Waits {
     /// call's span says so.
     fn acted(&self, row: &ApprovalRow, decision: &'static str) {
         let waited = (now() - row.asked_at).num_milliseconds().max(0) as f64 / 1000.0;
-        super::telemetry::approval_decided(&self.executor_id, &row.tool, decision, waited);
+        let first = {
+            let mut w = self.waiting();
+            if w.counted.len() >= COUNTED_KEPT {
+                w.counted.clear();
+            }
+            w.counted
+                .insert((row.run_id.clone(), row.call_id.clone(), row.digest.clone()))
+        };
+        if first {
+            super::telemetry::approval_decided(&self.executor_id, &row.tool, decision, waited);
+        }
         tracing::Span::current().record("toolrunner.approval", decision);
         tracing::info!(
             decision,
@@ -323,5 +362,169 @@ impl Waits {
         if let Err(e) = book.close(&key.run_id, &key.call_id, why, now()).await {
             tracing::debug!(error = %e, "closing the call's approval requests failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::authorizer::AllowAll;
+    use crate::store::SqliteStore;
+    use crate::store::approvals::Verdict;
+
+    fn assignment(call_id: &str) -> Assignment {
+        serde_json::from_value(serde_json::json!({
+            "assignment_id": "asg_1", "run_id": "run_1", "call_id": call_id,
+            "tool_name": "refunds.refund", "arguments": {"amount": 5}, "arguments_digest": "sha256:x",
+            "grant": "grt_secret", "subject": "s", "agent_id": "agt_1", "agent_version": "agv_1",
+            "binding_id": "bnd_1", "max_result_context_bytes": 16384,
+            "input_schema": {"type": "object"}
+        }))
+        .expect("an assignment")
+    }
+
+    /// Counts the increments of one counter name (the rest is dropped).
+    struct Counting {
+        name: &'static str,
+        count: Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    struct Increments(Arc<std::sync::atomic::AtomicU64>);
+
+    impl metrics::CounterFn for Increments {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, std::sync::atomic::Ordering::SeqCst);
+        }
+
+        fn absolute(&self, _value: u64) {}
+    }
+
+    impl metrics::Recorder for Counting {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            if key.name() == self.name {
+                metrics::Counter::from_arc(Arc::new(Increments(self.count.clone())))
+            } else {
+                metrics::Counter::noop()
+            }
+        }
+
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    /// A decision consulted again (the call given back after its
+    /// approval, by a flow limit, and claimed again) is counted once.
+    #[test]
+    fn a_decision_consulted_twice_is_counted_once() {
+        let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let recorder = Counting {
+            name: crate::runner::telemetry::metric::APPROVALS_DECIDED,
+            count: count.clone(),
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(async {
+                let dir = tempfile::tempdir().expect("a temporary directory");
+                let store = SqliteStore::open_path(&dir.path().join("a.db"))
+                    .await
+                    .expect("a store");
+                let book: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+                let waits = Waits::new(Some(book.clone()), Arc::new(AllowAll), "exe_1".into());
+                let asg = assignment("call_1");
+                let window = Duration::from_secs(60);
+                assert!(waits.consult(&asg, "over", window).await.is_err());
+                book.decide(
+                    ("run_1", "call_1", "sha256:x"),
+                    Verdict::Approve,
+                    "alice",
+                    None,
+                    now(),
+                )
+                .await
+                .expect("decided");
+                assert_eq!(waits.consult(&asg, "over", window).await, Ok(()));
+                assert_eq!(waits.consult(&asg, "over", window).await, Ok(()));
+            });
+        });
+        assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// A decision made after the call was found waiting takes effect at
+    /// the next read of the store (within one poll interval), not one
+    /// read later.
+    #[tokio::test]
+    async fn a_decision_takes_effect_at_the_next_read() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = SqliteStore::open_path(&dir.path().join("a.db"))
+            .await
+            .expect("a store");
+        let book: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+        let waits = Waits::new(Some(book.clone()), Arc::new(AllowAll), "exe_1".into());
+        // The first read, before anything waits.
+        waits.refresh(Duration::ZERO).await;
+        let asg = assignment("call_1");
+        let asked = waits
+            .consult(&asg, "over 1,000", Duration::from_secs(60))
+            .await;
+        assert_eq!(asked.map_err(|(code, _)| code), Err(AWAITS_APPROVAL));
+        let key = CallKey {
+            run_id: "run_1".into(),
+            call_id: "call_1".into(),
+        };
+        assert!(waits.waits(&key), "found waiting when asked");
+        let decided = book
+            .decide(
+                ("run_1", "call_1", "sha256:x"),
+                Verdict::Approve,
+                "alice",
+                None,
+                now(),
+            )
+            .await
+            .expect("decided");
+        assert!(decided);
+        waits.refresh(Duration::ZERO).await;
+        assert!(
+            !waits.waits(&key),
+            "approved before the read began: the call is claimed again at once"
+        );
     }
 }

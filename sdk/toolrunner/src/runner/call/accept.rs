@@ -51,11 +51,16 @@ pub(super) async fn accept(
                 .await
                 .err();
             if let Some((checks::AWAITS_APPROVAL, reason)) = refusal {
+                core.crash_point("after_approval_stored")?;
                 let event = Event::ApprovalAsked { reason };
                 let moved = core
                     .advance(&key, Reads::Row, while_in(LocalState::Assigned, id, event))
                     .await?;
-                return Ok((row(moved)?, false));
+                let call = row(moved)?;
+                if call.state == LocalState::Released {
+                    core.crash_point("after_approval_released_saved")?;
+                }
+                return Ok((call, false));
             }
             if let Some((code, message)) = refusal {
                 tracing::info!(code, "refused before start; nothing ran");

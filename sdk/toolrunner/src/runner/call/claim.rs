@@ -91,6 +91,7 @@ pub(super) async fn claim(
     // checks decide (`accepted`, or the refusal's `failed`): one durable
     // step instead of two. A crash before it leaves the call `claiming`
     // with its key, and the same claim brings the same assignment back.
+    let mut asked_approval = false;
     let then = if fresh && claimed.call_state == CallState::Claimed {
         Some(
             match first_checks(core, &call.tool_name, &claimed.assignment).await {
@@ -116,7 +117,13 @@ pub(super) async fn claim(
                     Event::RateLapsed
                 }
                 Ok(()) => Event::AcceptedSaved,
-                Err((checks::AWAITS_APPROVAL, reason)) => Event::ApprovalAsked { reason },
+                Err((checks::AWAITS_APPROVAL, reason)) => {
+                    // The request is stored (or asked again later): the
+                    // claim is not yet saved as given back.
+                    core.crash_point("after_approval_stored")?;
+                    asked_approval = true;
+                    Event::ApprovalAsked { reason }
+                }
                 Err((code, message)) => {
                     tracing::info!(code, "refused before start; nothing ran");
                     Event::RefusedBeforeStart {
@@ -145,6 +152,10 @@ pub(super) async fn claim(
     if call.assignment.is_some() && matches!(call.state, LocalState::Assigned | LocalState::Settled)
     {
         core.crash_point("after_assignment_saved")?;
+    }
+    if asked_approval && call.state == LocalState::Released {
+        // Given back to wait for a person: its `released` not yet sent.
+        core.crash_point("after_approval_released_saved")?;
     }
     match &receipt {
         Some(r) if r.kind == ReceiptKind::Accepted => core.crash_point("after_accepted_saved")?,

@@ -1,0 +1,121 @@
+//! Approvals across replicas on one PostgreSQL database (issue 34): the
+//! request is database-wide, a decision is recorded once however many
+//! approvers click at once, and the call it allows runs once although the
+//! replica that acted on it died between the approval and its `accepted`.
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use toolrunner::protocol::wire::CallState;
+use toolrunner::{ApprovalState, Approvals, AuthorizationRequest, Decision, Denied};
+
+use super::takeover::{drain, with_world};
+
+/// The probe tool's own policy: every write needs a person's yes.
+fn needs_a_person(_request: &AuthorizationRequest) -> Result<(), Denied> {
+    Err(Denied::needs_approval(
+        "a person checks every write",
+        Duration::from_secs(120),
+    ))
+}
+
+/// Replica A asks, and the call waits (given back: nothing ran). Three
+/// approvals at once (a double click, and a second approver) record one
+/// decision; a deny after it is refused. A claims the call again and dies
+/// with its `accepted` saved and not sent; replica B then performs the
+/// call, once.
+pub(crate) async fn an_approval_is_acted_on_once_when_its_replica_dies_before_accepted(
+    url: &str,
+) -> Result<()> {
+    with_world(url, |w| async move {
+        let (a, b) = (w.id("a"), w.id("b"));
+        let run_id = w.run("probe.write", &["approved"]).await?;
+        let call_id = w.admin.run(&run_id).await?.tool_calls[0].call_id.clone();
+        let asking = w
+            .executor(&a, None)
+            .approval_policy("probe.write", needs_a_person)
+            .crash_plan(|step| step == "after_accepted_saved")
+            .build()?
+            .start()
+            .await?;
+        let approvals = Approvals::open(&w.url).await?;
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = approvals.show(&run_id, &call_id).await {
+                ensure!(r.state() == ApprovalState::Waiting, "asked: {r:?}");
+                ensure!(
+                    r.reason() == "a person checks every write",
+                    "the tool's policy is the reason: {r:?}"
+                );
+                break;
+            }
+            ensure!(Instant::now() < end, "no approval request was stored");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        w.admin
+            .wait_for(&run_id, Duration::from_secs(20), "given back", |r| {
+                r.tool_calls[0].state == CallState::Pending
+            })
+            .await?;
+        ensure!(
+            w.business.starts() == 0,
+            "the handler ran before a decision"
+        );
+
+        let (one, two, three) = tokio::join!(
+            approvals.approve(&run_id, &call_id, "alice", Some("checked")),
+            approvals.approve(&run_id, &call_id, "alice", Some("checked")),
+            approvals.approve(&run_id, &call_id, "bob", None),
+        );
+        let decisions = [one?, two?, three?];
+        ensure!(
+            decisions
+                .iter()
+                .filter(|d| **d == Decision::Recorded)
+                .count()
+                == 1,
+            "three approvals at once recorded {decisions:?}, expected one Recorded"
+        );
+        let late = approvals.deny(&run_id, &call_id, "carol", None).await;
+        ensure!(
+            late.as_ref().is_err_and(toolrunner::Error::is_refused),
+            "a deny after the approval: {late:?}, expected a refusal"
+        );
+        let stored = approvals.show(&run_id, &call_id).await?;
+        ensure!(
+            stored.state() == ApprovalState::Approved
+                && matches!(stored.decided_by(), Some("alice" | "bob")),
+            "the decision reads {stored:?}"
+        );
+
+        tokio::time::timeout(Duration::from_secs(20), asking.wait())
+            .await
+            .map_err(|_| anyhow::anyhow!("replica A never reached its accepted"))??;
+        ensure!(
+            w.business.starts() == 0,
+            "the handler ran before its accepted was sent"
+        );
+        drop(asking);
+
+        let other = w
+            .executor(&b, Some(Duration::from_millis(300)))
+            .approval_policy("probe.write", needs_a_person)
+            .build()?
+            .start()
+            .await?;
+        w.admin
+            .wait_for(&run_id, Duration::from_secs(30), "completed", |r| {
+                r.tool_calls[0].state == CallState::Completed
+            })
+            .await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let effects = w.business.effects();
+        ensure!(
+            effects.len() == 1,
+            "the effect ran {} times: {effects:?}",
+            effects.len()
+        );
+        drain(other).await;
+        Ok(())
+    })
+    .await
+}
