@@ -130,6 +130,7 @@ fn seeded_walks_keep_the_promises() {
                             t.restarts += walk.restarts;
                             t.crashes += walk.crashes;
                             t.lost += walk.lost;
+                            t.decisions += walk.decisions;
                         }
                         Err(e) => failures.lock().expect("failures").push((seed, e)),
                     }
@@ -151,8 +152,8 @@ fn seeded_walks_keep_the_promises() {
     // The walks did reach what they are for.
     let t = total.into_inner().expect("total");
     println!(
-        "dsim: {} inputs, {} effects, {} unknown outcomes, {} restarts and takeovers, {} crashes, {} lost answers",
-        t.steps, t.effects, t.unknown, t.restarts, t.crashes, t.lost
+        "dsim: {} inputs, {} effects, {} unknown outcomes, {} restarts and takeovers, {} crashes, {} lost answers, {} approval decisions",
+        t.steps, t.effects, t.unknown, t.restarts, t.crashes, t.lost, t.decisions
     );
     if seeds >= 100 {
         for (what, n) in [
@@ -161,6 +162,7 @@ fn seeded_walks_keep_the_promises() {
             ("restarts", t.restarts),
             ("crashes", t.crashes),
             ("lost answers", t.lost),
+            ("approval decisions", t.decisions),
         ] {
             assert!(n > 0, "{seeds} seeds drew no {what}: the walk misses them");
         }

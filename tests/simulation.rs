@@ -377,14 +377,25 @@ async fn decide_approvals(books: Vec<toolrunner::Approvals>, world: World) {
                 match r.arguments()["behaviour"].as_str().unwrap_or_default() {
                     "person_approve" => {
                         world.with(|b| b.approved.insert(call.to_owned()));
-                        let _ = book.approve(run, call, "sim-approver", None).await;
+                        if let Ok(Decision::Recorded) =
+                            book.approve(run, call, "sim-approver", None).await
+                        {
+                            world.with(|b| b.decided += 1);
+                        }
                     }
                     "person_deny" => {
-                        let _ = book.deny(run, call, "sim-approver", Some("no")).await;
+                        if let Ok(Decision::Recorded) =
+                            book.deny(run, call, "sim-approver", Some("no")).await
+                        {
+                            world.with(|b| b.decided += 1);
+                        }
                     }
                     "person_twice" => {
                         world.with(|b| b.approved.insert(call.to_owned()));
                         let first = book.approve(run, call, "sim-approver", None).await;
+                        if let Ok(Decision::Recorded) = first {
+                            world.with(|b| b.decided += 1);
+                        }
                         if first.is_ok() {
                             match book.approve(run, call, "sim-second", None).await {
                                 Ok(Decision::AlreadyMade) => {}
@@ -628,6 +639,8 @@ struct Business {
     runs: std::collections::HashSet<String>,
     /// The calls its approver approved (recorded before the decision).
     approved: std::collections::HashSet<String>,
+    /// The approval requests its approver decided (a decision recorded).
+    decided: u64,
     /// When each run ended on the platform (cancelled or forgotten), as
     /// the schedule saw the answer.
     ended: HashMap<String, Instant>,
@@ -1221,6 +1234,8 @@ struct Stats {
     kept: u64,
     /// Runs the platform forgot.
     forgotten: u64,
+    /// Approval requests its approver decided.
+    decided: u64,
 }
 
 impl Stats {
@@ -1235,6 +1250,7 @@ impl Stats {
         self.closed += s.closed;
         self.kept += s.kept;
         self.forgotten += s.forgotten;
+        self.decided += s.decided;
     }
 }
 
@@ -2829,6 +2845,7 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<Stats, String> {
         pruned: s.stats.pruned,
         closed: s.stats.closed,
         kept: s.retained.must_keep.len() as u64,
+        decided: s.world.with(|b| b.decided),
         ..stats
     };
     s.finish().await;
@@ -2976,7 +2993,7 @@ fn simulation() {
     let t = *totals.lock().expect("lock");
     let failures = failures.lock().expect("lock").clone();
     eprintln!(
-        "simulation: {played} seeds in {:.1} s ({:.1} seeds/s), {} failed; {} calls, {} executor starts, {} crashes at fail points, {} effects, {} transactional rows, {} calls left in reconciliation_required, {} runs forgotten, {} orphaned calls closed, {} calls pruned, {} kept for a person",
+        "simulation: {played} seeds in {:.1} s ({:.1} seeds/s), {} failed; {} calls, {} executor starts, {} crashes at fail points, {} effects, {} transactional rows, {} calls left in reconciliation_required, {} runs forgotten, {} orphaned calls closed, {} calls pruned, {} kept for a person, {} approval requests decided",
         elapsed.as_secs_f64(),
         played as f64 / elapsed.as_secs_f64(),
         failures.len(),
@@ -2990,6 +3007,7 @@ fn simulation() {
         t.closed,
         t.pruned,
         t.kept,
+        t.decided,
     );
     if let Some((seed, why)) = failures.iter().min_by_key(|(s, _)| *s) {
         eprintln!("simulation: seed {seed} failed:\n{why}");

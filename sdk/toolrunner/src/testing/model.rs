@@ -14,5 +14,5 @@ mod worlds;
 
 pub use platform::{PlatformModel, Refusal};
 pub use search::{Counterexample, Explored, Simulated, SplitMix, explore, simulate};
-pub use world::{Budget, Input};
+pub use world::{Asked, Budget, Input};
 pub use worlds::{WorldSpec, worlds};

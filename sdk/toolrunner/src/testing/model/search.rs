@@ -152,6 +152,8 @@ pub struct Simulated {
     pub crashes: usize,
     /// Answers lost.
     pub lost: usize,
+    /// Approval requests decided by a person or expired.
+    pub decisions: usize,
 }
 
 impl Simulated {
@@ -161,6 +163,7 @@ impl Simulated {
             Input::Start(_) => self.restarts += 1,
             Input::Crash(_) => self.crashes += 1,
             Input::Step { lost: true, .. } => self.lost += 1,
+            Input::Decide { .. } => self.decisions += 1,
             _ => {}
         }
         for c in commands {

@@ -42,6 +42,22 @@ pub struct Budget {
     pub pauses: u8,
     /// Operators' resolves of a call whose outcome is unknown.
     pub resolves: u8,
+    /// A person's decisions (approve, deny) of a `refund` call's approval
+    /// request; its expiry passes whenever it may, unbudgeted.
+    pub decisions: u8,
+}
+
+/// Where a `refund` call's approval request stands in one store's book.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    /// Nobody decided yet.
+    Waiting,
+    /// A person said yes: the call may be accepted and run, once.
+    Approved,
+    /// A person said no: the call is refused at sequence 0.
+    Denied,
+    /// Nobody decided in time: the call is refused at sequence 0.
+    Expired,
 }
 
 /// One executor process.
@@ -102,6 +118,10 @@ impl Input {
                 | Input::Expire(_)
                 | Input::Cancel
                 | Input::Resolve { .. }
+                | Input::Decide {
+                    to: Asked::Approved | Asked::Denied,
+                    ..
+                }
                 | Input::Step { lost: true, .. }
         )
     }
@@ -140,6 +160,16 @@ pub enum Input {
     },
     /// The platform's lease of identity `i` lapses.
     Expire(usize),
+    /// A person decides the approval request of `call` waiting in store
+    /// `db`'s book (`Asked::Expired`: its expiry passes).
+    Decide {
+        /// Database.
+        db: usize,
+        /// Call.
+        call: String,
+        /// The decision.
+        to: Asked,
+    },
     /// The platform cancels the run.
     Cancel,
     /// An operator resolves a call in `reconciliation_required` on
@@ -171,6 +201,9 @@ pub(crate) struct World {
     broken: Option<String>,
     /// The tools' concurrency limit in each store (`None`: none).
     limit: Option<u32>,
+    /// Each store's approval requests, by call (the `refund` tool's
+    /// calls need a person's yes before they are accepted).
+    approvals: Vec<BTreeMap<String, Asked>>,
 }
 
 /// What the machines decided, for the trace; every journal is equal to
@@ -207,7 +240,7 @@ pub(crate) struct Shape {
 
 fn effect_of(tool: &str) -> Option<Effect> {
     match tool {
-        "pay" | "ship" => Some(Effect::Write),
+        "pay" | "ship" | "refund" => Some(Effect::Write),
         "book" => Some(Effect::Transactional),
         _ => None,
     }
@@ -271,6 +304,7 @@ impl World {
             ended: BTreeSet::new(),
             broken: None,
             limit: shape.limit,
+            approvals: vec![BTreeMap::new(); shape.dbs],
         };
         let mut first = BTreeSet::new();
         for p in 0..w.procs.len() {
@@ -373,6 +407,28 @@ impl World {
         }
         if self.budget.cancels > 0 {
             out.push(Input::Cancel);
+        }
+        // A person decides (within the budget), or the request's expiry
+        // passes: time goes on by itself, so a request never waits for
+        // ever.
+        for (db, book) in self.approvals.iter().enumerate() {
+            for (call, asked) in book {
+                if *asked != Asked::Waiting {
+                    continue;
+                }
+                let people = if self.budget.decisions > 0 {
+                    &[Asked::Approved, Asked::Denied][..]
+                } else {
+                    &[]
+                };
+                for to in people.iter().chain([&Asked::Expired]) {
+                    out.push(Input::Decide {
+                        db,
+                        call: call.clone(),
+                        to: *to,
+                    });
+                }
+            }
         }
         if self.budget.resolves > 0 {
             for (db, d) in self.dbs.iter().enumerate() {
@@ -503,6 +559,17 @@ impl World {
                 self.budget.resolves -= 1;
                 self.resolve(*db, call)?;
             }
+            Input::Decide { db, call, to } => {
+                if *to != Asked::Expired {
+                    self.budget.decisions -= 1;
+                }
+                // A compare-and-set on `waiting`: decided once.
+                if let Some(asked) = self.approvals[*db].get_mut(call)
+                    && *asked == Asked::Waiting
+                {
+                    *asked = *to;
+                }
+            }
             Input::Report { p, call } => self.report(*p, call),
             Input::Step { p, call, lost } => {
                 if *lost {
@@ -580,6 +647,15 @@ impl World {
                 "the effect of {call} ran in a process whose identity {identity} moved on (a zombie)"
             ));
         }
+        let db = self.procs[p].db;
+        if self.platform.tool(call) == Some("refund")
+            && self.approvals[db].get(call) != Some(&Asked::Approved)
+        {
+            return Err(format!(
+                "the effect of {call} ran without a person's approval (its request in store {db}: {:?})",
+                self.approvals[db].get(call)
+            ));
+        }
         if !self.platform.running_for(call, &identity)
             && (resumed || !self.platform.accepted_by(call, &identity))
         {
@@ -598,6 +674,37 @@ impl World {
             return Err(format!("the effect of {call} ran {} times", *n));
         }
         Ok(())
+    }
+
+    /// Whether `call` waits for a person's decision in store `db` (the
+    /// claimer passes it over).
+    fn waits(&self, db: usize, call: &str) -> bool {
+        self.approvals[db].get(call) == Some(&Asked::Waiting)
+    }
+
+    /// The product's checks of a call about to be accepted: a `refund`
+    /// call needs a person's yes, its request stored in store `db`'s book
+    /// (asked here if there is none yet) before the claim is given back;
+    /// approved, it is accepted; denied or expired, refused at sequence 0.
+    fn checked(&mut self, db: usize, call: &str, tool: &str) -> Event {
+        if tool != "refund" {
+            return Event::AcceptedSaved;
+        }
+        let refused = |message: &str| Event::RefusedBeforeStart {
+            code: "forbidden".to_owned(),
+            message: message.to_owned(),
+        };
+        match self.approvals[db].get(call).copied() {
+            Some(Asked::Approved) => Event::AcceptedSaved,
+            Some(Asked::Denied) => refused("denied by an approver"),
+            Some(Asked::Expired) => refused("approval expired"),
+            Some(Asked::Waiting) | None => {
+                self.approvals[db].insert(call.to_owned(), Asked::Waiting);
+                Event::ApprovalAsked {
+                    reason: "a person decides".to_owned(),
+                }
+            }
+        }
     }
 
     /// The calls of `tool` in store `db` holding a slot of it: from the
@@ -666,8 +773,12 @@ impl World {
         };
         let tool = self.platform.tool(call).unwrap_or_default().to_owned();
         let Some(row) = self.dbs[pr.db].calls.get(call).cloned() else {
-            // The claimer claims a call only with a slot of its tool free.
-            if self.platform.pending().iter().any(|c| c == call) && self.slot_free(pr.db, &tool) {
+            // The claimer claims a call only with a slot of its tool free,
+            // and passes over a call that waits for a person.
+            if self.platform.pending().iter().any(|c| c == call)
+                && self.slot_free(pr.db, &tool)
+                && !self.waits(pr.db, call)
+            {
                 let operation_key = self.next_id("op");
                 self.commit(
                     p,
@@ -685,6 +796,7 @@ impl World {
                 if matches!(row.state, LocalState::Abandoned | LocalState::Released)
                     && self.platform.pending().iter().any(|c| c == call)
                     && self.slot_free(pr.db, &tool)
+                    && !self.waits(pr.db, call)
                 {
                     let operation_key = self.next_id("op");
                     self.commit(
@@ -759,7 +871,8 @@ impl World {
                         );
                     }
                     _ => {
-                        self.commit(p, call, Event::AcceptedSaved);
+                        let event = self.checked(pr.db, call, &tool);
+                        self.commit(p, call, event);
                     }
                 }
             }

@@ -10,7 +10,8 @@ pub struct WorldSpec {
     pub name: String,
     /// `(call, tool)`: `pay` is a write with a reconcile hook, `ship` a
     /// write whose hook runs it again when it did not happen, `book` a
-    /// transactional tool.
+    /// transactional tool, `refund` a write like `pay` whose every call
+    /// needs a person's yes first.
     pub calls: Vec<(&'static str, &'static str)>,
     /// Executor identities.
     pub identities: usize,
@@ -46,7 +47,7 @@ impl WorldSpec {
             .limit
             .map_or_else(String::new, |n| format!(", a concurrency limit of {n}"));
         format!(
-            "calls {:?}, {} identities, processes {:?} (identity, database), {} databases{limit}; at most {} crashes, {} lost answers, {} cancels, {} lease expiries, {} pauses, {} operator resolves",
+            "calls {:?}, {} identities, processes {:?} (identity, database), {} databases{limit}; at most {} crashes, {} lost answers, {} cancels, {} lease expiries, {} pauses, {} operator resolves, {} decisions of a person",
             self.calls,
             self.identities,
             self.procs,
@@ -56,7 +57,8 @@ impl WorldSpec {
             b.cancels,
             b.expiries,
             b.pauses,
-            b.resolves
+            b.resolves,
+            b.decisions
         )
     }
 
@@ -66,9 +68,13 @@ impl WorldSpec {
         let pick = |shift: u32, n: u64| ((seed >> shift) % n) as usize;
         let tools = ["pay", "book", "ship"];
         let names = ["c1", "c2", "c3", "c4"];
-        let calls = (0..1 + pick(0, 4))
+        let mut calls: Vec<(&'static str, &'static str)> = (0..1 + pick(0, 4))
             .map(|i| (names[i], tools[pick(8 + 4 * i as u32, 3)]))
             .collect();
+        // A quarter of the seeds: the first call needs a person's yes.
+        if pick(50, 4) == 0 {
+            calls[0].1 = "refund";
+        }
         let identities = 1 + pick(32, 3);
         let mut procs: Vec<(usize, usize)> = (0..identities).map(|i| (i, i)).collect();
         if pick(36, 2) == 1 {
@@ -91,6 +97,7 @@ impl WorldSpec {
                 expiries: 2,
                 pauses: 2,
                 resolves: 2,
+                decisions: 2,
             },
         }
     }
@@ -115,6 +122,7 @@ pub fn worlds() -> Vec<WorldSpec> {
         expiries: 1,
         pauses: 0,
         resolves: 1,
+        decisions: 0,
     };
     vec![
         one("one write call", vec![("c1", "pay")], faults.clone()),
@@ -183,6 +191,32 @@ pub fn worlds() -> Vec<WorldSpec> {
                 lost: u8::from(full),
                 pauses: 1,
                 resolves: 1,
+                ..Budget::default()
+            },
+        },
+        // A call that needs a person's yes (issue 34): asked and given back,
+        // then approved, denied or left to expire, while the process runs,
+        // crashes or is down; approved, it runs once.
+        one(
+            "one call that needs a person",
+            vec![("c1", "refund")],
+            Budget {
+                decisions: 1,
+                ..faults.clone()
+            },
+        ),
+        WorldSpec {
+            // Two executors on two databases: each asks in its own store,
+            // and a person decides each request (or lets it expire).
+            name: "a call that needs a person, two databases".into(),
+            calls: vec![("c1", "refund")],
+            identities: 2,
+            procs: vec![(0, 0), (1, 1)],
+            dbs: 2,
+            limit: None,
+            budget: Budget {
+                crashes: u8::from(full),
+                decisions: 1,
                 ..Budget::default()
             },
         },
