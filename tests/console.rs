@@ -585,6 +585,7 @@ async fn read_only_hides_every_action_and_refuses_every_post(
         "/".to_owned(),
         fx.call_path("live", call),
         "/outbox".to_owned(),
+        "/approvals".to_owned(),
     ] {
         goto(c, &fx.url(&path)).await?;
         find(c, "#read-only").await?;
@@ -620,6 +621,16 @@ async fn read_only_hides_every_action_and_refuses_every_post(
                 ("identity", ""),
                 ("who", "mallory"),
                 ("evidence", "read-only must refuse this"),
+                ("csrf", "anything"),
+            ],
+        ),
+        (
+            format!("/approvals/{}/{}", call.run_id, call.call_id),
+            vec![
+                ("store", "live"),
+                ("digest", "sha256:0000"),
+                ("decision", "approve"),
+                ("who", "mallory"),
                 ("csrf", "anything"),
             ],
         ),
@@ -949,6 +960,22 @@ async fn an_approver_approves_and_denies_from_the_browser(c: &Client) -> Result<
         ensure!(
             status == 403,
             "a decision POST with a wrong csrf answered {status}: {}",
+            clip(&page, 1500)
+        );
+        // With the page's token but for other arguments than it showed:
+        // refused, nothing decided.
+        let csrf = find(c, &format!("{} input[name=\"csrf\"]", section(&forged)))
+            .await?
+            .attr("value")
+            .await?
+            .unwrap_or_default();
+        let mut other = fields.to_vec();
+        other[1] = ("digest", "sha256:0000");
+        other.push(("csrf", csrf.as_str()));
+        let (status, page) = post_form(&http, &action, &other).await?;
+        ensure!(
+            status == 422 && page.contains("not the one shown"),
+            "a decision for another digest answered {status}: {}",
             clip(&page, 1500)
         );
         let request = book.show(&forged.run_id, &forged.call_id).await?;

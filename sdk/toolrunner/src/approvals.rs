@@ -94,6 +94,7 @@ impl Approvals {
     }
 
     /// The requests of `book`, decided under `check` (the console's).
+    #[cfg(feature = "console")]
     pub(crate) fn over(
         book: Arc<dyn ApprovalBook>,
         check: Option<Arc<dyn ApproverCheck>>,
@@ -181,6 +182,7 @@ impl Approvals {
     /// Decides the call's request for the arguments whose digest is
     /// `shown` (the console's form): a request for other arguments is
     /// refused, never decided in its place.
+    #[cfg(feature = "console")]
     pub(crate) async fn decide_shown(
         &self,
         (run_id, call_id, shown): (&str, &str, &str),

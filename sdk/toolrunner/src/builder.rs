@@ -434,9 +434,10 @@ impl ExecutorBuilder {
 
     /// The approval policy of the tool named `tool`: which of its calls
     /// need a person's yes (an amount over a threshold), asked after the
-    /// [`authorizer`](Self::authorizer) allowed the call (one it refuses
-    /// or sends to a person is not asked). Called again for the same tool,
-    /// the later call wins. See [`ApprovalPolicy`].
+    /// [`authorizer`](Self::authorizer) (a call it refuses is not asked;
+    /// one it sends to a person is, and a refusal of the policy refuses
+    /// it). Called again for the same tool, the later call wins. See
+    /// [`ApprovalPolicy`].
     ///
     /// A tool name that no registered tool has is refused at
     /// [`build`](Self::build).

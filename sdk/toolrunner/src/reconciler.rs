@@ -576,6 +576,7 @@ impl Reconciler {
     /// The approval requests of this reconciler's store (none for one
     /// identity of a PostgreSQL database opened by the console: the
     /// database's are read once, not once per identity).
+    #[cfg(feature = "console")]
     pub(crate) fn approval_book(&self) -> Option<Arc<dyn ApprovalBook>> {
         self.approvals.clone()
     }

@@ -12,8 +12,11 @@ use super::approval::ApprovalRequest;
 use super::authorizer::{AuthorizationRequest, Authorizer, Denied};
 
 /// Which calls of one tool need a person's yes. Asked for each call of the
-/// tool once the executor's [`Authorizer`] allowed it, with the same
-/// request (arguments checked against the schema and the digest).
+/// tool that the executor's [`Authorizer`] did not refuse (allowed, or
+/// sent to a person), with the same request (arguments checked against
+/// the schema and the digest). A refusal of the policy refuses the call
+/// even when the authorizer asked a person; a call both send to a person
+/// waits for one request, with the authorizer's reason.
 ///
 /// ```
 /// use std::time::Duration;
@@ -60,10 +63,23 @@ pub(crate) struct WithPolicies {
 #[async_trait]
 impl Authorizer for WithPolicies {
     async fn authorize(&self, request: &AuthorizationRequest) -> Result<(), Denied> {
-        self.authorizer.authorize(request).await?;
-        match self.policies.get(&request.tool_name) {
+        let authorized = self.authorizer.authorize(request).await;
+        // A refusal of the authorizer stands; the tool's policy is asked
+        // otherwise, also when the authorizer asks a person (a call its
+        // tool refuses is never shown to an approver).
+        if let Err(d) = &authorized
+            && d.approval.is_none()
+        {
+            return authorized;
+        }
+        let policy = match self.policies.get(&request.tool_name) {
             Some(policy) => policy.check(request),
             None => Ok(()),
+        };
+        match (authorized, policy) {
+            (_, Err(refused)) if refused.approval.is_none() => Err(refused),
+            (Err(asked), _) | (Ok(()), Err(asked)) => Err(asked),
+            (Ok(()), Ok(())) => Ok(()),
         }
     }
 
@@ -99,6 +115,28 @@ mod tests {
         }
     }
 
+    struct AsksAPerson;
+
+    #[async_trait]
+    impl Authorizer for AsksAPerson {
+        async fn authorize(&self, _request: &AuthorizationRequest) -> Result<(), Denied> {
+            Err(Denied::needs_approval(
+                "a person",
+                std::time::Duration::from_secs(30),
+            ))
+        }
+    }
+
+    fn refuse_over(limit: u64) -> Arc<dyn ApprovalPolicy> {
+        Arc::new(move |r: &AuthorizationRequest| {
+            if r.arguments["amount"].as_u64().unwrap_or(0) > limit {
+                Err(Denied::new("too much"))
+            } else {
+                Ok(())
+            }
+        })
+    }
+
     fn over(limit: u64) -> Arc<dyn ApprovalPolicy> {
         Arc::new(move |r: &AuthorizationRequest| {
             if r.arguments["amount"].as_u64().unwrap_or(0) > limit {
@@ -123,6 +161,21 @@ mod tests {
         assert_eq!(
             asked.as_ref().map_err(Denied::approval_window),
             Err(Some(std::time::Duration::from_secs(60)))
+        );
+        // The authorizer asks a person, and the policy refuses outright:
+        // refused (an approver never sees a call its tool refuses).
+        let asks = WithPolicies {
+            authorizer: Arc::new(AsksAPerson),
+            policies: HashMap::from([("refund".to_owned(), refuse_over(100))]),
+        };
+        assert_eq!(
+            asks.authorize(&request("refund", 500)).await,
+            Err(Denied::new("too much"))
+        );
+        let asked = asks.authorize(&request("refund", 50)).await;
+        assert_eq!(
+            asked.as_ref().map_err(Denied::approval_window),
+            Err(Some(std::time::Duration::from_secs(30)))
         );
         // Another tool: the policy is not asked.
         assert_eq!(allowed.authorize(&request("charge", 500)).await, Ok(()));

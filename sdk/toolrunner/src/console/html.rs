@@ -166,9 +166,36 @@ pub(super) fn age(t: &Timestamp) -> String {
     }
 }
 
-/// JSON indented for reading.
+/// JSON indented for reading, with the characters that reorder or hide
+/// text (bidirectional controls, zero-width and invisible characters)
+/// written as `\uXXXX` escapes: still JSON, and what the model wrote is
+/// what a person reads.
 pub(super) fn pretty(v: &serde_json::Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    let text = serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
+    if !text.chars().any(hides_text) {
+        return text;
+    }
+    text.chars()
+        .map(|c| {
+            if hides_text(c) {
+                format!("\\u{:04x}", u32::from(c))
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A character that reorders or hides the text around it.
+fn hides_text(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2069}'
+            | '\u{feff}'
+    )
 }
 
 /// Text laid out as JSON when it is JSON, as it is otherwise.
@@ -257,5 +284,18 @@ mod tests {
             with_query("/calls", &[("state", ""), ("tool", "x")]),
             "/calls?tool=x"
         );
+    }
+
+    /// Text a model wrote may hold characters that reorder or hide what an
+    /// approver reads (a right-to-left override, a zero-width space): the
+    /// pages show them as escapes.
+    #[test]
+    fn invisible_and_bidi_characters_show_as_escapes() {
+        let shown = pretty(&serde_json::json!({"payee": "ab\u{202e}cd\u{200b}e"}));
+        assert!(shown.contains("ab\\u202ecd\\u200be"), "shown as {shown:?}");
+        assert!(!shown.contains('\u{202e}') && !shown.contains('\u{200b}'));
+        // Still JSON, with the same value.
+        let back: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
+        assert_eq!(back["payee"], "ab\u{202e}cd\u{200b}e");
     }
 }

@@ -29,6 +29,24 @@ const LATEST_EXPIRY: &str = "9999-12-31T23:59:59.999Z";
 /// later) instead of keeping the request marked as being told for ever.
 const TELL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long after a failed telling the requests not told are told again,
+/// the first time; it doubles with each failure in a row, up to
+/// [`RETELL_MAX`].
+const RETELL_FIRST: Duration = Duration::from_secs(1);
+const RETELL_MAX: Duration = Duration::from_secs(300);
+
+impl Waiting {
+    /// A telling failed: tell again later, after a wait that grows.
+    fn telling_failed(&mut self) {
+        let wait = RETELL_FIRST
+            .saturating_mul(2u32.saturating_pow(self.failed_tellings.min(16)))
+            .min(RETELL_MAX);
+        self.failed_tellings = self.failed_tellings.saturating_add(1);
+        self.retell = true;
+        self.retell_after = Some(Instant::now() + wait);
+    }
+}
+
 /// The approval requests of an executor's store, and the calls that wait
 /// for a decision (read again at most once a poll interval).
 pub(crate) struct Waits {
@@ -54,6 +72,12 @@ struct Waiting {
     /// Whether this identity's requests not told yet are to be looked for
     /// (at the first read, and after a telling failed).
     retell: bool,
+    /// After a telling failed: not before then (a hook that always
+    /// fails is not called at every read).
+    retell_after: Option<Instant>,
+    /// Tellings that failed in a row (each doubles the wait before the
+    /// next, from [`RETELL_FIRST`] to [`RETELL_MAX`]).
+    failed_tellings: u32,
     /// The decisions counted already (a call given back after its
     /// approval, by a flow limit, is consulted again: its decision is
     /// counted once), by (run, call, digest); forgotten past
@@ -124,7 +148,11 @@ impl Waits {
             }
             let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
             w.telling.remove(&at);
-            w.retell |= retell;
+            if retell {
+                w.telling_failed();
+            } else {
+                w.failed_tellings = 0;
+            }
         });
     }
 
@@ -147,7 +175,8 @@ impl Waits {
             if !read {
                 w.read_at = Some(Instant::now());
             }
-            (read, std::mem::take(&mut w.retell))
+            let due = w.retell_after.is_none_or(|after| Instant::now() >= after);
+            (read, due && std::mem::take(&mut w.retell))
         };
         if retell {
             self.retell(book).await;
@@ -187,7 +216,7 @@ impl Waits {
             }
             Err(e) => {
                 tracing::debug!(error = %e, "reading the approval requests not told yet failed");
-                self.waiting().retell = true;
+                self.waiting().telling_failed();
             }
         }
     }
@@ -485,6 +514,64 @@ mod tests {
             });
         });
         assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// Tells of every request by panicking (the product's channel is
+    /// down), counting its tries.
+    struct PanicsTelling(Arc<std::sync::atomic::AtomicU32>);
+
+    #[async_trait::async_trait]
+    impl Authorizer for PanicsTelling {
+        async fn authorize(
+            &self,
+            _request: &crate::AuthorizationRequest,
+        ) -> Result<(), crate::Denied> {
+            Ok(())
+        }
+
+        async fn on_approval_requested(&self, _request: &ApprovalRequest) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            panic!("the mail server is down");
+        }
+    }
+
+    /// A telling that failed is tried again later, not at every read of
+    /// the waiting calls (a hook that always fails is not called once a
+    /// poll interval).
+    #[tokio::test]
+    async fn a_telling_that_failed_is_not_tried_again_at_once() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = SqliteStore::open_path(&dir.path().join("a.db"))
+            .await
+            .expect("a store");
+        let book: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+        let tries = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let waits = Waits::new(
+            Some(book),
+            Arc::new(PanicsTelling(tries.clone())),
+            "exe_1".into(),
+        );
+        waits.refresh(Duration::ZERO).await;
+        let asg = assignment("call_1");
+        assert!(
+            waits
+                .consult(&asg, "over", Duration::from_secs(60))
+                .await
+                .is_err()
+        );
+        let told = || tries.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..100 {
+            if told() == 1 && waits.waiting().telling.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(told(), 1);
+        for _ in 0..3 {
+            waits.refresh(Duration::ZERO).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(told(), 1, "told again at once after a failed telling");
     }
 
     /// A decision made after the call was found waiting takes effect at

@@ -152,7 +152,8 @@ pub struct Simulated {
     pub crashes: usize,
     /// Answers lost.
     pub lost: usize,
-    /// Approval requests decided by a person or expired.
+    /// Approval requests a person decided (approved or denied; an
+    /// expiry is not counted).
     pub decisions: usize,
 }
 
@@ -163,7 +164,10 @@ impl Simulated {
             Input::Start(_) => self.restarts += 1,
             Input::Crash(_) => self.crashes += 1,
             Input::Step { lost: true, .. } => self.lost += 1,
-            Input::Decide { .. } => self.decisions += 1,
+            Input::Decide {
+                to: super::world::Asked::Approved | super::world::Asked::Denied,
+                ..
+            } => self.decisions += 1,
             _ => {}
         }
         for c in commands {
