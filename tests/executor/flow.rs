@@ -132,6 +132,18 @@ fn bad_limits_are_refused_at_build_saying_what_to_set() {
         "it names the tool and the ones there are: {}",
         unknown.1
     );
+    // An approval policy for a tool not registered, alike.
+    let policy =
+        build(|b| b.approval_policy("slow.wrok", |_: &toolrunner::AuthorizationRequest| Ok(())))
+            .expect("a policy for a tool not registered is refused");
+    assert!(
+        policy.0
+            && policy.1.contains("approval policy")
+            && policy.1.contains("\"slow.wrok\"")
+            && policy.1.contains("slow.work"),
+        "it names the setting, the tool and the ones there are: {}",
+        policy.1
+    );
     let fn_tool = toolrunner::tool::write("zero.fn", |_ctx: CallContext, job: Job| async move {
         Ok::<_, ToolError>(Done { n: job.n })
     })

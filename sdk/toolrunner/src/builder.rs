@@ -585,16 +585,7 @@ impl ExecutorBuilder {
             }
         }
         let limits = tool_limits(&tools, std::mem::take(&mut self.limits))?;
-        if let Some(unknown) = self.policies.keys().find(|name| !tools.contains_key(*name)) {
-            let known: Vec<&str> = tools.keys().map(String::as_str).collect();
-            return Err(Error::new(
-                Kind::Builder,
-                format!(
-                    "approval policy set for tool {unknown:?}, which is not registered: name one of {}",
-                    known.join(", ")
-                ),
-            ));
-        }
+        registered(&tools, self.policies.keys(), "approval policy")?;
         let authorizer: Arc<dyn Authorizer> = if self.policies.is_empty() {
             authorizer
         } else {
@@ -652,22 +643,35 @@ impl ExecutorBuilder {
     }
 }
 
+/// Refuses a setting (`what`) for a tool name in `names` that no tool
+/// registered has, naming the tools that are.
+fn registered<'a>(
+    tools: &BTreeMap<String, Arc<dyn ErasedTool>>,
+    mut names: impl Iterator<Item = &'a String>,
+    what: &str,
+) -> Result<()> {
+    match names.find(|name| !tools.contains_key(*name)) {
+        None => Ok(()),
+        Some(unknown) => {
+            let known: Vec<&str> = tools.keys().map(String::as_str).collect();
+            Err(Error::new(
+                Kind::Builder,
+                format!(
+                    "{what} set for tool {unknown:?}, which is not registered: name one of {}",
+                    known.join(", ")
+                ),
+            ))
+        }
+    }
+}
+
 /// Each tool's limits: its own, with configuration's over them; refused
 /// when configuration names a tool not registered, or a limit is zero.
 fn tool_limits(
     tools: &BTreeMap<String, Arc<dyn ErasedTool>>,
     mut configured: BTreeMap<String, crate::Limits>,
 ) -> Result<BTreeMap<String, crate::Limits>> {
-    if let Some(unknown) = configured.keys().find(|name| !tools.contains_key(*name)) {
-        let known: Vec<&str> = tools.keys().map(String::as_str).collect();
-        return Err(Error::new(
-            Kind::Builder,
-            format!(
-                "limit set for tool {unknown:?}, which is not registered: name one of {}",
-                known.join(", ")
-            ),
-        ));
-    }
+    registered(tools, configured.keys(), "limit")?;
     let mut limits = BTreeMap::new();
     for (name, tool) in tools {
         let own = tool.limits();

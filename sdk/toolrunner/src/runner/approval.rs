@@ -401,6 +401,15 @@ mod tests {
     use crate::store::SqliteStore;
     use crate::store::approvals::Verdict;
 
+    /// A SQLite store's approval book, in a directory of its own.
+    async fn book() -> (tempfile::TempDir, Arc<dyn ApprovalBook>) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = SqliteStore::open_path(&dir.path().join("a.db"))
+            .await
+            .expect("a store");
+        (dir, Arc::new(store.approvals()))
+    }
+
     fn assignment(call_id: &str) -> Assignment {
         serde_json::from_value(serde_json::json!({
             "assignment_id": "asg_1", "run_id": "run_1", "call_id": call_id,
@@ -491,11 +500,7 @@ mod tests {
             .expect("a runtime");
         metrics::with_local_recorder(&recorder, || {
             runtime.block_on(async {
-                let dir = tempfile::tempdir().expect("a temporary directory");
-                let store = SqliteStore::open_path(&dir.path().join("a.db"))
-                    .await
-                    .expect("a store");
-                let book: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+                let (_dir, book) = book().await;
                 let waits = Waits::new(Some(book.clone()), Arc::new(AllowAll), "exe_1".into());
                 let asg = assignment("call_1");
                 let window = Duration::from_secs(60);
@@ -540,11 +545,7 @@ mod tests {
     /// poll interval).
     #[tokio::test]
     async fn a_telling_that_failed_is_not_tried_again_at_once() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = SqliteStore::open_path(&dir.path().join("a.db"))
-            .await
-            .expect("a store");
-        let book: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+        let (_dir, book) = book().await;
         let tries = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let waits = Waits::new(
             Some(book),
@@ -579,11 +580,7 @@ mod tests {
     /// read later.
     #[tokio::test]
     async fn a_decision_takes_effect_at_the_next_read() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = SqliteStore::open_path(&dir.path().join("a.db"))
-            .await
-            .expect("a store");
-        let book: Arc<dyn ApprovalBook> = Arc::new(store.approvals());
+        let (_dir, book) = book().await;
         let waits = Waits::new(Some(book.clone()), Arc::new(AllowAll), "exe_1".into());
         // The first read, before anything waits.
         waits.refresh(Duration::ZERO).await;
