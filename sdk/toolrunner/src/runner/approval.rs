@@ -410,6 +410,19 @@ mod tests {
         (dir, Arc::new(store.approvals()))
     }
 
+    /// Approves `call_1`'s request as `alice`: whether it was recorded.
+    async fn approve(book: &Arc<dyn ApprovalBook>) -> bool {
+        book.decide(
+            ("run_1", "call_1", "sha256:x"),
+            Verdict::Approve,
+            "alice",
+            None,
+            now(),
+        )
+        .await
+        .expect("decided")
+    }
+
     fn assignment(call_id: &str) -> Assignment {
         serde_json::from_value(serde_json::json!({
             "assignment_id": "asg_1", "run_id": "run_1", "call_id": call_id,
@@ -505,15 +518,7 @@ mod tests {
                 let asg = assignment("call_1");
                 let window = Duration::from_secs(60);
                 assert!(waits.consult(&asg, "over", window).await.is_err());
-                book.decide(
-                    ("run_1", "call_1", "sha256:x"),
-                    Verdict::Approve,
-                    "alice",
-                    None,
-                    now(),
-                )
-                .await
-                .expect("decided");
+                assert!(approve(&book).await);
                 assert_eq!(waits.consult(&asg, "over", window).await, Ok(()));
                 assert_eq!(waits.consult(&asg, "over", window).await, Ok(()));
             });
@@ -594,17 +599,7 @@ mod tests {
             call_id: "call_1".into(),
         };
         assert!(waits.waits(&key), "found waiting when asked");
-        let decided = book
-            .decide(
-                ("run_1", "call_1", "sha256:x"),
-                Verdict::Approve,
-                "alice",
-                None,
-                now(),
-            )
-            .await
-            .expect("decided");
-        assert!(decided);
+        assert!(approve(&book).await);
         waits.refresh(Duration::ZERO).await;
         assert!(
             !waits.waits(&key),
