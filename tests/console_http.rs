@@ -1,14 +1,19 @@
 //! The operator console's router as a library, over HTTP on loopback (the
 //! browser tests are `tests/console.rs`): mounted under a path of the
-//! product's admin server, and a bulk redeliver that sends what its
-//! preview counted, no more.
+//! product's admin server, a bulk redeliver that sends what its preview
+//! counted, no more, and the signed-in operator as the approver.
+
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use toolrunner::console::Console;
-use toolrunner::testing::{Step, TestKit};
-use toolrunner::{CallContext, ReceiptStatus, ToolError};
+use toolrunner::console::{Console, Operator};
+use toolrunner::platform::CallState;
+use toolrunner::testing::{CallHandle, Step, TestKit};
+use toolrunner::{
+    ApprovalState, Approvals, AuthorizationRequest, CallContext, Denied, ReceiptStatus, ToolError,
+};
 
 /// A charge.
 #[toolrunner::schema]
@@ -305,5 +310,191 @@ async fn a_bulk_redeliver_sends_what_its_preview_counted() -> Result<()> {
                     .is_some_and(|d| d.contains("the network is back"))),
         "the timeline has no operator_redelivered with the evidence"
     );
+    Ok(())
+}
+
+/// Every charge waits for a person's yes.
+fn every_charge_needs_a_person(_: &AuthorizationRequest) -> Result<(), Denied> {
+    Err(Denied::needs_approval(
+        "a person checks every charge",
+        Duration::from_secs(600),
+    ))
+}
+
+/// The waiting request of `call` (its digest), once it is stored.
+async fn waiting_digest(book: &Approvals, call: &CallHandle) -> Result<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(r) = book.list().await?.into_iter().find(|r| {
+            r.run_id() == call.run_id
+                && r.call_id() == call.call_id
+                && r.state() == ApprovalState::Waiting
+        }) {
+            return Ok(r.digest().to_owned());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no request of {} waits",
+            call.call_id
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The console's signed-in operator is the approver, not the name typed
+/// into the form: the product's authentication names them (an
+/// [`Operator`] extension of the request, or the header an authenticating
+/// proxy sets, `ConsoleBuilder::operator_header`), the page asks for no
+/// name, and a request without the header is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_signed_in_operator_decides_not_the_name_typed() -> Result<()> {
+    let kit = TestKit::start(|b| {
+        b.tool(charge)
+            .approval_policy("payments.charge", every_charge_needs_a_person)
+            .poll_interval(Duration::from_millis(50))
+    })
+    .await?;
+    let approved = kit.submit("payments.charge", json!({"amount": 1})).await?;
+    let denied = kit.submit("payments.charge", json!({"amount": 2})).await?;
+    let book = Approvals::open_path(kit.store_path()).await?;
+    let approved_digest = waiting_digest(&book, &approved).await?;
+    let denied_digest = waiting_digest(&book, &denied).await?;
+    let http = client()?;
+
+    // Mounted in the product's admin server, behind its sign-in, which
+    // names the operator on every request.
+    let mounted = Console::builder()
+        .store("exec", kit.reconciler().await?)
+        .build()
+        .await?;
+    let app =
+        axum::Router::new()
+            .nest("/admin", mounted.router())
+            .layer(axum::middleware::from_fn(
+                |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+                    request
+                        .extensions_mut()
+                        .insert(Operator::new("alice@example.com"));
+                    next.run(request).await
+                },
+            ));
+    let base = serve(app).await?;
+    let page = http
+        .get(format!("{base}/admin/approvals"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    ensure!(
+        page.contains("alice@example.com") && !page.contains("name=\"who\""),
+        "the page does not name the signed-in operator, or asks for a name: {page}"
+    );
+    let token = csrf(&page)?;
+    let answer = post(
+        &http,
+        format!(
+            "{base}/admin/approvals/{}/{}",
+            approved.run_id, approved.call_id
+        ),
+        &[
+            ("csrf", &token),
+            ("store", "exec"),
+            ("digest", &approved_digest),
+            ("decision", "approve"),
+            ("who", "mallory"),
+        ],
+    )
+    .send()
+    .await?;
+    ensure!(answer.status() == 200, "approve: {}", answer.status());
+    let shown = book.show(&approved.run_id, &approved.call_id).await?;
+    ensure!(
+        shown.decided_by() == Some("alice@example.com"),
+        "the approval was recorded by {:?}, expected the signed-in operator",
+        shown.decided_by()
+    );
+
+    // Behind an authenticating proxy that names the operator in a header.
+    let proxied = Console::builder()
+        .store("exec", kit.reconciler().await?)
+        .operator_header("X-Forwarded-User")
+        .build()
+        .await?;
+    let base = serve(proxied.router()).await?;
+    let bare = http.get(format!("{base}/approvals")).send().await?;
+    ensure!(
+        bare.status() == 403,
+        "a request without the operator's header: {}",
+        bare.status()
+    );
+    let why = bare.text().await?;
+    ensure!(
+        why.contains("x-forwarded-user"),
+        "the refusal does not name the header: {why}"
+    );
+    let page = http
+        .get(format!("{base}/approvals"))
+        .header("x-forwarded-user", "bob")
+        .send()
+        .await?
+        .text()
+        .await?;
+    ensure!(
+        page.contains("bob") && !page.contains("name=\"who\""),
+        "the page does not name the proxy's operator: {page}"
+    );
+    let token = csrf(&page)?;
+    let fields = [
+        ("csrf", token.as_str()),
+        ("store", "exec"),
+        ("digest", denied_digest.as_str()),
+        ("decision", "deny"),
+        ("who", "mallory"),
+    ];
+    let path = format!("{base}/approvals/{}/{}", denied.run_id, denied.call_id);
+    let unsigned = post(&http, path.clone(), &fields).send().await?;
+    ensure!(
+        unsigned.status() == 403,
+        "a decision without the operator's header: {}",
+        unsigned.status()
+    );
+    ensure!(
+        book.show(&denied.run_id, &denied.call_id).await?.state() == ApprovalState::Waiting,
+        "a decision without the operator's header was recorded"
+    );
+    let answer = post(&http, path, &fields)
+        .header("x-forwarded-user", "bob")
+        .send()
+        .await?;
+    ensure!(answer.status() == 200, "deny: {}", answer.status());
+    let shown = book.show(&denied.run_id, &denied.call_id).await?;
+    ensure!(
+        shown.decided_by() == Some("bob") && shown.state() == ApprovalState::Denied,
+        "the deny was recorded as {:?} by {:?}, expected denied by bob",
+        shown.state(),
+        shown.decided_by()
+    );
+    ensure!(
+        kit.wait(&approved).await?.state == CallState::Completed,
+        "the approved charge did not complete"
+    );
+    let denied_outcome = kit.wait(&denied).await?;
+    ensure!(
+        denied_outcome.error_code.as_deref() == Some("forbidden"),
+        "the denied charge ended {:?}",
+        denied_outcome.error_code
+    );
+    let refused = Console::builder()
+        .store("exec", kit.reconciler().await?)
+        .operator_header("not a header")
+        .build()
+        .await
+        .err()
+        .context("a console with an operator header that is no header name was built")?;
+    ensure!(
+        refused.to_string().contains("is not a header name"),
+        "{refused}"
+    );
+    kit.shutdown().await?;
     Ok(())
 }

@@ -23,6 +23,13 @@ pub(crate) struct ConsoleArgs {
     /// Show calls, take no action: every POST answers 403.
     #[arg(long)]
     read_only: bool,
+    /// The request header an authenticating proxy in front of the console
+    /// sets to the signed-in operator's name (for example
+    /// X-Forwarded-User): every request must carry it, and every action
+    /// and approval records it as the operator. Only where the proxy alone
+    /// reaches the console.
+    #[arg(long, value_name = "HEADER")]
+    operator_header: Option<String>,
     #[command(flatten)]
     platform: PlatformArgs,
 }
@@ -63,6 +70,9 @@ pub(crate) async fn run(args: ConsoleArgs) -> Outcome {
     }
     if let Some(token) = &args.auth_token {
         builder = builder.auth_token(token);
+    }
+    if let Some(header) = &args.operator_header {
+        builder = builder.operator_header(header);
     }
     let console = builder.build().await?;
     let listener = tokio::net::TcpListener::bind(addr)

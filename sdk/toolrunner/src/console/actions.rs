@@ -37,6 +37,14 @@ pub(super) struct Given {
 }
 
 impl Given {
+    /// The signed-in operator, if the request has one, in place of the
+    /// name typed into the form.
+    fn sign(&mut self, v: &Visitor) {
+        if let Some(name) = &v.operator {
+            self.who.clone_from(name);
+        }
+    }
+
     fn evidence(&self) -> Evidence {
         let e = Evidence::new(self.who.trim(), self.evidence.trim());
         match self.reference.trim() {
@@ -151,8 +159,9 @@ pub(super) async fn resolve(
     Extension(v): Extension<Visitor>,
     Path((run_id, call_id)): Path<(String, String)>,
     Query(identity): Query<Identity>,
-    Form(form): Form<ResolveForm>,
+    Form(mut form): Form<ResolveForm>,
 ) -> Response {
+    form.given.sign(&v);
     let (source, t) = match find(&state, &v, (&run_id, &call_id), identity.label()).await {
         Ok(found) => found,
         Err(page) => return page,
@@ -297,9 +306,10 @@ async fn local_action(
     v: &Visitor,
     (run_id, call_id): (&str, &str),
     identity: &str,
-    given: Given,
+    mut given: Given,
     action: Local,
 ) -> Response {
+    given.sign(v);
     let (source, _) = match find(state, v, (run_id, call_id), identity).await {
         Ok(found) => found,
         Err(page) => return page,
@@ -381,8 +391,9 @@ pub(super) async fn redeliver(
     Extension(v): Extension<Visitor>,
     Path((run_id, call_id)): Path<(String, String)>,
     Query(identity): Query<Identity>,
-    Form(form): Form<RedeliverForm>,
+    Form(mut form): Form<RedeliverForm>,
 ) -> Response {
+    form.given.sign(&v);
     let (source, t) = match find(&state, &v, (&run_id, &call_id), identity.label()).await {
         Ok(found) => found,
         Err(page) => return page,
@@ -606,8 +617,9 @@ fn read_previewed(text: &str) -> Vec<(String, String, String, Vec<String>)> {
 pub(super) async fn bulk_redeliver(
     State(state): State<Arc<Inner>>,
     Extension(v): Extension<Visitor>,
-    Form(form): Form<BulkForm>,
+    Form(mut form): Form<BulkForm>,
 ) -> Response {
+    form.given.sign(&v);
     let back = html::with_query("/outbox", &[("identity", &form.identity)]);
     let evidence = form.given.evidence();
     if let Err(e) = evidence.check() {

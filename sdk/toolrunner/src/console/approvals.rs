@@ -100,7 +100,7 @@ fn waiting_request(v: &Visitor, book: &str, r: &ApprovalRequest) -> Markup {
                     input type="hidden" name="csrf" value=(v.csrf);
                     input type="hidden" name="store" value=(book);
                     input type="hidden" name="digest" value=(r.digest());
-                    label { "Approver " input type="text" name="who" required placeholder="your name"; }
+                    (html::operator_field(v, "Approver"))
                     label { "Note " textarea name="note" {} }
                     button .approve type="submit" name="decision" value="approve" { "Approve" }
                     " "
@@ -191,13 +191,9 @@ pub(super) async fn decide(
         ));
     };
     let note = Some(form.note.trim()).filter(|n| !n.is_empty());
+    let who = v.operator.as_deref().unwrap_or(form.who.trim()).to_owned();
     let decided = approvals
-        .decide_shown(
-            (&run_id, &call_id, &form.digest),
-            verdict,
-            form.who.trim(),
-            note,
-        )
+        .decide_shown((&run_id, &call_id, &form.digest), verdict, &who, note)
         .await;
     let word = match verdict {
         Verdict::Approve => "approved",
@@ -205,7 +201,7 @@ pub(super) async fn decide(
     };
     let what = match decided {
         Ok(Decision::Recorded) => html! {
-            p { "The call " code { (run_id) "/" (call_id) } " is " strong { (word) } " by " strong { (form.who.trim()) } "." }
+            p { "The call " code { (run_id) "/" (call_id) } " is " strong { (word) } " by " strong { (who) } "." }
             @if matches!(verdict, Verdict::Approve) {
                 p { "An executor claims it again and runs it once, within its poll interval." }
             } @else {

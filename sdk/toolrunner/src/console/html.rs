@@ -92,6 +92,19 @@ pub(super) fn page_with(
     (status, Html(markup.into_string())).into_response()
 }
 
+/// Who acts, in a form: the signed-in operator's name shown (the form
+/// asks for none), or else a name to type (`label`: "Operator",
+/// "Approver").
+pub(super) fn operator_field(v: &Visitor, label: &str) -> Markup {
+    html! {
+        @if let Some(name) = &v.operator {
+            p .operator { (label) ": " strong { (name) } " (signed in)" }
+        } @else {
+            label { (label) " " input type="text" name="who" required placeholder="your name"; }
+        }
+    }
+}
+
 /// A refusal outside any page (no CSRF token, read-only, no login):
 /// `status` with the reason in `#error`.
 pub(super) fn refusal(status: StatusCode, why: &str) -> Response {

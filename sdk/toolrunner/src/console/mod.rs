@@ -23,6 +23,13 @@
 //! every page needs it, as `Authorization: Bearer TOKEN` or once through
 //! the login form (an `HttpOnly`, `SameSite=Strict` cookie).
 //!
+//! Who acts: behind the product's own authentication, its middleware puts
+//! an [`Operator`] on each request (or an authenticating proxy sets the
+//! header named by [`operator_header`](ConsoleBuilder::operator_header)),
+//! and every action and approval records that operator; the forms ask
+//! for no name. Without either, the operator is the name typed into the
+//! form (a console on loopback, for one operator).
+//!
 //! ```no_run
 //! # async fn demo() -> toolrunner::Result<()> {
 //! use toolrunner::console::Console;
@@ -51,6 +58,7 @@ use axum::routing::{get, post};
 use crate::approvals::ApproverCheck;
 use crate::error::{Error, Kind, Result};
 use crate::reconciler::Reconciler;
+pub use security::Operator;
 use security::Security;
 use sources::Sources;
 
@@ -92,6 +100,7 @@ pub struct ConsoleBuilder {
     auth_token: Option<String>,
     hosts: Vec<String>,
     approver_check: Option<Arc<dyn ApproverCheck>>,
+    operator_header: Option<String>,
 }
 
 impl std::fmt::Debug for ConsoleBuilder {
@@ -104,6 +113,7 @@ impl std::fmt::Debug for ConsoleBuilder {
             .field("auth_token", &self.auth_token.as_ref().map(|_| "…"))
             .field("hosts", &self.hosts)
             .field("approver_check", &self.approver_check.is_some())
+            .field("operator_header", &self.operator_header)
             .finish()
     }
 }
@@ -212,11 +222,24 @@ impl ConsoleBuilder {
         self
     }
 
+    /// Takes the signed-in operator from the request header `name` (for
+    /// example `X-Forwarded-User`) that an authenticating proxy in front
+    /// of the console sets: every request must carry it (403 otherwise),
+    /// and every action and approval records it as the operator; the forms
+    /// ask for no name. Only for a console the proxy alone can reach (a
+    /// client that reaches it directly could name anyone). An
+    /// [`Operator`] the product put on the request is taken first.
+    pub fn operator_header(mut self, name: impl Into<String>) -> Self {
+        self.operator_header = Some(name.into());
+        self
+    }
+
     /// Opens the stores.
     ///
     /// # Errors
     /// No store was given, a store cannot be opened, a label is used
-    /// twice, the token is blank, or the platform's client cannot be built.
+    /// twice, the token is blank, the operator header is not a header
+    /// name, or the platform's client cannot be built.
     pub async fn build(self) -> Result<Console> {
         if self.stores.is_empty() && self.databases.is_empty() {
             return Err(Error::new(
@@ -234,11 +257,22 @@ impl ConsoleBuilder {
                 "the console's auth token is blank: give a token, or none on loopback",
             ));
         }
+        let operator_header = match &self.operator_header {
+            None => None,
+            Some(name) => Some(
+                axum::http::HeaderName::try_from(name.trim()).map_err(|_| {
+                    Error::new(
+                        Kind::Builder,
+                        format!("the console's operator header {name:?} is not a header name: give one such as X-Forwarded-User"),
+                    )
+                })?,
+            ),
+        };
         let sources = Sources::open(self.stores, self.databases, self.platform).await?;
         Ok(Console {
             inner: Arc::new(Inner {
                 sources,
-                security: Security::new(self.auth_token, self.hosts),
+                security: Security::new(self.auth_token, self.hosts, operator_header),
                 read_only: self.read_only,
                 approver_check: self.approver_check,
             }),

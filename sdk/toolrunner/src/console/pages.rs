@@ -705,7 +705,7 @@ fn actions(
 pub(super) fn evidence_fields(v: &Visitor) -> Markup {
     html! {
         input type="hidden" name="csrf" value=(v.csrf);
-        label { "Operator " input type="text" name="who" required placeholder="your name"; }
+        (html::operator_field(v, "Operator"))
         label { "Evidence (what you checked, where) " textarea name="evidence" required {} }
         label { "Reference (ticket, provider transaction id) " input type="text" name="reference"; }
     }

@@ -1,6 +1,8 @@
 //! Who may see the console and what a request may change: the auth token
 //! (a bearer header, or a session cookie set once by the login form), the
-//! CSRF token every POST carries, and the read-only mode. One middleware,
+//! CSRF token every POST carries, the read-only mode, and the signed-in
+//! operator (an [`Operator`] the product's own authentication put on the
+//! request, or the header an authenticating proxy sets). One middleware,
 //! [`guard`], runs before every page and action.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::Form;
 use axum::body::Body;
 use axum::extract::{FromRequest, OriginalUri, Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
@@ -41,6 +43,44 @@ pub(super) struct Security {
     /// page of another site whose name was rebound to 127.0.0.1 cannot
     /// read or act (DNS rebinding).
     hosts: Option<Vec<String>>,
+    /// The header an authenticating proxy sets to the signed-in operator's
+    /// name: every request must carry it.
+    operator_header: Option<HeaderName>,
+}
+
+/// The operator the product's own authentication signed in: every action
+/// and decision of the console records them as its operator or approver
+/// (the page asks for no name). The product's authentication middleware
+/// puts one on each request it admits, before the console's router:
+///
+/// ```
+/// use axum::extract::Request;
+/// use axum::middleware::{self, Next};
+/// use toolrunner::console::{Console, Operator};
+///
+/// fn mounted(console: &Console) -> axum::Router {
+///     axum::Router::new()
+///         .nest("/admin/toolrunner", console.router())
+///         .layer(middleware::from_fn(|mut request: Request, next: Next| async move {
+///             // The product's own sign-in decides who this is.
+///             request.extensions_mut().insert(Operator::new("alice@example.com"));
+///             next.run(request).await
+///         }))
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operator(String);
+
+impl Operator {
+    /// The operator named `name` (as the product's sign-in knows them).
+    pub fn new(name: impl Into<String>) -> Operator {
+        Operator(name.into())
+    }
+
+    /// The operator's name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
 }
 
 /// One login.
@@ -63,6 +103,10 @@ pub(super) struct Visitor {
     pub(super) plain_http: bool,
     /// The request came with a session cookie (the page offers a logout).
     pub(super) signed_in: bool,
+    /// The operator the product's authentication signed in (an
+    /// [`Operator`] or the proxy's header): the name every action and
+    /// decision records, in place of a name typed into the form.
+    pub(super) operator: Option<String>,
 }
 
 impl Visitor {
@@ -82,7 +126,11 @@ impl Visitor {
 }
 
 impl Security {
-    pub(super) fn new(token: Option<String>, allowed_hosts: Vec<String>) -> Security {
+    pub(super) fn new(
+        token: Option<String>,
+        allowed_hosts: Vec<String>,
+        operator_header: Option<HeaderName>,
+    ) -> Security {
         let hosts = match (&token, allowed_hosts.is_empty()) {
             (_, false) => Some(allowed_hosts),
             (None, true) => Some(
@@ -98,7 +146,30 @@ impl Security {
             login_csrf: random_token(),
             sessions: Mutex::default(),
             hosts,
+            operator_header,
         }
+    }
+
+    /// The signed-in operator of the request: the product's [`Operator`],
+    /// or else the proxy's header (when one is configured); a blank name
+    /// is none. `Err` names the header a request without it lacks.
+    fn operator(&self, request: &Request) -> Result<Option<String>, String> {
+        let named = |name: &str| Some(name.trim().to_owned()).filter(|n| !n.is_empty());
+        if let Some(operator) = request.extensions().get::<Operator>() {
+            if let Some(name) = named(operator.name()) {
+                return Ok(Some(name));
+            }
+        }
+        let Some(header) = &self.operator_header else {
+            return Ok(None);
+        };
+        request
+            .headers()
+            .get(header)
+            .and_then(|v| v.to_str().ok())
+            .and_then(named)
+            .map(Some)
+            .ok_or_else(|| header.as_str().to_owned())
     }
 
     /// Whether the request's `Host` is one the console answers to.
@@ -249,6 +320,17 @@ async fn admit(state: &Inner, request: Request, next: Next) -> Response {
             "this console answers only to its own host names (without --auth-token: localhost and 127.0.0.1); a page of another site may have been rebound to it: nothing was done",
         );
     }
+    let operator = match state.security.operator(&request) {
+        Ok(operator) => operator,
+        Err(header) => {
+            return html::refusal(
+                StatusCode::FORBIDDEN,
+                &format!(
+                    "this console takes its operator from the {header} header its authenticating proxy sets, and this request has none: nothing was done (reach the console through the proxy)"
+                ),
+            );
+        }
+    };
     let signing = path == "/login" || path == "/logout";
     if post && state.read_only && !(signing && state.security.authenticates()) {
         return html::refusal(
@@ -307,6 +389,7 @@ async fn admit(state: &Inner, request: Request, next: Next) -> Response {
         read_only: state.read_only,
         plain_http: state.security.authenticates() && !forwarded_https,
         signed_in,
+        operator,
     });
     next.run(request).await
 }
