@@ -451,6 +451,14 @@ mod suite {
                 },
             ),
             (
+                "replicas::approvals::an_undecided_request_keeps_its_identity_from_counting_as_idle",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::approvals::an_undecided_request_keeps_its_identity_from_counting_as_idle(&u).await
+                    })
+                },
+            ),
+            (
                 "replicas::approvals::an_approval_is_acted_on_once_when_its_replica_dies_before_accepted",
                 |u| {
                     Box::pin(async move {

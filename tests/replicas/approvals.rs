@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
+use sqlx::Connection;
 use toolrunner::protocol::wire::CallState;
 use toolrunner::{ApprovalState, Approvals, AuthorizationRequest, Decision, Denied};
 
@@ -115,6 +116,94 @@ pub(crate) async fn an_approval_is_acted_on_once_when_its_replica_dies_before_ac
             effects.len()
         );
         drain(other).await;
+        Ok(())
+    })
+    .await
+}
+
+/// A replica that drains while a request of its waits for a person keeps
+/// its identity: the request is work left, so the identity is not
+/// released (a replica with a takeover grace adopts it, as one with calls
+/// mid-way). Once its requests are decided or expired and their calls
+/// settled, the next drain releases it.
+pub(crate) async fn an_undecided_request_keeps_its_identity_from_counting_as_idle(
+    url: &str,
+) -> Result<()> {
+    with_world(url, |w| async move {
+        let a = w.id("a");
+        let run_id = w.run("probe.write", &["waits"]).await?;
+        let call_id = w.admin.run(&run_id).await?.tool_calls[0].call_id.clone();
+        let asking = w
+            .executor(&a, None)
+            .approval_policy("probe.write", needs_a_person)
+            .build()?
+            .start()
+            .await?;
+        let approvals = Approvals::open(&w.url).await?;
+        let end = Instant::now() + Duration::from_secs(20);
+        while approvals.show(&run_id, &call_id).await.is_err() {
+            ensure!(Instant::now() < end, "no approval request was stored");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        w.admin
+            .wait_for(&run_id, Duration::from_secs(20), "given back", |r| {
+                r.tool_calls[0].state == CallState::Pending
+            })
+            .await?;
+        drain(asking).await;
+        let released = |id: String| {
+            let url = w.url.clone();
+            async move {
+                let mut conn = sqlx::PgConnection::connect(&url).await?;
+                let released: bool = sqlx::query_scalar(
+                    "SELECT released FROM toolrunner_leases.executor_leases WHERE executor_id = $1",
+                )
+                .bind(&id)
+                .fetch_one(&mut conn)
+                .await?;
+                conn.close().await?;
+                anyhow::Ok(released)
+            }
+        };
+        ensure!(
+            !released(a.clone()).await?,
+            "a replica whose request waits for a person released its identity at its drain, as if it had nothing left"
+        );
+        ensure!(
+            approvals.show(&run_id, &call_id).await?.state() == ApprovalState::Waiting,
+            "the request no longer waits"
+        );
+
+        // The same, its request expired: nothing is left to decide.
+        let expired_run = w.run("probe.write", &["expires"]).await?;
+        let expiring = w
+            .executor(&a, None)
+            .approval_policy("probe.write", |_: &AuthorizationRequest| {
+                Err(Denied::needs_approval(
+                    "a person checks every write",
+                    Duration::from_millis(300),
+                ))
+            })
+            .build()?
+            .start()
+            .await?;
+        w.admin
+            .wait_for(&expired_run, Duration::from_secs(30), "settled", |r| {
+                r.tool_calls[0].state == CallState::Failed
+            })
+            .await?;
+        // The first request is denied, and its call settled.
+        let _ = approvals.deny(&run_id, &call_id, "carol", None).await?;
+        w.admin
+            .wait_for(&run_id, Duration::from_secs(30), "denied", |r| {
+                r.tool_calls[0].state == CallState::Failed
+            })
+            .await?;
+        drain(expiring).await;
+        ensure!(
+            released(a.clone()).await?,
+            "a replica with nothing left to decide kept its identity at its drain"
+        );
         Ok(())
     })
     .await

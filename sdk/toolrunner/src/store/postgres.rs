@@ -582,7 +582,9 @@ impl PgStore {
     /// claimed and not started), a call still `claiming` is not work left:
     /// nothing of it ran, and the platform holds none of it for this
     /// identity; the next start claims it again with its key (refused, and
-    /// nothing runs, if another executor took it meanwhile).
+    /// nothing runs, if another executor took it meanwhile). An approval
+    /// request this identity asked that a person may still decide (waiting,
+    /// not expired) is work left too.
     ///
     /// # Errors
     /// The database failed.
@@ -591,14 +593,19 @@ impl PgStore {
         reconciling: bool,
         claims_given_back: bool,
     ) -> Result<bool, StoreError> {
-        let busy: bool = sqlx::query_scalar(
+        let busy: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT EXISTS (SELECT 1 FROM calls WHERE state IN ('assigned', 'running', 'settled')
                               OR (state = 'claiming' AND NOT $2)
                               OR (state = 'reconciliation_required' AND $1) OR report IS NOT NULL)
-                 OR EXISTS (SELECT 1 FROM receipts WHERE status = 'pending')",
-        )
+                 OR EXISTS (SELECT 1 FROM receipts WHERE status = 'pending')
+                 OR EXISTS (SELECT 1 FROM {schema}.approvals a JOIN store_identity i
+                                ON a.executor_id = i.executor_id
+                             WHERE a.state = 'waiting' AND a.expires_at > $3)",
+            schema = lease::SCHEMA
+        )))
         .bind(reconciling)
         .bind(claims_given_back)
+        .bind(rfc3339(&super::now()))
         .fetch_one(&self.pool)
         .await?;
         Ok(!busy)
