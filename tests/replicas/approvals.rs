@@ -125,7 +125,7 @@ pub(crate) async fn an_approval_is_acted_on_once_when_its_replica_dies_before_ac
 /// its identity: the request is work left, so the identity is not
 /// released (a replica with a takeover grace adopts it, as one with calls
 /// mid-way). Once its requests are decided or expired and their calls
-/// settled, the next drain releases it.
+/// settled, the next drain releases it, and retention takes them.
 pub(crate) async fn an_undecided_request_keeps_its_identity_from_counting_as_idle(
     url: &str,
 ) -> Result<()> {
@@ -204,6 +204,35 @@ pub(crate) async fn an_undecided_request_keeps_its_identity_from_counting_as_idl
             released(a.clone()).await?,
             "a replica with nothing left to decide kept its identity at its drain"
         );
+
+        // Retention takes the requests nobody can act on any more (the
+        // denied one and the expired one), as it takes settled calls.
+        let ours = |r: &toolrunner::ApprovalRequest| {
+            r.run_id() == run_id || r.run_id() == expired_run
+        };
+        ensure!(
+            approvals.list().await?.iter().filter(|r| ours(r)).count() == 2,
+            "the two requests are not both kept before retention"
+        );
+        // A retention of 2 s, once ours are older: the other approval
+        // test beside this one, on the same database, acts on its
+        // approval within a poll interval of deciding it.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let pruning = w
+            .executor(&a, None)
+            .retention(Some(Duration::from_secs(2)))
+            .build()?
+            .start()
+            .await?;
+        let end = Instant::now() + Duration::from_secs(20);
+        while approvals.list().await?.iter().any(ours) {
+            ensure!(
+                Instant::now() < end,
+                "retention left the requests nobody can act on any more"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drain(pruning).await;
         Ok(())
     })
     .await

@@ -12,7 +12,7 @@ use crate::api::approval::{ApprovalRequest, EXPIRED_WHY};
 use crate::api::authorizer::Authorizer;
 use crate::api::context::CallKey;
 use crate::store::approvals::{ApprovalBook, ApprovalRow, Stored};
-use crate::store::now;
+use crate::store::{StoreError, Timestamp, now};
 
 /// What the model reads of a call an approver denied.
 pub(crate) const DENIED: &str = "denied by an approver";
@@ -111,6 +111,19 @@ impl Waits {
     /// Tells the product of `row` beside the call (the authorizer's
     /// `on_approval_requested`), then records it told; a request being
     /// told already is not told twice at once.
+    /// Retention: deletes at most `limit` requests nobody can act on any
+    /// more since before `before` (decided, closed, or expired
+    /// undecided); how many.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub(crate) async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+        match &self.book {
+            Some(book) => book.prune(before, limit).await,
+            None => Ok(0),
+        }
+    }
+
     fn tell(&self, book: &Arc<dyn ApprovalBook>, row: ApprovalRow) {
         let at = (row.run_id.clone(), row.call_id.clone(), row.digest.clone());
         if !self.waiting().telling.insert(at.clone()) {

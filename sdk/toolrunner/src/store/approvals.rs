@@ -192,7 +192,21 @@ pub(crate) trait ApprovalBook: Send + Sync {
     /// # Errors
     /// The database failed.
     async fn waiting(&self, now: Timestamp) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Deletes at most `limit` requests that were decided or closed
+    /// before `before`, or that nobody decided and expired before it
+    /// (retention: the period has passed since anyone could act on them);
+    /// how many.
+    ///
+    /// # Errors
+    /// The database failed.
+    async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError>;
 }
+
+/// The requests [`ApprovalBook::prune`] takes, for `before` bound twice:
+/// decided or closed before it, or never decided and expired before it.
+pub(super) const PRUNABLE: &str =
+    "(state <> 'waiting' AND decided_at < $1) OR (state = 'waiting' AND expires_at < $1)";
 
 /// The columns every backend selects, in this order.
 pub(super) const COLUMNS: &str = "run_id, call_id, digest, tool, subject, agent_id, agent_version, arguments, reason, executor_id, asked_at, expires_at, state, decided_by, note, decided_at, closed_why, notified_at";

@@ -1,6 +1,8 @@
 //! Retention: calls settled for good leave the store after the retention
 //! period (default 7 days), a small batch at a time, so that a store that
-//! has run for a month costs what a new one does.
+//! has run for a month costs what a new one does; so do the approval
+//! requests nobody can act on any more (decided, closed, or expired
+//! undecided, that long ago).
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +20,15 @@ pub(crate) async fn retention_loop(core: Arc<Core>) {
         return;
     };
     let keep = chrono::Duration::from_std(keep).unwrap_or(chrono::Duration::MAX);
+    let mut first = true;
     loop {
-        tokio::select! {
-            _ = core.life.halted() => return,
-            _ = tokio::time::sleep(EVERY) => {}
+        // A pass at the start (a store that was down a while is pruned
+        // at once), then one every `EVERY`.
+        if !std::mem::take(&mut first) {
+            tokio::select! {
+                _ = core.life.halted() => return,
+                _ = tokio::time::sleep(EVERY) => {}
+            }
         }
         loop {
             let before = crate::store::now()
@@ -50,6 +57,33 @@ pub(crate) async fn retention_loop(core: Arc<Core>) {
                     tracing::warn!(error = %e, "pruning settled calls failed; trying again later");
                     break;
                 }
+            }
+        }
+        prune_approvals(&core, keep).await;
+    }
+}
+
+/// The approval requests nobody can act on any more since before the
+/// retention period, a batch at a time.
+async fn prune_approvals(core: &Core, keep: chrono::Duration) {
+    loop {
+        let before = crate::store::now()
+            .checked_sub_signed(keep)
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+        match core.calls.approvals.prune(before, BATCH).await {
+            Ok(n) if n >= u64::from(BATCH) => {
+                tracing::debug!(pruned = n, "pruned approval requests; more to go");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(n) => {
+                if n > 0 {
+                    tracing::debug!(pruned = n, "pruned approval requests");
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pruning approval requests failed; trying again later");
+                return;
             }
         }
     }

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use super::super::approvals::{ApprovalBook, ApprovalRow, COLUMNS, Stored, Verdict, row_of};
+use super::super::approvals::{
+    ApprovalBook, ApprovalRow, COLUMNS, PRUNABLE, Stored, Verdict, row_of,
+};
 use super::super::columns::free_text;
 use super::super::{StoreError, Timestamp, rfc3339};
 
@@ -212,5 +214,17 @@ impl ApprovalBook for PgApprovals {
         .bind(rfc3339(&now))
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+        let sql = format!(
+            "DELETE FROM approvals WHERE ctid IN (SELECT ctid FROM approvals WHERE {PRUNABLE} LIMIT $2)"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(rfc3339(&before))
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }

@@ -2,7 +2,9 @@
 //! a small pool of its own, each change one statement.
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
-use super::super::approvals::{ApprovalBook, ApprovalRow, COLUMNS, Stored, Verdict, row_of};
+use super::super::approvals::{
+    ApprovalBook, ApprovalRow, COLUMNS, PRUNABLE, Stored, Verdict, row_of,
+};
 use super::super::columns::free_text;
 use super::super::{StoreError, Timestamp, rfc3339};
 
@@ -205,6 +207,18 @@ impl ApprovalBook for SqliteApprovals {
         .fetch_all(&self.pool)
         .await?)
     }
+
+    async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+        let sql = format!(
+            "DELETE FROM approvals WHERE rowid IN (SELECT rowid FROM approvals WHERE {PRUNABLE} LIMIT $2)"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(rfc3339(&before))
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
 }
 
 #[cfg(test)]
@@ -318,6 +332,62 @@ mod tests {
                 .expect("asked")
         );
         assert_eq!(state(&book, "c_decided").await, Stored::Denied);
+    }
+
+    /// Retention takes what nobody can act on any more: requests decided
+    /// or closed before the cut-off, and those that expired undecided
+    /// before it; a request that may still be decided stays, as does one
+    /// decided after the cut-off; `limit` bounds one pass.
+    #[tokio::test]
+    async fn retention_takes_only_requests_nobody_can_act_on() {
+        let (_dir, book) = book().await;
+        for (call, expires_in_ms) in [
+            ("c_decided", 60_000),
+            ("c_closed", 60_000),
+            ("c_expired", 1),
+            ("c_waiting", 60_000),
+            ("c_decided_late", 60_000),
+        ] {
+            book.ask(&request(call, expires_in_ms))
+                .await
+                .expect("asked");
+        }
+        let at = |call| ("run_1", call, "sha256:d");
+        let now = crate::store::now();
+        assert!(
+            book.decide(at("c_decided"), Verdict::Deny, "ann", None, now)
+                .await
+                .expect("decided")
+        );
+        book.close("run_1", "c_closed", "the run ended", now)
+            .await
+            .expect("closed");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let cut_off = crate::store::now();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert!(
+            book.decide(
+                at("c_decided_late"),
+                Verdict::Approve,
+                "bo",
+                None,
+                crate::store::now()
+            )
+            .await
+            .expect("decided")
+        );
+        assert_eq!(book.prune(cut_off, 2).await.expect("pruned"), 2);
+        assert_eq!(book.prune(cut_off, 2).await.expect("pruned"), 1);
+        assert_eq!(book.prune(cut_off, 2).await.expect("pruned"), 0);
+        let mut left: Vec<String> = book
+            .list()
+            .await
+            .expect("listed")
+            .into_iter()
+            .map(|r| r.call_id)
+            .collect();
+        left.sort();
+        assert_eq!(left, ["c_decided_late", "c_waiting"]);
     }
 
     #[tokio::test]
