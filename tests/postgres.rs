@@ -451,6 +451,14 @@ mod suite {
                 },
             ),
             (
+                "replicas::approvals::a_request_whose_asker_died_untold_is_told_by_another_replica",
+                |u| {
+                    Box::pin(async move {
+                        super::replicas::approvals::a_request_whose_asker_died_untold_is_told_by_another_replica(&u).await
+                    })
+                },
+            ),
+            (
                 "replicas::approvals::an_undecided_request_keeps_its_identity_from_counting_as_idle",
                 |u| {
                     Box::pin(async move {

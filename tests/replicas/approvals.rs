@@ -9,7 +9,7 @@ use sqlx::Connection;
 use toolrunner::protocol::wire::CallState;
 use toolrunner::{ApprovalState, Approvals, AuthorizationRequest, Decision, Denied};
 
-use super::takeover::{drain, with_world};
+use super::takeover::{TTL, drain, with_world};
 
 /// The probe tool's own policy: every write needs a person's yes.
 fn needs_a_person(_request: &AuthorizationRequest) -> Result<(), Denied> {
@@ -233,6 +233,117 @@ pub(crate) async fn an_undecided_request_keeps_its_identity_from_counting_as_idl
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         drain(pruning).await;
+        Ok(())
+    })
+    .await
+}
+
+/// Tells the product of each request by never answering (its channel
+/// hangs): nothing is recorded told.
+struct HangsTelling;
+
+#[toolrunner::async_trait]
+impl toolrunner::Authorizer for HangsTelling {
+    async fn authorize(&self, _request: &AuthorizationRequest) -> Result<(), Denied> {
+        Ok(())
+    }
+
+    async fn on_approval_requested(&self, _request: &toolrunner::ApprovalRequest) {
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    }
+}
+
+/// Tells the product of each request by noting its call.
+#[derive(Clone, Default)]
+struct NotesTelling(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+#[toolrunner::async_trait]
+impl toolrunner::Authorizer for NotesTelling {
+    async fn authorize(&self, _request: &AuthorizationRequest) -> Result<(), Denied> {
+        Ok(())
+    }
+
+    async fn on_approval_requested(&self, request: &toolrunner::ApprovalRequest) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(request.call_id().to_owned());
+    }
+}
+
+/// A request whose asker stopped before the product was told of it (its
+/// lease lapsed, and nobody adopts it) is told by another replica of the
+/// database; while the asker lives, the others leave its telling to it.
+pub(crate) async fn a_request_whose_asker_died_untold_is_told_by_another_replica(
+    url: &str,
+) -> Result<()> {
+    with_world(url, |w| async move {
+        let (a, b, c) = (w.id("a"), w.id("b"), w.id("c"));
+        let run_id = w.run("probe.write", &["untold"]).await?;
+        let call_id = w.admin.run(&run_id).await?.tool_calls[0].call_id.clone();
+        let faults = toolrunner::testing::ProcessFaults::new();
+        let asking = w
+            .executor(&a, None)
+            .approval_policy("probe.write", needs_a_person)
+            .authorizer(HangsTelling)
+            .process_faults(&faults)
+            .build()?
+            .start()
+            .await?;
+        let approvals = Approvals::open(&w.url).await?;
+        let end = Instant::now() + Duration::from_secs(20);
+        while approvals.show(&run_id, &call_id).await.is_err() {
+            ensure!(Instant::now() < end, "no approval request was stored");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The asker lives (its telling hangs): another replica leaves it.
+        let beside = NotesTelling::default();
+        let other = w
+            .executor(&b, None)
+            .approval_policy("probe.write", needs_a_person)
+            .authorizer(beside.clone())
+            .build()?
+            .start()
+            .await?;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let told = beside.0.lock().unwrap().clone();
+        ensure!(
+            told.is_empty(),
+            "a replica told the request of a live asker: {told:?}"
+        );
+        // The asker stops for good (frozen: its lease lapses, and nobody
+        // adopts it): a replica that starts then tells the product.
+        faults.freeze();
+        tokio::time::sleep(TTL * 5).await;
+        let later = NotesTelling::default();
+        let third = w
+            .executor(&c, None)
+            .approval_policy("probe.write", needs_a_person)
+            .authorizer(later.clone())
+            .build()?
+            .start()
+            .await?;
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let told = later.0.lock().unwrap().clone();
+            if told.contains(&call_id) {
+                ensure!(
+                    told.len() == 1,
+                    "the request was told more than once: {told:?}"
+                );
+                break;
+            }
+            ensure!(
+                Instant::now() < end,
+                "the request of an asker that died untold was never told (told: {told:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = approvals.deny(&run_id, &call_id, "carol", None).await?;
+        drain(third).await;
+        drain(other).await;
+        faults.thaw();
+        drain(asking).await;
         Ok(())
     })
     .await

@@ -34,6 +34,9 @@ const TELL_TIMEOUT: Duration = Duration::from_secs(30);
 /// [`RETELL_MAX`].
 const RETELL_FIRST: Duration = Duration::from_secs(1);
 const RETELL_MAX: Duration = Duration::from_secs(300);
+/// How often the requests not told yet are looked for besides (those of
+/// an asker that stopped before telling, on a shared book).
+const UNTOLD_EVERY: Duration = Duration::from_secs(60);
 
 impl Waiting {
     /// A telling failed: tell again later, after a wait that grows.
@@ -75,6 +78,8 @@ struct Waiting {
     /// After a telling failed: not before then (a hook that always
     /// fails is not called at every read).
     retell_after: Option<Instant>,
+    /// When the requests not told yet were last looked for.
+    looked_at: Option<Instant>,
     /// Tellings that failed in a row (each doubles the wait before the
     /// next, from [`RETELL_FIRST`] to [`RETELL_MAX`]).
     failed_tellings: u32,
@@ -111,19 +116,6 @@ impl Waits {
     /// Tells the product of `row` beside the call (the authorizer's
     /// `on_approval_requested`), then records it told; a request being
     /// told already is not told twice at once.
-    /// Retention: deletes at most `limit` requests nobody can act on any
-    /// more since before `before` (decided, closed, or expired
-    /// undecided); how many.
-    ///
-    /// # Errors
-    /// The database failed.
-    pub(crate) async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError> {
-        match &self.book {
-            Some(book) => book.prune(before, limit).await,
-            None => Ok(0),
-        }
-    }
-
     fn tell(&self, book: &Arc<dyn ApprovalBook>, row: ApprovalRow) {
         let at = (row.run_id.clone(), row.call_id.clone(), row.digest.clone());
         if !self.waiting().telling.insert(at.clone()) {
@@ -169,6 +161,19 @@ impl Waits {
         });
     }
 
+    /// Retention: deletes at most `limit` requests nobody can act on any
+    /// more since before `before` (decided, closed, or expired
+    /// undecided); how many.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub(crate) async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+        match &self.book {
+            Some(book) => book.prune(before, limit).await,
+            None => Ok(0),
+        }
+    }
+
     fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -189,7 +194,12 @@ impl Waits {
                 w.read_at = Some(Instant::now());
             }
             let due = w.retell_after.is_none_or(|after| Instant::now() >= after);
-            (read, due && std::mem::take(&mut w.retell))
+            let look = w.looked_at.is_none_or(|at| at.elapsed() >= UNTOLD_EVERY);
+            let retell = due && (std::mem::take(&mut w.retell) || look);
+            if retell {
+                w.looked_at = Some(Instant::now());
+            }
+            (read, retell)
         };
         if retell {
             self.retell(book).await;
@@ -219,7 +229,8 @@ impl Waits {
     }
 
     /// Tells again this identity's requests whose telling was not
-    /// recorded (a crash between the two, a hook that panicked).
+    /// recorded (a crash between the two, a hook that panicked), and on a
+    /// shared book those of an asker that stopped before telling.
     async fn retell(&self, book: &Arc<dyn ApprovalBook>) {
         match book.untold(&self.executor_id, now()).await {
             Ok(rows) => {

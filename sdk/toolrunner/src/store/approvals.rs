@@ -176,7 +176,11 @@ pub(crate) trait ApprovalBook: Send + Sync {
     async fn told(&self, at: (&str, &str, &str), now: Timestamp) -> Result<(), StoreError>;
 
     /// `executor_id`'s requests nobody decided, not expired at `now`,
-    /// whose telling is not recorded.
+    /// whose telling is not recorded; where identities share the book
+    /// (PostgreSQL), also those of an asker of the same binding that
+    /// stopped (its lease unrenewed for three of its periods, or let go),
+    /// so that a request whose asker died before telling is told by
+    /// another replica of the same product.
     ///
     /// # Errors
     /// The database failed.

@@ -192,9 +192,20 @@ impl ApprovalBook for PgApprovals {
         executor_id: &str,
         now: Timestamp,
     ) -> Result<Vec<ApprovalRow>, StoreError> {
+        // The asker's, and those of askers of the same binding (the same
+        // product and tools) that stopped: an identity whose lease nobody
+        // renewed for three of its periods (by the database's clock,
+        // which wrote `renewed_at`), or that let it go. An asker only
+        // paused may tell too when it thaws: told twice, as after a crash.
         let sql = format!(
-            "SELECT {COLUMNS} FROM approvals
-             WHERE executor_id = $1 AND state = 'waiting' AND expires_at > $2 AND notified_at IS NULL
+            "SELECT {COLUMNS} FROM approvals a
+             WHERE state = 'waiting' AND expires_at > $2 AND notified_at IS NULL
+               AND (executor_id = $1 OR EXISTS (
+                   SELECT 1 FROM executor_leases l JOIN executor_leases me
+                       ON me.executor_id = $1 AND me.binding_id = l.binding_id
+                    WHERE l.executor_id = a.executor_id
+                      AND (l.released
+                           OR l.renewed_at < clock_timestamp() - 3 * l.ttl_ms * interval '1 millisecond')))
              ORDER BY asked_at"
         );
         sqlx::query(sqlx::AssertSqlSafe(sql))
