@@ -312,9 +312,12 @@ impl Waits {
         let stored = match book.ask(&row).await {
             Ok(stored) => stored,
             Err(e) => {
-                // Not stored: the claim goes back and the call is claimed
-                // again later (nothing was told, nothing ran).
-                tracing::warn!(error = %e, "the approval request could not be stored; the call is given back and asked again later");
+                // Not stored: the claim goes back (nothing was told,
+                // nothing ran), and the call is passed over until a read
+                // of the book succeeds: not claimed and given back at
+                // every poll while the database is down.
+                tracing::warn!(error = %e, "the approval request could not be stored; the call is given back and asked again once the store answers");
+                self.passed_over(key);
                 return Err((AWAITS_APPROVAL, reason.to_owned()));
             }
         };
@@ -337,10 +340,17 @@ impl Waits {
                         .into_iter()
                         .find(|r| r.digest == at.2)
                         .unwrap_or(stored),
-                    Err(_) => return Err((AWAITS_APPROVAL, reason.to_owned())),
+                    Err(_) => {
+                        self.passed_over(key);
+                        return Err((AWAITS_APPROVAL, reason.to_owned()));
+                    }
                 },
-                // Nothing settled on a guess: asked again at the next claim.
-                Err(_) => return Err((AWAITS_APPROVAL, reason.to_owned())),
+                // Nothing settled on a guess: asked again at the next claim
+                // once the store answers.
+                Err(_) => {
+                    self.passed_over(key);
+                    return Err((AWAITS_APPROVAL, reason.to_owned()));
+                }
             }
         } else {
             stored
@@ -369,11 +379,7 @@ impl Waits {
                     tracing::info!(tool = %asg.tool_name, "waiting for a person's approval: the claim is given back");
                     super::telemetry::approval_requested(&self.executor_id, &asg.tool_name);
                 }
-                {
-                    let mut w = self.waiting();
-                    w.calls.insert(key.clone());
-                    w.fresh.insert(key, Instant::now());
-                }
+                self.passed_over(key);
                 let reason = stored.reason.clone();
                 if stored.notified_at.is_none() {
                     self.tell(book, stored);
@@ -382,6 +388,15 @@ impl Waits {
             }
             Stored::Closed => Err(("forbidden", "the approval request was closed".to_owned())),
         }
+    }
+
+    /// The claimer passes the call over until a read of the book that
+    /// begins after now finds it no longer waiting (while reads fail, the
+    /// last one stands).
+    fn passed_over(&self, key: CallKey) {
+        let mut w = self.waiting();
+        w.calls.insert(key.clone());
+        w.fresh.insert(key, Instant::now());
     }
 
     /// Counts a decision acted on, and how long its request waited; the
@@ -628,6 +643,125 @@ mod tests {
         assert!(
             !waits.waits(&key),
             "approved before the read began: the call is claimed again at once"
+        );
+    }
+
+    /// A book whose database can be made to fail.
+    struct Failing {
+        inner: Arc<dyn ApprovalBook>,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl Failing {
+        fn check(&self) -> Result<(), StoreError> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                Err(StoreError::Refused("the database is down".into()))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ApprovalBook for Failing {
+        async fn ask(&self, row: &ApprovalRow) -> Result<ApprovalRow, StoreError> {
+            self.check()?;
+            self.inner.ask(row).await
+        }
+        async fn of_call(&self, run: &str, call: &str) -> Result<Vec<ApprovalRow>, StoreError> {
+            self.check()?;
+            self.inner.of_call(run, call).await
+        }
+        async fn list(&self) -> Result<Vec<ApprovalRow>, StoreError> {
+            self.check()?;
+            self.inner.list().await
+        }
+        async fn decide(
+            &self,
+            at: (&str, &str, &str),
+            verdict: Verdict,
+            who: &str,
+            note: Option<&str>,
+            now: Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.check()?;
+            self.inner.decide(at, verdict, who, note, now).await
+        }
+        async fn close(
+            &self,
+            run: &str,
+            call: &str,
+            why: &str,
+            now: Timestamp,
+        ) -> Result<(), StoreError> {
+            self.check()?;
+            self.inner.close(run, call, why, now).await
+        }
+        async fn expire(
+            &self,
+            at: (&str, &str, &str),
+            why: &str,
+            now: Timestamp,
+        ) -> Result<bool, StoreError> {
+            self.check()?;
+            self.inner.expire(at, why, now).await
+        }
+        async fn told(&self, at: (&str, &str, &str), now: Timestamp) -> Result<(), StoreError> {
+            self.check()?;
+            self.inner.told(at, now).await
+        }
+        async fn untold(&self, id: &str, now: Timestamp) -> Result<Vec<ApprovalRow>, StoreError> {
+            self.check()?;
+            self.inner.untold(id, now).await
+        }
+        async fn waiting(&self, now: Timestamp) -> Result<Vec<(String, String)>, StoreError> {
+            self.check()?;
+            self.inner.waiting(now).await
+        }
+        async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+            self.check()?;
+            self.inner.prune(before, limit).await
+        }
+    }
+
+    /// A request that cannot be stored (the database is down) leaves the
+    /// call passed over while the database stays down, instead of claimed
+    /// and given back at every poll; once a read succeeds, the call is
+    /// claimed again and asked again.
+    #[tokio::test]
+    async fn a_request_that_cannot_be_stored_is_not_claimed_again_while_the_store_is_down() {
+        let (_dir, inner) = book().await;
+        let failing = Arc::new(Failing {
+            inner,
+            down: std::sync::atomic::AtomicBool::new(false),
+        });
+        let book: Arc<dyn ApprovalBook> = failing.clone();
+        let waits = Waits::new(Some(book), Arc::new(AllowAll), "exe_1".into());
+        waits.refresh(Duration::ZERO).await;
+        failing
+            .down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let asked = waits
+            .consult(&assignment("call_1"), "over 1,000", Duration::from_secs(60))
+            .await;
+        assert_eq!(asked.map_err(|(code, _)| code), Err(AWAITS_APPROVAL));
+        let key = CallKey {
+            run_id: "run_1".into(),
+            call_id: "call_1".into(),
+        };
+        assert!(
+            waits.waits(&key),
+            "a call whose request could not be stored is claimed again at the next poll"
+        );
+        waits.refresh(Duration::ZERO).await;
+        assert!(waits.waits(&key), "passed over while the store stays down");
+        failing
+            .down
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        waits.refresh(Duration::ZERO).await;
+        assert!(
+            !waits.waits(&key),
+            "the store answers again: the call is claimed and asked again"
         );
     }
 }
