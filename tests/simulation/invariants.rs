@@ -218,6 +218,9 @@ impl Seed {
                         _ => {}
                     }
                 }
+                if let Some(problem) = person_outcome(&p, &state) {
+                    problems.push(format!("{tool} {call_id}: {problem}"));
+                }
                 for r in p["receipts"].as_array().cloned().unwrap_or_default() {
                     let id = r["receipt_id"].as_str().unwrap_or_default();
                     match local_receipts.get(id) {
@@ -334,5 +337,48 @@ impl Seed {
         } else {
             Err(format!("{}\n{}", problems.join("\n"), self.dump().await))
         }
+    }
+}
+
+/// What a call whose behaviour needs a person ended as, against what its
+/// person decided: denied, a `forbidden` failure "denied by an approver";
+/// left to expire, "approval expired"; approved (once or twice), never
+/// refused `forbidden`. A call its run ended first may end otherwise
+/// (cancelled, terminated); none of them completes without approval.
+fn person_outcome(call: &serde_json::Value, state: &str) -> Option<String> {
+    let behaviour = call["arguments"]["behaviour"].as_str().unwrap_or_default();
+    if !behaviour.starts_with("person_") {
+        return None;
+    }
+    let failed = call["receipts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["kind"] == "failed");
+    let error = failed.map(|r| {
+        (
+            r["body"]["error"]["code"].as_str().unwrap_or_default(),
+            r["body"]["error"]["message"].as_str().unwrap_or_default(),
+        )
+    });
+    let refused = |message: &str| match (state, error) {
+        ("completed", _) => Some(format!(
+            "{behaviour} completed: its effect ran without a person's yes"
+        )),
+        ("failed", Some(("forbidden", m))) if m == message => None,
+        ("failed", e) => Some(format!(
+            "{behaviour} failed with {e:?}, expected forbidden {message:?}"
+        )),
+        _ => None,
+    };
+    match behaviour {
+        "person_deny" => refused("denied by an approver"),
+        "person_expire" => refused("approval expired"),
+        _ => match error {
+            Some(("forbidden", m)) => Some(format!(
+                "{behaviour} was approved, yet refused forbidden ({m:?})"
+            )),
+            _ => None,
+        },
     }
 }
