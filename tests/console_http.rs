@@ -498,3 +498,55 @@ async fn the_signed_in_operator_decides_not_the_name_typed() -> Result<()> {
     kit.shutdown().await?;
     Ok(())
 }
+
+/// An operator the product's sign-in names blank, or a proxy's header
+/// given twice (a proxy that appends to the client's own), names nobody
+/// for sure: the console refuses the request rather than take a name
+/// typed into the form or the client's header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blank_or_doubled_operator_is_refused() -> Result<()> {
+    let kit = TestKit::start(|b| b.tool(charge)).await?;
+    let http = client()?;
+    let mounted = Console::builder()
+        .store("exec", kit.reconciler().await?)
+        .build()
+        .await?;
+    let app = mounted.router().layer(axum::middleware::from_fn(
+        |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+            request.extensions_mut().insert(Operator::new("  "));
+            next.run(request).await
+        },
+    ));
+    let base = serve(app).await?;
+    let blank = http.get(format!("{base}/approvals")).send().await?;
+    ensure!(
+        blank.status() == 403,
+        "a blank signed-in operator: {}",
+        blank.status()
+    );
+    let proxied = Console::builder()
+        .store("exec", kit.reconciler().await?)
+        .operator_header("X-Forwarded-User")
+        .build()
+        .await?;
+    let base = serve(proxied.router()).await?;
+    let doubled = http
+        .get(format!("{base}/approvals"))
+        .header("x-forwarded-user", "mallory")
+        .header("x-forwarded-user", "bob")
+        .send()
+        .await?;
+    ensure!(
+        doubled.status() == 403,
+        "the operator's header given twice: {}",
+        doubled.status()
+    );
+    let once = http
+        .get(format!("{base}/approvals"))
+        .header("x-forwarded-user", "bob")
+        .send()
+        .await?;
+    ensure!(once.status() == 200, "the header once: {}", once.status());
+    kit.shutdown().await?;
+    Ok(())
+}

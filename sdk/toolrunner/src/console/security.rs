@@ -151,25 +151,36 @@ impl Security {
     }
 
     /// The signed-in operator of the request: the product's [`Operator`],
-    /// or else the proxy's header (when one is configured); a blank name
-    /// is none. `Err` names the header a request without it lacks.
+    /// or else the proxy's header (when one is configured). `Err` says
+    /// why the request names nobody for sure: a blank [`Operator`], or
+    /// the header missing, blank or given more than once (a proxy that
+    /// appends to the client's own).
     fn operator(&self, request: &Request) -> Result<Option<String>, String> {
-        let named = |name: &str| Some(name.trim().to_owned()).filter(|n| !n.is_empty());
         if let Some(operator) = request.extensions().get::<Operator>() {
-            if let Some(name) = named(operator.name()) {
-                return Ok(Some(name));
+            let name = operator.name().trim();
+            if name.is_empty() {
+                return Err("the product's sign-in named a blank operator: nothing was done (the console acts only for a named operator)".to_owned());
             }
+            return Ok(Some(name.to_owned()));
         }
         let Some(header) = &self.operator_header else {
             return Ok(None);
         };
-        request
-            .headers()
-            .get(header)
-            .and_then(|v| v.to_str().ok())
-            .and_then(named)
-            .map(Some)
-            .ok_or_else(|| header.as_str().to_owned())
+        let mut values = request.headers().get_all(header).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => match value.to_str().map(str::trim) {
+                Ok(name) if !name.is_empty() => Ok(Some(name.to_owned())),
+                _ => Err(format!(
+                    "this console takes its operator from the {header} header its authenticating proxy sets, and this request's is blank or not text: nothing was done"
+                )),
+            },
+            (None, _) => Err(format!(
+                "this console takes its operator from the {header} header its authenticating proxy sets, and this request has none: nothing was done (reach the console through the proxy)"
+            )),
+            (Some(_), Some(_)) => Err(format!(
+                "this request carries the {header} header more than once, so it names no one operator: nothing was done (the proxy must replace the header a client sends, not add to it)"
+            )),
+        }
     }
 
     /// Whether the request's `Host` is one the console answers to.
@@ -322,14 +333,7 @@ async fn admit(state: &Inner, request: Request, next: Next) -> Response {
     }
     let operator = match state.security.operator(&request) {
         Ok(operator) => operator,
-        Err(header) => {
-            return html::refusal(
-                StatusCode::FORBIDDEN,
-                &format!(
-                    "this console takes its operator from the {header} header its authenticating proxy sets, and this request has none: nothing was done (reach the console through the proxy)"
-                ),
-            );
-        }
+        Err(why) => return html::refusal(StatusCode::FORBIDDEN, &why),
     };
     let signing = path == "/login" || path == "/logout";
     if post && state.read_only && !(signing && state.security.authenticates()) {
