@@ -88,6 +88,10 @@ struct Waiting {
     /// counted once), by (run, call, digest); forgotten past
     /// [`COUNTED_KEPT`].
     counted: HashSet<(String, String, String)>,
+    /// The calls whose request's decision is being acted on (the digest),
+    /// until what it made of the call is saved (see
+    /// [`Waits::outcome_saved`]).
+    acting: HashMap<CallKey, String>,
 }
 
 /// How many decisions [`Waiting::counted`] remembers before it starts
@@ -408,6 +412,16 @@ impl Waits {
             if w.counted.len() >= COUNTED_KEPT {
                 w.counted.clear();
             }
+            if w.acting.len() >= COUNTED_KEPT {
+                w.acting.clear();
+            }
+            w.acting.insert(
+                CallKey {
+                    run_id: row.run_id.clone(),
+                    call_id: row.call_id.clone(),
+                },
+                row.digest.clone(),
+            );
             w.counted
                 .insert((row.run_id.clone(), row.call_id.clone(), row.digest.clone()))
         };
@@ -420,6 +434,25 @@ impl Waits {
             waited_seconds = waited,
             "acting on a person's decision"
         );
+    }
+
+    /// What a decision made of the call (its `accepted`, or its `failed`
+    /// at sequence 0) is saved: the request is recorded acted on, and
+    /// retention may take it once the period has passed. Until then it is
+    /// kept, however old its decision: a decision not acted on is never
+    /// deleted (nobody is asked again; a deny never turns into a new
+    /// question). A failure to record it only keeps the request longer.
+    pub(crate) async fn outcome_saved(&self, key: &CallKey) {
+        let Some(book) = &self.book else { return };
+        let Some(digest) = self.waiting().acting.remove(key) else {
+            return;
+        };
+        if let Err(e) = book
+            .acted((&key.run_id, &key.call_id, &digest), now())
+            .await
+        {
+            tracing::debug!(error = %e, "recording that a decision was acted on failed; its request is kept longer");
+        }
     }
 
     /// The call ended at the platform: its requests are closed (nothing
@@ -722,6 +755,10 @@ mod tests {
             self.check()?;
             self.inner.prune(before, limit).await
         }
+        async fn acted(&self, at: (&str, &str, &str), now: Timestamp) -> Result<(), StoreError> {
+            self.check()?;
+            self.inner.acted(at, now).await
+        }
     }
 
     /// A request that cannot be stored (the database is down) leaves the
@@ -763,5 +800,41 @@ mod tests {
             !waits.waits(&key),
             "the store answers again: the call is claimed and asked again"
         );
+    }
+
+    /// A deny not yet acted on survives retention, however old: the call
+    /// claimed again is refused `forbidden`, nobody is asked again. Once
+    /// what it made of the call is saved, retention may take it.
+    #[tokio::test]
+    async fn a_decision_not_yet_acted_on_survives_retention() {
+        let (_dir, book) = book().await;
+        let waits = Waits::new(Some(book.clone()), Arc::new(AllowAll), "exe_1".into());
+        let asg = assignment("call_1");
+        let window = Duration::from_secs(60);
+        assert!(waits.consult(&asg, "over", window).await.is_err());
+        assert!(
+            book.decide(
+                ("run_1", "call_1", "sha256:x"),
+                Verdict::Deny,
+                "alice",
+                None,
+                now()
+            )
+            .await
+            .expect("decided")
+        );
+        let long_after = now() + chrono::TimeDelta::days(400);
+        assert_eq!(book.prune(long_after, 100).await.expect("pruned"), 0);
+        let refused = waits.consult(&asg, "over", window).await;
+        assert_eq!(
+            refused.map_err(|(code, message)| (code, message)),
+            Err(("forbidden", DENIED.to_owned()))
+        );
+        let key = CallKey {
+            run_id: "run_1".into(),
+            call_id: "call_1".into(),
+        };
+        waits.outcome_saved(&key).await;
+        assert_eq!(book.prune(long_after, 100).await.expect("pruned"), 1);
     }
 }

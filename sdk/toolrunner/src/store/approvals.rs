@@ -197,20 +197,33 @@ pub(crate) trait ApprovalBook: Send + Sync {
     /// The database failed.
     async fn waiting(&self, now: Timestamp) -> Result<Vec<(String, String)>, StoreError>;
 
-    /// Deletes at most `limit` requests that were decided or closed
-    /// before `before`, or that nobody decided and expired before it
-    /// (retention: the period has passed since anyone could act on them);
-    /// how many.
+    /// Records that the request's decision was acted on (what it made of
+    /// the call is saved) at `now`, once.
+    ///
+    /// # Errors
+    /// The database failed.
+    async fn acted(&self, at: (&str, &str, &str), now: Timestamp) -> Result<(), StoreError>;
+
+    /// Deletes at most `limit` requests nobody needs any more since before
+    /// `before` (see [`PRUNABLE`]); how many.
     ///
     /// # Errors
     /// The database failed.
     async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError>;
 }
 
-/// The requests [`ApprovalBook::prune`] takes, for `before` bound twice:
-/// decided or closed before it, or never decided and expired before it.
-pub(super) const PRUNABLE: &str =
-    "(state <> 'waiting' AND decided_at < $1) OR (state = 'waiting' AND expires_at < $1)";
+/// The requests [`ApprovalBook::prune`] takes, for `before` (`$1`): a
+/// decision acted on before it; a request closed before it (its call
+/// ended, or its expiry closed it); a request nobody decided that expired
+/// before it (a call that comes back after that is asked again, never
+/// run). A decision not yet acted on stays, however old.
+pub(super) const PRUNABLE: &str = "(acted_at IS NOT NULL AND acted_at < $1)
+     OR (state = 'closed' AND decided_at < $1)
+     OR (state = 'waiting' AND expires_at < $1)";
+
+/// Records a decision acted on (`$1`: when; then run, call, digest).
+pub(super) const ACTED: &str = "UPDATE approvals SET acted_at = COALESCE(acted_at, $1)
+     WHERE run_id = $2 AND call_id = $3 AND digest = $4 AND state <> 'waiting'";
 
 /// The columns every backend selects, in this order.
 pub(super) const COLUMNS: &str = "run_id, call_id, digest, tool, subject, agent_id, agent_version, arguments, reason, executor_id, asked_at, expires_at, state, decided_by, note, decided_at, closed_why, notified_at";

@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use super::super::approvals::{
-    ApprovalBook, ApprovalRow, COLUMNS, PRUNABLE, Stored, Verdict, row_of,
+    ACTED, ApprovalBook, ApprovalRow, COLUMNS, PRUNABLE, Stored, Verdict, row_of,
 };
 use super::super::columns::free_text;
 use super::super::{StoreError, Timestamp, rfc3339};
@@ -225,6 +225,21 @@ impl ApprovalBook for PgApprovals {
         .bind(rfc3339(&now))
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    async fn acted(
+        &self,
+        (run_id, call_id, digest): (&str, &str, &str),
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        sqlx::query(ACTED)
+            .bind(rfc3339(&now))
+            .bind(run_id)
+            .bind(call_id)
+            .bind(digest)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError> {

@@ -3,7 +3,7 @@
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
 use super::super::approvals::{
-    ApprovalBook, ApprovalRow, COLUMNS, PRUNABLE, Stored, Verdict, row_of,
+    ACTED, ApprovalBook, ApprovalRow, COLUMNS, PRUNABLE, Stored, Verdict, row_of,
 };
 use super::super::columns::free_text;
 use super::super::{StoreError, Timestamp, rfc3339};
@@ -208,6 +208,21 @@ impl ApprovalBook for SqliteApprovals {
         .await?)
     }
 
+    async fn acted(
+        &self,
+        (run_id, call_id, digest): (&str, &str, &str),
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        sqlx::query(ACTED)
+            .bind(rfc3339(&now))
+            .bind(run_id)
+            .bind(call_id)
+            .bind(digest)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn prune(&self, before: Timestamp, limit: u32) -> Result<u64, StoreError> {
         let sql = format!(
             "DELETE FROM approvals WHERE rowid IN (SELECT rowid FROM approvals WHERE {PRUNABLE} LIMIT $2)"
@@ -334,19 +349,21 @@ mod tests {
         assert_eq!(state(&book, "c_decided").await, Stored::Denied);
     }
 
-    /// Retention takes what nobody can act on any more: requests decided
-    /// or closed before the cut-off, and those that expired undecided
-    /// before it; a request that may still be decided stays, as does one
-    /// decided after the cut-off; `limit` bounds one pass.
+    /// Retention takes what nobody needs any more: a decision acted on
+    /// before the cut-off, a request closed before it, one that expired
+    /// undecided before it; a decision not acted on stays however old, as
+    /// do a request that may still be decided and a decision acted on
+    /// after the cut-off; `limit` bounds one pass.
     #[tokio::test]
-    async fn retention_takes_only_requests_nobody_can_act_on() {
+    async fn retention_takes_only_requests_nobody_needs() {
         let (_dir, book) = book().await;
         for (call, expires_in_ms) in [
-            ("c_decided", 60_000),
+            ("c_acted", 60_000),
+            ("c_not_acted", 60_000),
             ("c_closed", 60_000),
             ("c_expired", 1),
             ("c_waiting", 60_000),
-            ("c_decided_late", 60_000),
+            ("c_acted_late", 60_000),
         ] {
             book.ask(&request(call, expires_in_ms))
                 .await
@@ -354,28 +371,32 @@ mod tests {
         }
         let at = |call| ("run_1", call, "sha256:d");
         let now = crate::store::now();
-        assert!(
-            book.decide(at("c_decided"), Verdict::Deny, "ann", None, now)
-                .await
-                .expect("decided")
-        );
+        for (call, verdict) in [
+            ("c_acted", Verdict::Deny),
+            ("c_not_acted", Verdict::Deny),
+            ("c_acted_late", Verdict::Approve),
+        ] {
+            assert!(
+                book.decide(at(call), verdict, "ann", None, now)
+                    .await
+                    .expect("decided")
+            );
+        }
+        book.acted(at("c_acted"), now).await.expect("acted");
         book.close("run_1", "c_closed", "the run ended", now)
             .await
             .expect("closed");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         let cut_off = crate::store::now();
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        assert!(
-            book.decide(
-                at("c_decided_late"),
-                Verdict::Approve,
-                "bo",
-                None,
-                crate::store::now()
-            )
+        book.acted(at("c_acted_late"), crate::store::now())
             .await
-            .expect("decided")
-        );
+            .expect("acted");
+        // Acting on a waiting request records nothing (the schema refuses
+        // it, and the statement asks for a decided one).
+        book.acted(at("c_waiting"), crate::store::now())
+            .await
+            .expect("acted");
         assert_eq!(book.prune(cut_off, 2).await.expect("pruned"), 2);
         assert_eq!(book.prune(cut_off, 2).await.expect("pruned"), 1);
         assert_eq!(book.prune(cut_off, 2).await.expect("pruned"), 0);
@@ -387,7 +408,18 @@ mod tests {
             .map(|r| r.call_id)
             .collect();
         left.sort();
-        assert_eq!(left, ["c_decided_late", "c_waiting"]);
+        assert_eq!(left, ["c_acted_late", "c_not_acted", "c_waiting"]);
+        // Much later, the decision never acted on is still there.
+        let later = crate::store::now() + chrono::TimeDelta::days(365);
+        book.prune(later, 100).await.expect("pruned");
+        let left: Vec<String> = book
+            .list()
+            .await
+            .expect("listed")
+            .into_iter()
+            .map(|r| r.call_id)
+            .collect();
+        assert_eq!(left, ["c_not_acted"]);
     }
 
     #[tokio::test]
