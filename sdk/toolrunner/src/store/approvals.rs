@@ -178,9 +178,10 @@ pub(crate) trait ApprovalBook: Send + Sync {
     /// `executor_id`'s requests nobody decided, not expired at `now`,
     /// whose telling is not recorded; where identities share the book
     /// (PostgreSQL), also those of an asker of the same binding that
-    /// stopped (its lease unrenewed for three of its periods, or let go),
-    /// so that a request whose asker died before telling is told by
-    /// another replica of the same product.
+    /// stopped (its lease unrenewed for three of its periods, let go, or
+    /// adopted), so that a request whose asker died before telling is
+    /// told by another replica of the same product: each taken by one
+    /// replica, once a minute at most.
     ///
     /// # Errors
     /// The database failed.

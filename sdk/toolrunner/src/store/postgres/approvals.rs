@@ -192,30 +192,51 @@ impl ApprovalBook for PgApprovals {
         executor_id: &str,
         now: Timestamp,
     ) -> Result<Vec<ApprovalRow>, StoreError> {
-        // The asker's, and those of askers of the same binding (the same
-        // product and tools) that stopped: an identity whose lease nobody
-        // renewed for three of its periods (by the database's clock,
-        // which wrote `renewed_at`), or that let it go. An asker only
-        // paused may tell too when it thaws: told twice, as after a crash.
-        let sql = format!(
-            "SELECT {COLUMNS} FROM approvals a
-             WHERE state = 'waiting' AND expires_at > $2 AND notified_at IS NULL
-               AND (executor_id = $1 OR EXISTS (
-                   SELECT 1 FROM executor_leases l JOIN executor_leases me
-                       ON me.executor_id = $1 AND me.binding_id = l.binding_id
-                    WHERE l.executor_id = a.executor_id
-                      AND (l.released
-                           OR l.renewed_at < clock_timestamp() - 3 * l.ttl_ms * interval '1 millisecond')))
+        let own = format!(
+            "SELECT {COLUMNS} FROM approvals
+             WHERE executor_id = $1 AND state = 'waiting' AND expires_at > $2 AND notified_at IS NULL
              ORDER BY asked_at"
         );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
+        let mut rows = sqlx::query(sqlx::AssertSqlSafe(own))
             .bind(executor_id)
             .bind(rfc3339(&now))
             .fetch_all(&self.pool)
             .await?
             .iter()
             .map(row_of)
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        // Those of askers of the same binding (the same product and tools)
+        // that stopped: an identity whose lease nobody renewed for three
+        // of its periods (by the database's clock, which wrote
+        // `renewed_at`), that let it go, or that another replica adopted
+        // (an adopted identity claims nothing, so it tells nothing). Taken
+        // by a compare-and-set on `retold_at`, so that one replica tells
+        // each, once a minute at most until its telling is recorded. An
+        // asker only paused may tell too when it thaws: told twice, as
+        // after a crash.
+        let again = now - chrono::TimeDelta::seconds(60);
+        let stopped = format!(
+            "UPDATE approvals a SET retold_at = $2
+             WHERE state = 'waiting' AND expires_at > $2 AND notified_at IS NULL
+               AND executor_id <> $1 AND (retold_at IS NULL OR retold_at < $3)
+               AND EXISTS (
+                   SELECT 1 FROM executor_leases l JOIN executor_leases me
+                       ON me.executor_id = $1 AND me.binding_id = l.binding_id
+                    WHERE l.executor_id = a.executor_id AND l.binding_id <> ''
+                      AND (l.released OR l.adopted_by IS NOT NULL
+                           OR l.renewed_at < clock_timestamp() - 3 * l.ttl_ms * interval '1 millisecond'))
+             RETURNING {COLUMNS}"
+        );
+        let taken = sqlx::query(sqlx::AssertSqlSafe(stopped))
+            .bind(executor_id)
+            .bind(rfc3339(&now))
+            .bind(rfc3339(&again))
+            .fetch_all(&self.pool)
+            .await?;
+        for row in &taken {
+            rows.push(row_of(row)?);
+        }
+        Ok(rows)
     }
 
     async fn waiting(&self, now: Timestamp) -> Result<Vec<(String, String)>, StoreError> {
