@@ -360,8 +360,11 @@ impl ExecutorBuilder {
     /// abandoned, released, rejected, orphaned, compensated) with its
     /// receipts, attempts and timeline; default 7 days. `None` keeps
     /// everything. A call waiting for reconciliation, a receipt still to
-    /// send or a state still to report is never pruned. Pruning runs in
-    /// small batches, so it never holds the store's writer for long.
+    /// send or a state still to report is never pruned. Approval requests
+    /// are kept as long once acted on (decided and what that made of the
+    /// call saved), closed, or expired undecided; a decision not yet acted
+    /// on is never pruned. Pruning runs at the start and then every 30 s,
+    /// in small batches, so it never holds the store's writer for long.
     pub fn retention(mut self, keep: Option<Duration>) -> Self {
         self.retention = keep;
         self

@@ -1,8 +1,9 @@
 //! Retention: calls settled for good leave the store after the retention
 //! period (default 7 days), a small batch at a time, so that a store that
 //! has run for a month costs what a new one does; so do the approval
-//! requests nobody can act on any more (decided, closed, or expired
-//! undecided, that long ago).
+//! requests nobody needs any more (a decision acted on, a request closed,
+//! or one expired undecided, that long ago; a decision not yet acted on
+//! stays).
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,7 +64,7 @@ pub(crate) async fn retention_loop(core: Arc<Core>) {
     }
 }
 
-/// The approval requests nobody can act on any more since before the
+/// The approval requests nobody needs any more since before the
 /// retention period, a batch at a time.
 async fn prune_approvals(core: &Core, keep: chrono::Duration) {
     loop {
