@@ -165,9 +165,9 @@ impl Waits {
         });
     }
 
-    /// Retention: deletes at most `limit` requests nobody can act on any
-    /// more since before `before` (decided, closed, or expired
-    /// undecided); how many.
+    /// Retention: deletes at most `limit` requests nobody needs any more
+    /// since before `before` (a decision acted on, a request closed, or
+    /// one expired undecided); how many.
     ///
     /// # Errors
     /// The database failed.
