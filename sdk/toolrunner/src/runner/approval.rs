@@ -826,10 +826,7 @@ mod tests {
         let long_after = now() + chrono::TimeDelta::days(400);
         assert_eq!(book.prune(long_after, 100).await.expect("pruned"), 0);
         let refused = waits.consult(&asg, "over", window).await;
-        assert_eq!(
-            refused.map_err(|(code, message)| (code, message)),
-            Err(("forbidden", DENIED.to_owned()))
-        );
+        assert_eq!(refused, Err(("forbidden", DENIED.to_owned())));
         let key = CallKey {
             run_id: "run_1".into(),
             call_id: "call_1".into(),
