@@ -541,6 +541,16 @@ async fn a_blank_or_doubled_operator_is_refused() -> Result<()> {
         "the operator's header given twice: {}",
         doubled.status()
     );
+    let merged = http
+        .get(format!("{base}/approvals"))
+        .header("x-forwarded-user", "mallory, bob")
+        .send()
+        .await?;
+    ensure!(
+        merged.status() == 403,
+        "the operator's header as a list: {}",
+        merged.status()
+    );
     let once = http
         .get(format!("{base}/approvals"))
         .header("x-forwarded-user", "bob")

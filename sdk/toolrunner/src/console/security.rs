@@ -169,9 +169,11 @@ impl Security {
         let mut values = request.headers().get_all(header).iter();
         match (values.next(), values.next()) {
             (Some(value), None) => match value.to_str().map(str::trim) {
-                Ok(name) if !name.is_empty() => Ok(Some(name.to_owned())),
+                // One name: a list (a proxy that merged the client's
+                // header with its own) names no one.
+                Ok(name) if !name.is_empty() && !name.contains(',') => Ok(Some(name.to_owned())),
                 _ => Err(format!(
-                    "this console takes its operator from the {header} header its authenticating proxy sets, and this request's is blank or not text: nothing was done"
+                    "this console takes its operator from the {header} header its authenticating proxy sets, and this request's is blank, a list or not text: nothing was done"
                 )),
             },
             (None, _) => Err(format!(

@@ -437,11 +437,13 @@ impl Waits {
     }
 
     /// What a decision made of the call (its `accepted`, or its `failed`
-    /// at sequence 0) is saved: the request is recorded acted on, and
-    /// retention may take it once the period has passed. Until then it is
-    /// kept, however old its decision: a decision not acted on is never
-    /// deleted (nobody is asked again; a deny never turns into a new
-    /// question). A failure to record it only keeps the request longer.
+    /// at sequence 0) is confirmed by the platform (a saved one may still
+    /// be refused, the call claimed again, and its request consulted
+    /// again): the request is recorded acted on, and retention may take
+    /// it once the period has passed. Until then it is kept, however old
+    /// its decision: a decision not acted on is never deleted (nobody is
+    /// asked again; a deny never turns into a new question). A failure to
+    /// record it, or a crash before, only keeps the request longer.
     pub(crate) async fn outcome_saved(&self, key: &CallKey) {
         let Some(book) = &self.book else { return };
         let Some(digest) = self.waiting().acting.remove(key) else {

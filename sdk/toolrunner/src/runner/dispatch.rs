@@ -44,8 +44,11 @@ pub(crate) enum Work {
         /// Hears when the reports went out (or could not).
         done: Option<oneshot::Sender<()>>,
     },
-    /// Delete a batch of the calls settled for good before `before`.
+    /// Delete a batch of the calls settled for good before `before` (or,
+    /// with `approvals`, of the approval requests nobody needs since).
     Prune {
+        /// The approval requests, not the calls.
+        approvals: bool,
         /// Settled before this instant.
         before: crate::store::Timestamp,
         /// At most this many calls.
@@ -215,13 +218,19 @@ pub(crate) async fn dispatch_loop(core: Arc<Core>) {
                 running.spawn(work.instrument(parent));
             }
             Work::Prune {
+                approvals,
                 before,
                 batch,
                 done,
             } => {
                 let c = core.clone();
                 let work = async move {
-                    let _ = done.send(c.store.prune(before, batch).await);
+                    let pruned = if approvals {
+                        c.calls.approvals.prune(before, batch).await
+                    } else {
+                        c.store.prune(before, batch).await
+                    };
+                    let _ = done.send(pruned);
                 };
                 running.spawn(work.instrument(parent));
             }

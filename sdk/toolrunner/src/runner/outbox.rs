@@ -71,6 +71,11 @@ pub(crate) async fn deliver_call(
             Delivery::Later | Delivery::Settled => return last,
         }
     }
+    if last == Delivery::Delivered {
+        // The platform holds what a person's deny or an expiry made of the
+        // call (if one did): nothing consults the request again.
+        core.calls.approvals.outcome_saved(key).await;
+    }
     last
 }
 
@@ -81,14 +86,22 @@ pub(crate) async fn deliver_one(
     r: &OutboxReceipt,
     known: Option<LocalCall>,
 ) -> Delivery {
-    deliver(
+    let delivery = deliver(
         &core.client,
         core.store.as_ref(),
         &core.cfg.executor_id,
         r,
         known,
     )
-    .await
+    .await;
+    if delivery == Delivery::Delivered {
+        let key = CallKey {
+            run_id: r.run_id.clone(),
+            call_id: r.call_id.clone(),
+        };
+        core.calls.approvals.outcome_saved(&key).await;
+    }
+    delivery
 }
 
 /// Marks one receipt (its call row does not change).

@@ -154,6 +154,9 @@ pub(super) async fn accept(
     let event = match machine::accept::on_reply(&answers::reply(&answer), &accepted.receipt_id) {
         OnAccepted::Confirmed(event) => {
             core.crash_point("after_accepted_confirmed")?;
+            // The platform holds the `accepted` a person's approval let
+            // through (if one did): nothing consults the request again.
+            core.calls.approvals.outcome_saved(&key).await;
             event
         }
         OnAccepted::Record(event) => {

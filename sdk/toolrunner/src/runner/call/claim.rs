@@ -149,11 +149,6 @@ pub(super) async fn claim(
         Advanced::Moved { call, receipt } => (call, receipt),
         other => (row(other)?, None),
     };
-    if receipt.is_some() {
-        // What a person's decision made of the call is saved: its request
-        // may go with retention from now on.
-        core.calls.approvals.outcome_saved(&key).await;
-    }
     if call.assignment.is_some() && matches!(call.state, LocalState::Assigned | LocalState::Settled)
     {
         core.crash_point("after_assignment_saved")?;

@@ -36,6 +36,7 @@ pub(crate) async fn retention_loop(core: Arc<Core>) {
                 .checked_sub_signed(keep)
                 .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
             let pruned = dispatch::done(&core, |done| Work::Prune {
+                approvals: false,
                 before,
                 batch: BATCH,
                 done,
@@ -60,18 +61,28 @@ pub(crate) async fn retention_loop(core: Arc<Core>) {
                 }
             }
         }
-        prune_approvals(&core, keep).await;
+        if !prune_approvals(&core, keep).await {
+            return;
+        }
     }
 }
 
 /// The approval requests nobody needs any more since before the
-/// retention period, a batch at a time.
-async fn prune_approvals(core: &Core, keep: chrono::Duration) {
+/// retention period, a batch at a time; `false` once the executor stops.
+async fn prune_approvals(core: &Arc<Core>, keep: chrono::Duration) -> bool {
     loop {
         let before = crate::store::now()
             .checked_sub_signed(keep)
             .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
-        match core.calls.approvals.prune(before, BATCH).await {
+        let pruned = dispatch::done(core, |done| Work::Prune {
+            approvals: true,
+            before,
+            batch: BATCH,
+            done,
+        })
+        .await;
+        let Some(pruned) = pruned else { return false };
+        match pruned {
             Ok(n) if n >= u64::from(BATCH) => {
                 tracing::debug!(pruned = n, "pruned approval requests; more to go");
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -80,11 +91,11 @@ async fn prune_approvals(core: &Core, keep: chrono::Duration) {
                 if n > 0 {
                     tracing::debug!(pruned = n, "pruned approval requests");
                 }
-                return;
+                return true;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "pruning approval requests failed; trying again later");
-                return;
+                return true;
             }
         }
     }

@@ -12,6 +12,14 @@ use super::super::approvals::{
 use super::super::columns::free_text;
 use super::super::{StoreError, Timestamp, rfc3339};
 
+/// The database's clock now, as the store writes times (RFC 3339, UTC,
+/// milliseconds).
+const DB_NOW: &str =
+    "to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
+
+/// The database's clock a minute ago, written as [`DB_NOW`].
+const DB_MINUTE_AGO: &str = "to_char((clock_timestamp() - interval '1 minute') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
+
 /// The approval requests of every replica of one database.
 pub(crate) struct PgApprovals {
     pool: PgPool,
@@ -142,6 +150,17 @@ impl ApprovalBook for PgApprovals {
         .bind(call_id)
         .execute(&self.pool)
         .await?;
+        // The call ended: a decision of its is needed no more (retention
+        // may take it).
+        sqlx::query(
+            "UPDATE approvals SET acted_at = COALESCE(acted_at, $1)
+             WHERE run_id = $2 AND call_id = $3 AND state <> 'waiting'",
+        )
+        .bind(rfc3339(&now))
+        .bind(run_id)
+        .bind(call_id)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -214,11 +233,13 @@ impl ApprovalBook for PgApprovals {
         // each, once a minute at most until its telling is recorded. An
         // asker only paused may tell too when it thaws: told twice, as
         // after a crash.
-        let again = now - chrono::TimeDelta::seconds(60);
+        // `retold_at` by the database's clock (the one every replica
+        // shares), as text in the store's one format.
         let stopped = format!(
-            "UPDATE approvals a SET retold_at = $2
+            "UPDATE approvals a SET retold_at = {DB_NOW}
              WHERE state = 'waiting' AND expires_at > $2 AND notified_at IS NULL
-               AND executor_id <> $1 AND (retold_at IS NULL OR retold_at < $3)
+               AND executor_id <> $1
+               AND (retold_at IS NULL OR retold_at < {DB_MINUTE_AGO})
                AND EXISTS (
                    SELECT 1 FROM executor_leases l JOIN executor_leases me
                        ON me.executor_id = $1 AND me.binding_id = l.binding_id
@@ -230,7 +251,6 @@ impl ApprovalBook for PgApprovals {
         let taken = sqlx::query(sqlx::AssertSqlSafe(stopped))
             .bind(executor_id)
             .bind(rfc3339(&now))
-            .bind(rfc3339(&again))
             .fetch_all(&self.pool)
             .await?;
         for row in &taken {

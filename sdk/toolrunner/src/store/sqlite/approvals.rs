@@ -134,6 +134,17 @@ impl ApprovalBook for SqliteApprovals {
         .bind(call_id)
         .execute(&self.pool)
         .await?;
+        // The call ended: a decision of its is needed no more (retention
+        // may take it).
+        sqlx::query(
+            "UPDATE approvals SET acted_at = COALESCE(acted_at, $1)
+             WHERE run_id = $2 AND call_id = $3 AND state <> 'waiting'",
+        )
+        .bind(rfc3339(&now))
+        .bind(run_id)
+        .bind(call_id)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -304,6 +315,9 @@ mod tests {
             "the decision stays"
         );
         assert_eq!(state(&book, "c_waiting").await, Stored::Closed);
+        // Both are needed no more: retention takes them in time.
+        let later = now + chrono::TimeDelta::days(1);
+        assert_eq!(book.prune(later, 10).await.expect("pruned"), 2);
     }
 
     #[tokio::test]
