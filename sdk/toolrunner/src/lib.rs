@@ -44,6 +44,7 @@ pub use builder::{Executor, ExecutorBuilder};
 pub use error::{Error, Result, shutdown_signal};
 pub use health::{Health, HealthReport};
 pub use limits_store::{StoredLimits, ToolLimits};
+pub use store::sealing::{KEYS_ENV, KeyError, KeyRing, Keys, StoreKey};
 pub use toolrunner_macros::{schema, tool};
 
 /// Function tools: [`write`](tool::write), [`read`](tool::read) and

@@ -30,6 +30,7 @@ pub(crate) mod flow;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rows;
+pub(crate) mod sealing;
 mod sqlite;
 mod sqlx_conn;
 mod transaction;
